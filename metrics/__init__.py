@@ -1,0 +1,74 @@
+"""Metric registry and the one scoring entry point shared by run_eval and run_loader_eval.
+
+A metric is a function ``fn(records, **options) -> dict`` returning
+``{"metrics": {...}, "per_sample": [...], "tables": {title: markdown}}``; per-sample
+entries keep the extracted answer beside the verdict so every score can be explained.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, List, Optional
+
+from utils.errors import ReformError, unknown_name
+
+METRICS: Dict[str, Callable[..., Dict[str, Any]]] = {}
+
+#: benchmark name -> {formulation: metric name}; set by register_metric(benchmarks=...)
+BENCHMARK_METRICS: Dict[str, Dict[str, str]] = {}
+
+#: generic metric per formulation when a benchmark registers none
+DEFAULT_METRICS = {"SingleChoice": "single_choice", "Generation": "exact_match"}
+
+METRIC_MODULES = ("metrics.single_choice", "metrics.iwisdm", "metrics.mme", "metrics.pif")
+
+
+def register_metric(name: str, benchmarks: Optional[Dict[str, List[str]]] = None):
+    """Register a metric; ``benchmarks`` maps a benchmark name to the formulations it scores."""
+    def deco(fn: Callable[..., Dict[str, Any]]):
+        METRICS[name] = fn
+        for bench, forms in (benchmarks or {}).items():
+            for form in forms:
+                BENCHMARK_METRICS.setdefault(bench, {})[form] = name
+        return fn
+    return deco
+
+
+for _mod in METRIC_MODULES:
+    try:
+        importlib.import_module(_mod)
+    except ModuleNotFoundError as e:
+        if e.name != _mod:
+            raise
+
+
+def get_metric(name: str) -> Callable[..., Dict[str, Any]]:
+    if name not in METRICS:
+        raise unknown_name("metric", name, METRICS)
+    return METRICS[name]
+
+
+def metric_for(benchmark: Optional[str], formulation: str) -> str:
+    """The metric name that scores ``benchmark`` under ``formulation``."""
+    if benchmark and formulation in BENCHMARK_METRICS.get(benchmark, {}):
+        return BENCHMARK_METRICS[benchmark][formulation]
+    if formulation not in DEFAULT_METRICS:
+        raise unknown_name("formulation", formulation, DEFAULT_METRICS)
+    return DEFAULT_METRICS[formulation]
+
+
+def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
+             eval_stability: bool = False, likelihood_reduction: str = "sum",
+             metric: Optional[str] = None, **options: Any) -> Dict[str, Any]:
+    """Score prediction records. Dispatches on the records' ``benchmark`` unless ``metric`` is given."""
+    if not records:
+        raise ReformError("no prediction records to score")
+    benchmarks = sorted({str(r.get("benchmark")) for r in records if r.get("benchmark")})
+    if len(benchmarks) > 1:
+        raise ReformError(f"prediction records mix benchmarks {benchmarks}; score them separately")
+    name = metric or metric_for(benchmarks[0] if benchmarks else None, formulation)
+    result = get_metric(name)(records, formulation=formulation, infer_method=infer_method,
+                              eval_stability=eval_stability, likelihood_reduction=likelihood_reduction,
+                              **options)
+    result.setdefault("tables", {})
+    result["metric"] = name
+    return result

@@ -1,0 +1,189 @@
+"""SingleChoice scoring: likelihood argmax, option-mark parsing, format hit rate, instability.
+
+Mark parsing rule (documented in docs/metrics.md): take the first standalone mark in the
+response, written ``(A)`` or ``A)``, or a response that is only a mark (``A``, ``A.``),
+whose mark names a valid option (letters compared case-insensitively). Failing that, a
+response equal to one option's text after lower-casing and removing punctuation and
+surrounding whitespace selects it. Otherwise the response is *unparsed* and counts wrong.
+"""
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter, defaultdict
+from typing import Any, Dict, List, Optional, Sequence
+
+from metrics import register_metric
+from utils.errors import ReformError, input_error
+
+UNPARSED = None
+_PUNCT_TABLE = str.maketrans("", "", string.punctuation)
+_MARK_RE = re.compile(r"(?<![A-Za-z0-9])\(?([A-Za-z]|\d{1,2})\)(?![A-Za-z0-9])")
+_LONE_MARK_RE = re.compile(r"^\s*\(?([A-Za-z]|\d{1,2})\)?\s*[.:]?\s*$")
+
+
+def normalize_text(text: str) -> str:
+    """Lower-case, drop punctuation, collapse whitespace."""
+    return " ".join(str(text).lower().translate(_PUNCT_TABLE).split())
+
+
+def parse_choice(response: str, marks: Sequence[str], options: Sequence[str]) -> Optional[int]:
+    """Index of the option a generated response names, or None when unparsed."""
+    if not isinstance(response, str):
+        return UNPARSED
+    lookup = {m.lower(): i for i, m in enumerate(marks)}
+    lone = _LONE_MARK_RE.match(response)
+    if lone and lone.group(1).lower() in lookup:
+        return lookup[lone.group(1).lower()]
+    for m in _MARK_RE.finditer(response):
+        key = m.group(1).lower()
+        if key in lookup:
+            return lookup[key]
+    norm = normalize_text(response)
+    if norm:
+        for i, opt in enumerate(options):
+            if normalize_text(opt) == norm:
+                return i
+    return UNPARSED
+
+
+def reduce_scores(logprobs: Sequence[float], num_tokens: Sequence[int], reduction: str) -> List[float]:
+    """Apply the likelihood reduction: ``sum`` keeps summed log-probs, ``mean`` divides by tokens."""
+    if reduction == "sum":
+        return [float(x) for x in logprobs]
+    if reduction == "mean":
+        return [float(x) / max(int(n), 1) for x, n in zip(logprobs, num_tokens)]
+    raise ReformError(f"unknown likelihood_reduction '{reduction}'; valid names: mean, sum")
+
+
+def argmax(values: Sequence[float]) -> int:
+    """Index of the largest value; ties go to the first."""
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
+def likelihood_choice(record: Dict[str, Any], reduction: str, where: str = "") -> int:
+    """The candidate index picked by reduced likelihood for one record."""
+    lp, nt = record.get("candidate_logprobs"), record.get("candidate_num_tokens")
+    if lp is None or nt is None:
+        pred = record.get("prediction")
+        if isinstance(pred, int) and not isinstance(pred, bool):
+            return pred
+        raise input_error("likelihood record needs 'candidate_logprobs' and 'candidate_num_tokens' "
+                          "or an integer 'prediction'", file=where or None, field="prediction")
+    return argmax(reduce_scores(lp, nt, reduction))
+
+
+def check_record(rec: Dict[str, Any], idx: int, fields: Sequence[str], file: Optional[str]) -> None:
+    """Raise a clear error if a record lacks a required field."""
+    if not isinstance(rec, dict):
+        raise input_error("a prediction record must be a JSON object", file=file, record=idx)
+    for f in fields:
+        if f not in rec:
+            raise input_error("missing", file=file, record=idx, field=f)
+
+
+def score_single_choice(records: List[Dict[str, Any]], infer_method: str, likelihood_reduction: str = "sum",
+                        file: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Per-record verdicts: ``{sample_id, dup_index, extracted, chosen_text, correct}``."""
+    out = []
+    for i, rec in enumerate(records):
+        check_record(rec, i, ("sample_id", "answer", "prediction", "answer_options"), file)
+        options = rec["answer_options"]
+        answer = rec["answer"]
+        if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(options):
+            raise input_error(f"answer must be an option index in 0..{len(options) - 1}, got {answer!r}",
+                              file=file, record=i, field="answer")
+        if infer_method == "likelihood":
+            pred = rec["prediction"]
+            if not (isinstance(pred, int) and not isinstance(pred, bool)) and rec.get("candidate_logprobs") is None:
+                raise input_error(f"likelihood prediction must be an integer index, got {type(pred).__name__}",
+                                  file=file, record=i, field="prediction")
+            extracted = likelihood_choice(rec, likelihood_reduction, file or "")
+            if not 0 <= extracted < len(options):
+                raise input_error(f"prediction index {extracted} out of range for {len(options)} options",
+                                  file=file, record=i, field="prediction")
+        else:
+            if not isinstance(rec["prediction"], str):
+                raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",
+                                  file=file, record=i, field="prediction")
+            marks = rec.get("option_marks") or [chr(65 + k) for k in range(len(options))]
+            extracted = parse_choice(rec["prediction"], marks, options)
+        out.append({
+            "sample_id": rec["sample_id"],
+            "dup_index": rec.get("dup_index", 0),
+            "extracted": extracted,
+            "chosen_text": options[extracted] if extracted is not None else None,
+            "correct": extracted is not None and extracted == answer,
+        })
+    return out
+
+
+def instability(per_sample: List[Dict[str, Any]], key: str = "chosen_text") -> float:
+    """Mean over samples of the entropy (natural log) of the chosen answer text across duplicates.
+
+    An unparsed response counts as its own outcome (``None``), so a model that sometimes fails
+    to answer is unstable too.
+    """
+    groups: Dict[str, List[Any]] = defaultdict(list)
+    for r in per_sample:
+        groups[str(r["sample_id"])].append(r[key])
+    if not groups:
+        return 0.0
+    total = 0.0
+    for choices in groups.values():
+        n = len(choices)
+        ent = -sum((c / n) * math.log(c / n) for c in Counter(choices).values())
+        total += ent + 0.0
+    return total / len(groups)
+
+
+def accuracy_summary(per_sample: List[Dict[str, Any]], infer_method: str, eval_stability: bool) -> Dict[str, Any]:
+    """Accuracy, format hit rate (generation) and optional instability."""
+    n = len(per_sample)
+    summary: Dict[str, Any] = {"num_records": n,
+                               "num_samples": len({str(r["sample_id"]) for r in per_sample}),
+                               "accuracy": sum(r["correct"] for r in per_sample) / n if n else 0.0}
+    if infer_method == "generation":
+        summary["format_hit_rate"] = sum(r["extracted"] is not None for r in per_sample) / n if n else 0.0
+    if eval_stability:
+        summary["instability"] = instability(per_sample)
+    return summary
+
+
+@register_metric("single_choice")
+def single_choice_metric(records: List[Dict[str, Any]], formulation: str = "SingleChoice",
+                         infer_method: str = "generation", eval_stability: bool = False,
+                         likelihood_reduction: str = "sum", file: Optional[str] = None,
+                         **_: Any) -> Dict[str, Any]:
+    """Generic SingleChoice metric."""
+    per_sample = score_single_choice(records, infer_method, likelihood_reduction, file)
+    return {"metrics": accuracy_summary(per_sample, infer_method, eval_stability), "per_sample": per_sample}
+
+
+@register_metric("exact_match")
+def exact_match_metric(records: List[Dict[str, Any]], infer_method: str = "generation",
+                       likelihood_reduction: str = "sum", file: Optional[str] = None,
+                       **_: Any) -> Dict[str, Any]:
+    """Generic Generation metric: normalised exact match against ``answer`` (or candidate index)."""
+    per_sample = []
+    for i, rec in enumerate(records):
+        check_record(rec, i, ("sample_id", "answer", "prediction"), file)
+        if infer_method == "likelihood":
+            check_record(rec, i, ("candidates",), file)
+            idx = likelihood_choice(rec, likelihood_reduction, file or "")
+            extracted = rec["candidates"][idx]
+        else:
+            if not isinstance(rec["prediction"], str):
+                raise input_error("generation prediction must be a string", file=file, record=i, field="prediction")
+            extracted = rec["prediction"]
+        per_sample.append({"sample_id": rec["sample_id"], "dup_index": rec.get("dup_index", 0),
+                           "extracted": extracted,
+                           "correct": normalize_text(extracted) == normalize_text(rec["answer"])})
+    n = len(per_sample)
+    return {"metrics": {"num_records": n, "accuracy": sum(r["correct"] for r in per_sample) / n},
+            "per_sample": per_sample}

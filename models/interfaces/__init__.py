@@ -1,0 +1,1 @@
+"""One interface module per LMM family; each registers itself with ``models.register_model``."""

@@ -1,0 +1,93 @@
+"""The contract every model interface implements.
+
+* ``raw_generate(images, prompt, **gen_kwargs) -> str`` (black-box)
+* ``raw_predict(images, prompt, candidates) -> list[CandidateScore]`` (white-box): per
+  candidate the *summed* log-probability of its tokens given the prompt and the number of
+  tokens scored. Normalisation (``likelihood_reduction``) happens in metrics, never here.
+* batch versions ``raw_batch_generate`` / ``raw_batch_predict`` (default: loop), and one
+  ``forward`` that dispatches on the inference method.
+
+``prompt`` is whatever the interface's preprocessor produced: a dialogue string with
+``build.schema.IMAGE_TOKEN`` placeholders, or a list of chat messages.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+from PIL import Image
+
+from utils.errors import ReformError
+
+
+class CandidateScore(NamedTuple):
+    """Summed log-probability of a candidate's tokens and how many tokens were scored."""
+
+    logprob: float
+    num_tokens: int
+
+
+class BaseInterface:
+    """Base class for model interfaces. Subclasses implement ``raw_generate``/``raw_predict``
+    or, for efficiency, the batch versions."""
+
+    #: registry name (set by ``models.register_model``)
+    name: str = ""
+    #: False for black-box models (APIs): likelihood raises a clear error
+    supports_likelihood: bool = True
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
+        self.config: Dict[str, Any] = dict(config or {})
+
+    # -- single-sample API ---------------------------------------------------------
+    def raw_generate(self, images: Sequence[Image.Image], prompt: Any, **gen_kwargs: Any) -> str:
+        return self.raw_batch_generate([images], [prompt], **gen_kwargs)[0]
+
+    def raw_predict(self, images: Sequence[Image.Image], prompt: Any,
+                    candidates: Sequence[str]) -> List[CandidateScore]:
+        return self.raw_batch_predict([images], [prompt], [candidates])[0]
+
+    # -- batch API ---------------------------------------------------------------------
+    def raw_batch_generate(self, images_list: Sequence[Sequence[Image.Image]], prompts: Sequence[Any],
+                           **gen_kwargs: Any) -> List[str]:
+        if type(self).raw_generate is BaseInterface.raw_generate:
+            raise NotImplementedError(f"{type(self).__name__} implements neither raw_generate "
+                                      "nor raw_batch_generate")
+        return [self.raw_generate(im, p, **gen_kwargs) for im, p in zip(images_list, prompts)]
+
+    def raw_batch_predict(self, images_list: Sequence[Sequence[Image.Image]], prompts: Sequence[Any],
+                          candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
+        if not self.supports_likelihood:
+            raise ReformError(f"model '{self.name}' is black-box: likelihood needs a white-box model; "
+                              "use --infer_method generation")
+        if type(self).raw_predict is BaseInterface.raw_predict:
+            raise NotImplementedError(f"{type(self).__name__} implements neither raw_predict "
+                                      "nor raw_batch_predict")
+        return [self.raw_predict(im, p, c) for im, p, c in zip(images_list, prompts, candidates_list)]
+
+    # -- dispatch ------------------------------------------------------------------------
+    def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],
+                **gen_kwargs: Any) -> List[Any]:
+        """Run one batch. Returns generated strings, or per-sample candidate score lists.
+
+        ``samples`` are the unified samples (with loaded images) the prompts were built from;
+        baselines use them to know the answer vocabulary.
+        """
+        images_list = [s["images"] for s in samples]
+        if inference_method == "generation":
+            return self.raw_batch_generate(images_list, prompts, **gen_kwargs)
+        if inference_method == "likelihood":
+            if not self.supports_likelihood:
+                raise ReformError(f"model '{self.name}' is black-box: likelihood needs a white-box model; "
+                                  "use --infer_method generation")
+            cands = []
+            for s in samples:
+                if not s.get("candidates"):
+                    raise ReformError(f"sample {s.get('sample_id')}: no 'candidates' to score by likelihood")
+                cands.append(s["candidates"])
+            return self.raw_batch_predict(images_list, prompts, cands)
+        raise ReformError(f"unknown inference method '{inference_method}'; valid names: generation, likelihood")
+
+    def describe(self) -> Dict[str, Any]:
+        """What identifies this model in result files and the output hash."""
+        return {"model": self.name, "model_name": self.config.get("model_name"),
+                "model_type": self.config.get("model_type")}

@@ -1,0 +1,1 @@
+"""Shared helpers: errors, prediction I/O, distributed helpers, preprocessors, logging."""

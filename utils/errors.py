@@ -1,0 +1,39 @@
+"""The project's exception type.
+
+Every user-facing failure (bad input file, unknown name, missing model path) is raised as
+``ReformError`` with a message that names the file, record and field, so the CLI can print
+one line and exit with code 2 instead of a traceback.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+
+class ReformError(Exception):
+    """A user-facing error: the message says what is wrong and where."""
+
+    exit_code = 2
+
+
+def where(file: Optional[str] = None, record: Optional[Any] = None, field: Optional[str] = None) -> str:
+    """Format a location prefix like ``preds.json: record 3: field 'answer'``."""
+    parts = []
+    if file is not None:
+        parts.append(str(file))
+    if record is not None:
+        parts.append(f"record {record}")
+    if field is not None:
+        parts.append(f"field '{field}'")
+    return ": ".join(parts)
+
+
+def input_error(message: str, file: Optional[str] = None, record: Optional[Any] = None,
+                field: Optional[str] = None) -> ReformError:
+    """Build a ReformError whose message starts with the location it refers to."""
+    loc = where(file, record, field)
+    return ReformError(f"{loc}: {message}" if loc else message)
+
+
+def unknown_name(kind: str, name: Any, valid: Iterable[str]) -> ReformError:
+    """Error for an unknown registry name; lists the valid names."""
+    return ReformError(f"unknown {kind} '{name}'; valid names: {', '.join(sorted(valid))}")
