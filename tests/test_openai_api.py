@@ -1,0 +1,253 @@
+"""openai_api against a local chat-completions server (stdlib http.server on 127.0.0.1).
+
+The server follows a per-test script of behaviours (429, 500, a stall past the client
+timeout, a malformed reply, a refusal) so retry, give-up and error paths are exercised
+without any network. Backoff is set to milliseconds to keep the file fast.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List
+
+import pytest
+from PIL import Image
+
+from models import get_model
+from utils.errors import ReformError
+
+
+class _Server:
+    """A scripted chat-completions endpoint. ``script`` holds the behaviour of the next requests."""
+
+    def __init__(self) -> None:
+        self.script: List[Any] = []
+        self.requests: List[Dict[str, Any]] = []
+        self.headers: List[Dict[str, str]] = []
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.delay = 0.0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.requests.append(body)
+                    outer.headers.append(dict(self.headers))
+                    action = outer.script.pop(0) if outer.script else "ok"
+                    outer.in_flight += 1
+                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                try:
+                    if outer.delay:
+                        time.sleep(outer.delay)
+                    self._act(action, body)
+                finally:
+                    with outer.lock:
+                        outer.in_flight -= 1
+
+            def _send(self, code: int, payload: bytes, headers: Dict[str, str] = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _act(self, action: Any, body: Dict[str, Any]) -> None:
+                if action == "ok":
+                    last = body["messages"][-1]["content"]
+                    text = " ".join(p["text"] for p in last if p["type"] == "text") \
+                        if isinstance(last, list) else last
+                    reply = {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                                  "content": f"echo: {text}"}}]}
+                    self._send(200, json.dumps(reply).encode())
+                elif action == "stall":
+                    time.sleep(1.0)  # longer than the client's timeout
+                    self._send(200, b'{"choices": []}')
+                elif action == "malformed":
+                    self._send(200, b'{"id": "x", "object": "chat.completion"}')
+                elif action == "notjson":
+                    self._send(200, b"<html>gateway error</html>")
+                elif isinstance(action, int):
+                    err = json.dumps({"error": {"message": f"scripted {action}"}}).encode()
+                    headers = {"Retry-After": "0"} if action == 429 else {}
+                    self._send(action, err, headers)
+                else:
+                    raise AssertionError(f"unknown action {action}")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    srv = _Server()
+    yield srv
+    srv.close()
+
+
+def _model(server: _Server, **over: Any):
+    cfg = {"model_name": "gpt-test", "base_url": server.url, "api_key": "sk-test", "timeout": 0.4,
+           "max_retries": 3, "backoff_base": 0.001, "backoff_max": 0.01, "max_concurrency": 3}
+    cfg.update(over)
+    return get_model("openai_api", cfg)
+
+
+def _img(color: str, size=(8, 6)) -> Image.Image:
+    return Image.new("RGB", size, color)
+
+
+def _sample(n_images: int, question: str = "What is shown?") -> Dict[str, Any]:
+    return {"sample_id": "s1", "formulation": "Generation", "inference_method": "generation",
+            "images": [_img(c) for c in ["red", "green", "blue", "white"][:n_images]],
+            "question": question, "instruct": "",
+            "history": [{"from": "human", "value": "<image>First look."},
+                        {"from": "assistant", "value": "Looked."}] if n_images > 1 else []}
+
+
+def _decode(url: str) -> Image.Image:
+    assert url.startswith("data:image/png;base64,")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+
+
+def test_request_shape_images_in_order_and_auth(server):
+    model, prep = _model(server)
+    sample = _sample(3, question="<image><image>What is shown?")
+    prompt = prep(sample)
+    out = model.raw_generate(sample["images"], prompt, max_new_tokens=7)
+    assert out == "echo: What is shown?"
+    body, headers = server.requests[0], server.headers[0]
+    assert body["model"] == "gpt-test" and body["max_tokens"] == 7 and body["temperature"] == 0.0
+    assert headers["Authorization"] == "Bearer sk-test"
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["user", "assistant", "user"]
+    assert body["messages"][1]["content"] == "Looked."
+    urls = [p["image_url"]["url"] for m in body["messages"] if isinstance(m["content"], list)
+            for p in m["content"] if p["type"] == "image_url"]
+    colours = [_decode(u).getpixel((0, 0)) for u in urls]
+    assert colours == [(255, 0, 0), (0, 128, 0), (0, 0, 255)]
+
+
+def test_sampling_kwargs_mapped(server):
+    model, prep = _model(server)
+    model.raw_generate([], "hi", do_sample=True, temperature=0.7, top_p=0.9, seed=3)
+    body = server.requests[0]
+    assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and body["seed"] == 3
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+
+
+def test_retries_429_and_500_then_succeeds(server):
+    server.script = [429, 500, 503]
+    model, _ = _model(server)
+    assert model.raw_generate([], "hello") == "echo: hello"
+    assert len(server.requests) == 4
+
+
+def test_retries_after_timeout(server):
+    server.script = ["stall"]
+    model, _ = _model(server, timeout=0.2)
+    t0 = time.time()
+    assert model.raw_generate([], "late") == "echo: late"
+    assert len(server.requests) == 2
+    assert time.time() - t0 < 1.0  # the client did not wait for the stalled reply
+
+
+def test_gives_up_cleanly_after_max_retries(server):
+    server.script = [500] * 10
+    model, _ = _model(server, max_retries=2)
+    with pytest.raises(ReformError, match=r"gpt-test.*gave up after 3 attempts.*HTTP 500: scripted 500"):
+        model.raw_generate([], "x")
+    assert len(server.requests) == 3
+
+
+def test_refusal_is_not_retried(server):
+    server.script = [401]
+    model, _ = _model(server)
+    with pytest.raises(ReformError, match=r"refused the request \(HTTP 401: scripted 401\)"):
+        model.raw_generate([], "x")
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("action", ["malformed", "notjson"])
+def test_malformed_reply_is_an_error(server, action):
+    server.script = [action]
+    model, _ = _model(server)
+    with pytest.raises(ReformError, match="malformed"):
+        model.raw_generate([], "x")
+
+
+def test_unreachable_endpoint_gives_up(server):
+    url = server.url
+    server.close()
+    model, _ = get_model("openai_api", {"model_name": "m", "base_url": url, "max_retries": 1,
+                                        "backoff_base": 0.001, "timeout": 0.3})
+    with pytest.raises(ReformError, match="gave up after 2 attempts.*cannot reach endpoint"):
+        model.raw_generate([], "x")
+    server.httpd = type("Dummy", (), {"shutdown": lambda s: None, "server_close": lambda s: None})()
+
+
+def test_batch_bounded_concurrency_and_order(server):
+    server.delay = 0.05
+    model, _ = _model(server, max_concurrency=3)
+    prompts = [f"q{i}" for i in range(8)]
+    out = model.raw_batch_generate([[] for _ in prompts], prompts)
+    assert out == [f"echo: q{i}" for i in range(8)]
+    assert 1 < server.max_in_flight <= 3
+
+
+def test_batch_with_a_failing_item_returns_nothing(server):
+    server.script = ["ok", "ok", 400]
+    model, _ = _model(server, max_concurrency=1)
+    with pytest.raises(ReformError, match="HTTP 400"):
+        model.raw_batch_generate([[], [], [], []], ["a", "b", "c", "d"])
+    assert len(server.requests) == 3  # sequential: stops at the failure
+
+
+def test_forward_generation_and_likelihood_refused(server):
+    model, prep = _model(server)
+    sample = _sample(1)
+    assert model.forward("generation", [sample], [prep(sample)]) == ["echo: What is shown?"]
+    assert model.supports_likelihood is False
+    with pytest.raises(ReformError, match="likelihood needs a white-box model"):
+        model.raw_predict(sample["images"], prep(sample), ["yes", "no"])
+    with pytest.raises(ReformError, match="likelihood needs a white-box model"):
+        model.forward("likelihood", [dict(sample, candidates=["a"])], [prep(sample)])
+
+
+def test_config_from_environment(server, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    model, _ = get_model("openai_api", {"model_name": "env-model"})
+    assert model.raw_generate([], "e") == "echo: e"
+    assert server.headers[0]["Authorization"] == "Bearer sk-env"
+    assert "sk-env" not in json.dumps(model.describe())
+    monkeypatch.delenv("OPENAI_MODEL", raising=False)
+    with pytest.raises(ReformError, match="--model_name"):
+        get_model("openai_api", {})
+
+
+def test_image_count_mismatch_is_an_error(server):
+    model, _ = _model(server)
+    with pytest.raises(ReformError, match="places 1 images but 2 were given"):
+        model.raw_generate([_img("red"), _img("blue")], "<image> one")
+    assert server.requests == []
