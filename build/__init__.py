@@ -20,7 +20,7 @@ from utils.seeding import rng_for
 logger = logging.getLogger(__name__)
 
 #: Modules that register builders; a benchmark whose module is absent is simply not offered.
-BUILDER_MODULES = ("build.iwisdm", "build.mme", "build.mmmt_if")
+BUILDER_MODULES = ("build.custom", "build.iwisdm", "build.mme", "build.mmmt_if")
 
 for _mod in BUILDER_MODULES:
     try:

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up .venv (see _setup.sh) and run the whole test suite. CI runs exactly this.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck disable=SC1091
+source "$ROOT/commands/_setup.sh"
+cd "$ROOT"
+export REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python -m pytest -q -p no:cacheprovider tests "$@"

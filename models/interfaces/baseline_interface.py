@@ -1,0 +1,58 @@
+"""Weight-free baselines that show chance level: ``random`` and ``constant``.
+
+They answer from the sample's closed answer vocabulary (its options or ``candidates``), so
+they need no model; ``random`` is seeded per (seed, sample_id, dup_index).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from models import register_model
+from models.interfaces.base_interface import BaseInterface, CandidateScore
+from utils.errors import ReformError
+from utils.preprocessors import ConvProcessor
+from utils.seeding import rng_for
+
+
+class _Baseline(BaseInterface):
+    def make_preprocessor(self, config: Dict[str, Any]) -> ConvProcessor:
+        return ConvProcessor()
+
+    def pick(self, sample: Dict[str, Any], n: int) -> int:
+        raise NotImplementedError
+
+    def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],
+                **gen_kwargs: Any) -> List[Any]:
+        out: List[Any] = []
+        for s in samples:
+            options = s.get("answer_options") if s.get("formulation") == "SingleChoice" else s.get("candidates")
+            if inference_method == "likelihood":
+                options = s.get("candidates") or options
+            if not options:
+                raise ReformError(f"sample {s.get('sample_id')}: the '{self.name}' baseline needs a closed "
+                                  "answer vocabulary (options or candidates)")
+            k = self.pick(s, len(options))
+            if inference_method == "likelihood":
+                out.append([CandidateScore(0.0 if i == k else -1.0, 1) for i in range(len(options))])
+            elif s.get("formulation") == "SingleChoice":
+                out.append(f"({s['option_marks'][k]})")
+            else:
+                out.append(str(options[k]))
+        return out
+
+
+@register_model("random")
+class RandomBaseline(_Baseline):
+    """Uniform choice over the answer vocabulary, seeded per sample."""
+
+    def pick(self, sample: Dict[str, Any], n: int) -> int:
+        seed = int(self.config.get("seed", 0))
+        return rng_for(seed, "random-baseline", sample["sample_id"], sample.get("dup_index", 0)).randrange(n)
+
+
+@register_model("constant")
+class ConstantBaseline(_Baseline):
+    """Always the first option shown (or the first candidate)."""
+
+    def pick(self, sample: Dict[str, Any], n: int) -> int:
+        return 0

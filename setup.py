@@ -1,0 +1,26 @@
+"""Packaging: ``pip install .`` (or ``-e .``) gives the console commands ``run_eval`` and
+``run_loader_eval`` and makes ``from build import load_reform_dataset`` importable anywhere.
+
+The top-level package is literally named ``build`` (the layout users know from ReForm-Eval),
+so setuptools' own scratch directory is moved to ``.setuptools-build`` to keep it from
+writing into the package.
+"""
+from setuptools import find_packages, setup
+
+with open("requirements.txt", encoding="utf-8") as f:
+    requirements = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+
+setup(
+    name="reform-lmm-eval",
+    version="0.1.0",
+    description="Instruction-following evaluation of large multimodal models (iWISDM, MME, MMMT-IF)",
+    python_requires=">=3.9",
+    packages=find_packages(include=["build", "build.*", "models", "models.*", "metrics", "metrics.*",
+                                    "utils", "utils.*"]),
+    py_modules=["run_eval", "run_loader_eval"],
+    install_requires=requirements,
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={"console_scripts": ["run_eval=run_eval:cli", "run_loader_eval=run_loader_eval:cli"]},
+    options={"build": {"build_base": ".setuptools-build"},
+             "egg_info": {"egg_base": "."}},
+)

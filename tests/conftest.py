@@ -1,0 +1,47 @@
+"""Shared fixtures: a small custom-format dataset written by the tests."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+os.environ.setdefault("REFORM_CACHE", os.path.join(ROOT, ".cache", "reform_eval"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+COLOURS = ["red", "green", "blue", "yellow"]
+
+
+def write_custom_dataset(directory: str, n: int = 12, formulation: str = "SingleChoice") -> str:
+    """n items: an image of one colour and the question which colour it is. Returns the YAML path."""
+    os.makedirs(directory, exist_ok=True)
+    rgb = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+    lines = []
+    for i in range(n):
+        colour = COLOURS[i % 4]
+        name = f"img{i}.png"
+        Image.new("RGB", (32, 32), rgb[colour]).save(os.path.join(directory, name))
+        rec = {"sample_id": f"q{i}", "images": [name], "question": "Which colour fills the image?",
+               "meta": {"colour": colour}}
+        if formulation == "SingleChoice":
+            rec.update(answer_options=list(COLOURS), answer=COLOURS.index(colour))
+        else:
+            rec.update(answer=colour, candidates=list(COLOURS))
+        lines.append(json.dumps(rec))
+    with open(os.path.join(directory, "items.jsonl"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    cfg = os.path.join(directory, "custom.yaml")
+    with open(cfg, "w") as f:
+        f.write("data_file: items.jsonl\n")
+    return cfg
+
+
+@pytest.fixture
+def custom_cfg(tmp_path):
+    return write_custom_dataset(str(tmp_path / "data"))

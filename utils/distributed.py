@@ -1,0 +1,69 @@
+"""torch.distributed helpers: one process without torchrun, gloo on CPU, nccl on GPU."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, List
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(timeout_s: float = 6 * 3600) -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1), else single process.
+
+    A failing rank exits non-zero and torchrun then stops the others; the long timeout only
+    bounds how long ranks wait for the slowest one at the final barrier.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return DistInfo(rank, world, local_rank)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def all_gather_objects(info: DistInfo, obj: Any) -> List[Any]:
+    if not info.enabled:
+        return [obj]
+    out: List[Any] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def default_device(info: DistInfo) -> str:
+    if torch.cuda.is_available():
+        return f"cuda:{info.local_rank}"
+    return "cpu"
