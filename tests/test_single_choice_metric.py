@@ -1,0 +1,76 @@
+"""SingleChoice scoring: mark parsing, likelihood reduction, instability, bad records."""
+import math
+
+import pytest
+
+from metrics import evaluate
+from metrics.single_choice import instability, parse_choice, reduce_scores
+from utils.errors import ReformError
+
+OPTS = ["yes", "no", "maybe"]
+MARKS = ["A", "B", "C"]
+
+
+@pytest.mark.parametrize("response,expected", [
+    ("(B)", 1), ("B", 1), ("b.", 1), ("The answer is (C) maybe.", 2), ("C) maybe", 2),
+    ("(D) none", None), ("(D) or (A)", 0), ("No.", 1), ("  MAYBE ", 2), ("I think so", None),
+    ("", None), ("Answer: B because", None), ("(a)", 0),
+])
+def test_parse_choice(response, expected):
+    assert parse_choice(response, MARKS, OPTS) == expected
+
+
+def test_number_marks():
+    assert parse_choice("(2)", ["1", "2"], ["x", "y"]) == 1
+    assert parse_choice("12)", ["1", "2"], ["x", "y"]) is None
+
+
+def test_reduction():
+    assert reduce_scores([-2.0, -3.0], [1, 3], "sum") == [-2.0, -3.0]
+    assert reduce_scores([-2.0, -3.0], [1, 3], "mean") == [-2.0, -1.0]
+
+
+def rec(sid, dup, pred, answer=0, options=OPTS, **kw):
+    return {"sample_id": sid, "dup_index": dup, "benchmark": "custom", "formulation": "SingleChoice",
+            "answer_options": options, "option_marks": MARKS[:len(options)], "answer": answer,
+            "prediction": pred, **kw}
+
+
+def test_generation_accuracy_hit_rate_instability():
+    records = [rec("a", 0, "(A)"), rec("a", 1, "(A)"), rec("b", 0, "(B)", answer=1),
+               rec("b", 1, "nonsense", answer=1)]
+    res = evaluate(records, "SingleChoice", "generation", eval_stability=True)
+    m = res["metrics"]
+    assert m["accuracy"] == 0.75 and m["format_hit_rate"] == 0.75
+    assert math.isclose(m["instability"], (0 + math.log(2)) / 2)
+    assert res["per_sample"][3]["extracted"] is None
+
+
+def test_instability_uses_option_text_not_position():
+    per = [{"sample_id": "x", "chosen_text": "yes"}, {"sample_id": "x", "chosen_text": "yes"},
+           {"sample_id": "x", "chosen_text": "no"}]
+    p = [2 / 3, 1 / 3]
+    assert math.isclose(instability(per), -sum(q * math.log(q) for q in p))
+
+
+def test_likelihood_sum_vs_mean():
+    r = rec("a", 0, 0, answer=1, candidate_logprobs=[-2.0, -3.0, -9.0], candidate_num_tokens=[1, 3, 3])
+    assert evaluate([r], "SingleChoice", "likelihood", likelihood_reduction="sum")["metrics"]["accuracy"] == 0.0
+    assert evaluate([r], "SingleChoice", "likelihood", likelihood_reduction="mean")["metrics"]["accuracy"] == 1.0
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"answer": 7}, "answer"), ({"prediction": 3}, "prediction"),
+])
+def test_bad_records_name_field(bad, field):
+    r = rec("a", 0, "(A)")
+    r.update(bad)
+    with pytest.raises(ReformError, match=f"record 0: field '{field}'"):
+        evaluate([r], "SingleChoice", "generation", file="p.json")
+
+
+def test_missing_field():
+    r = rec("a", 0, "(A)")
+    del r["prediction"]
+    with pytest.raises(ReformError, match="p.json: record 0: field 'prediction': missing"):
+        evaluate([r], "SingleChoice", "generation", file="p.json")
