@@ -1,0 +1,398 @@
+"""Shared Hugging Face interface for image-text-to-text models.
+
+Why one base: every HF LMM family loads the same way (``AutoProcessor`` +
+``AutoModelForImageTextToText`` on a local directory or the offline HF cache), batches
+prompts the same way (left padding) and scores candidates the same way (one prefix pass,
+KV cache shared by all candidates). A family file only says which ``model_type`` values it
+accepts, how ``IMAGE_TOKEN`` is written for it, and which preprocessor it uses.
+
+Likelihood (``raw_batch_predict``), per sample:
+
+1. render the prompt (dialogue string, or chat messages through the processor's template),
+   encode images + prompt once with ``use_cache=True``; keep the last logits and the cache;
+2. candidate tokens = ``tokens(prompt + joiner + candidate)[len(tokens(prompt)):]`` when the
+   prompt's tokens are a prefix of the joint tokens (else ``tokens(joiner + candidate)``
+   without special tokens); ``joiner`` is one space unless the prompt ends in whitespace;
+3. repeat the cache over the K candidates (in chunks of ``candidate_batch_size``), run only
+   the candidate tokens (right-padded: causal attention means padding never affects the
+   real tokens), and sum the log-probabilities. Returns ``CandidateScore(logprob, num_tokens)``.
+
+``score_full_sequence`` is the naive reference (one full forward per candidate, images
+included), used by tests and ``bench/likelihood.py``.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from PIL import Image
+
+from build.schema import IMAGE_TOKEN
+from models.interfaces.base_interface import BaseInterface, CandidateScore
+from utils.errors import ReformError
+from utils.images import open_image
+
+logger = logging.getLogger(__name__)
+
+#: generation keyword arguments understood by ``raw_batch_generate``
+GEN_KEYS = ("temperature", "max_new_tokens", "seeds", "top_p", "top_k", "num_beams")
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def _is_path_like(name: str) -> bool:
+    """A name the user meant as a filesystem path (not an ``org/model`` hub id)."""
+    return (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\"))
+            or name.count("/") > 1 or os.path.exists(name))
+
+
+class HFBaseInterface(BaseInterface):
+    """Base for Hugging Face image-text-to-text families.
+
+    Config keys: ``model_name`` (local dir, HF id in the offline cache, or ``tiny``),
+    ``model_type``, ``half_evaluation``, ``dtype``, ``device``, ``trust_remote_code``,
+    ``attn_implementation``, ``candidate_batch_size`` (candidates scored per pass, default
+    all), ``max_new_tokens`` (default 30), ``tiny_size`` (``tiny`` | ``bench``).
+    """
+
+    #: tiny-builder family name and the accepted ``config.model_type`` values
+    family: str = ""
+    model_types: Tuple[str, ...] = ()
+    #: model class; None => AutoModelForImageTextToText
+    model_class: Any = None
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(config)
+        cfg = self.config
+        self.device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = self._pick_dtype(cfg)
+        self.model_path = self._resolve_path(str(cfg.get("model_name") or "tiny"))
+        self.chat_response_prefix: Optional[str] = None
+        self._sample_ids: Optional[List[Any]] = None
+        self._load()
+
+    # ---------------------------------------------------------------------------- loading
+    def _pick_dtype(self, cfg: Dict[str, Any]) -> torch.dtype:
+        """fp32 unless asked; half precision is fp16 on GPU and bf16 on CPU (CPU fp16 is slow)."""
+        if cfg.get("dtype"):
+            name = str(cfg["dtype"]).replace("torch.", "")
+            if name not in _DTYPES:
+                raise ReformError(f"model '{cfg.get('model_name')}': unknown dtype '{cfg['dtype']}'; "
+                                  f"valid names: {', '.join(sorted(_DTYPES))}")
+            return _DTYPES[name]
+        if cfg.get("half_evaluation"):
+            return torch.float16 if self.device.type == "cuda" else torch.bfloat16
+        return torch.float32
+
+    @property
+    def label(self) -> str:
+        """How errors name this model."""
+        return f"{self.name or type(self).__name__} ({self.config.get('model_name')})"
+
+    def _resolve_path(self, name: str) -> str:
+        """``tiny`` => the built tiny checkpoint; a path must exist with a config.json; any
+        other name is an HF id looked up in the offline cache by ``from_pretrained``."""
+        if name == "tiny":
+            from models.tiny import tiny_model_path
+            return tiny_model_path(self.family, size=str(self.config.get("tiny_size", "tiny")))
+        if _is_path_like(name):
+            path = os.path.expanduser(name)
+            if not os.path.isdir(path):
+                raise ReformError(f"model '{self.name or self.family}': model path '{name}' does not exist "
+                                  "(give a checkpoint directory, an HF id in the local cache, or 'tiny')")
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                present = ", ".join(sorted(os.listdir(path))[:10]) or "(empty)"
+                raise ReformError(f"model '{self.name or self.family}': model path '{name}' has no config.json "
+                                  f"(files: {present}); is it a Hugging Face checkpoint directory?")
+            return path
+        return name
+
+    def _load(self) -> None:
+        """Load config, processor and model, offline; check the checkpoint's family."""
+        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+        trust = bool(self.config.get("trust_remote_code", False))
+        try:
+            hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
+        except (OSError, ValueError) as e:
+            raise ReformError(f"model {self.label}: cannot load '{self.model_path}' offline "
+                              f"(not a local checkpoint and not in the HF cache): {e}") from None
+        if self.model_types and hf_config.model_type not in self.model_types:
+            raise ReformError(f"model {self.label}: checkpoint '{self.model_path}' is a '{hf_config.model_type}' "
+                              f"model, but interface '{self.name or self.family}' expects "
+                              f"{' or '.join(repr(t) for t in self.model_types)}")
+        try:
+            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True,
+                                                           trust_remote_code=trust)
+        except (OSError, ValueError, TypeError) as e:
+            raise ReformError(f"model {self.label}: cannot load the processor from '{self.model_path}' "
+                              f"(tokenizer / preprocessor files missing?): {e}") from None
+        cls = self.model_class or AutoModelForImageTextToText
+        kwargs: Dict[str, Any] = {"dtype": self.dtype, "local_files_only": True, "trust_remote_code": trust}
+        if self.config.get("attn_implementation"):
+            kwargs["attn_implementation"] = self.config["attn_implementation"]
+        try:
+            self.model = cls.from_pretrained(self.model_path, **kwargs)
+        except (OSError, ValueError) as e:
+            raise ReformError(f"model {self.label}: cannot load weights from '{self.model_path}': {e}") from None
+        self.model.to(self.device).eval()
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        text_cfg = self.model.config.get_text_config()
+        self.max_context: Optional[int] = getattr(text_cfg, "max_position_embeddings", None)
+        logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
+                    self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
+
+    # ---------------------------------------------------------------------------- prompts
+    @property
+    def image_token(self) -> str:
+        """The family's image placeholder as its processor expects it in text."""
+        return getattr(self.processor, "image_token", IMAGE_TOKEN)
+
+    def image_prompt_text(self) -> str:
+        """What one neutral ``IMAGE_TOKEN`` becomes in a dialogue string (override per family)."""
+        return self.image_token
+
+    def _sid(self, i: int) -> str:
+        ids = self._sample_ids
+        return f"sample {ids[i]}" if ids is not None and i < len(ids) else f"prompt #{i}"
+
+    def render(self, prompt: Any, i: int = 0) -> str:
+        """Dialogue string with family image tokens: strings get ``IMAGE_TOKEN`` translated;
+        chat messages go through the processor's chat template (generation prompt added)."""
+        if isinstance(prompt, str):
+            text = prompt
+            if self.image_prompt_text() != IMAGE_TOKEN:
+                text = text.replace(IMAGE_TOKEN, self.image_prompt_text())
+            return text
+        if isinstance(prompt, list):
+            try:
+                text = self.processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            except Exception as e:  # noqa: BLE001 - template errors are user-facing config errors
+                raise ReformError(f"model {self.label}: {self._sid(i)}: chat template failed: {e}") from None
+            if self.chat_response_prefix:
+                text = text + self.chat_response_prefix
+            return text
+        raise ReformError(f"model {self.label}: {self._sid(i)}: prompt must be a string or chat messages, "
+                          f"got {type(prompt).__name__}")
+
+    def _images(self, images: Iterable[Any], i: int) -> List[Image.Image]:
+        """Decode images (paths or PIL) to RGB; errors name the sample and image index."""
+        out = []
+        for j, im in enumerate(images or []):
+            if isinstance(im, str):
+                try:
+                    out.append(open_image(im))
+                except ReformError as e:
+                    raise ReformError(f"model {self.label}: {self._sid(i)}: image {j}: {e}") from None
+            elif isinstance(im, Image.Image):
+                try:
+                    im.load()  # decode now, so a truncated file fails here with its sample named
+                    out.append(im if im.mode == "RGB" else im.convert("RGB"))
+                except OSError as e:
+                    raise ReformError(f"model {self.label}: {self._sid(i)}: image {j} cannot be decoded ({e})") from None
+            else:
+                raise ReformError(f"model {self.label}: {self._sid(i)}: image {j} is a {type(im).__name__}, "
+                                  "expected a PIL image or a file path")
+        return out
+
+    def _check_images(self, text: str, n_images: int, i: int) -> None:
+        n_tok = text.count(self.image_token)
+        if n_tok != n_images:
+            raise ReformError(f"model {self.label}: {self._sid(i)}: prompt has {n_tok} image placeholders "
+                              f"but {n_images} images were given")
+
+    def _check_context(self, length: int, i: int, what: str) -> None:
+        if self.max_context is not None and length > self.max_context:
+            raise ReformError(f"model {self.label}: {self._sid(i)}: {what} is {length} tokens, longer than the "
+                              f"model context of {self.max_context} tokens (fewer images or shorter history?)")
+
+    def _encode(self, texts: List[str], images: List[Image.Image]) -> Dict[str, torch.Tensor]:
+        """Processor call (left padding), moved to the model's device and dtype."""
+        kwargs: Dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
+        if images:
+            kwargs["images"] = images
+        enc = self.processor(**kwargs)
+        out: Dict[str, torch.Tensor] = {}
+        for k, v in enc.items():
+            if isinstance(v, torch.Tensor):
+                v = v.to(self.device)
+                if v.is_floating_point():
+                    v = v.to(self.dtype)
+            out[k] = v
+        return out
+
+    # ---------------------------------------------------------------------------- dispatch
+    def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],
+                **gen_kwargs: Any) -> List[Any]:
+        """As ``BaseInterface.forward``; remembers sample ids so errors can name them."""
+        self._sample_ids = [s.get("sample_id") for s in samples]
+        try:
+            return super().forward(inference_method, samples, prompts, **gen_kwargs)
+        finally:
+            self._sample_ids = None
+
+    # ---------------------------------------------------------------------------- generation
+    @torch.inference_mode()
+    def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
+                           **gen_kwargs: Any) -> List[str]:
+        """Greedy (temperature 0/None) or sampled generation; the prompt is stripped.
+
+        Sampling with ``seeds`` (one int per prompt) runs each prompt alone under its own
+        seed, so a sample's output never depends on its batch neighbours.
+        """
+        unknown = set(gen_kwargs) - set(GEN_KEYS)
+        if unknown:
+            logger.debug("ignoring generation arguments %s", sorted(unknown))
+        temperature = float(gen_kwargs.get("temperature") or 0.0)
+        max_new = int(gen_kwargs.get("max_new_tokens") or self.config.get("max_new_tokens") or 30)
+        seeds = gen_kwargs.get("seeds")
+        hf_kwargs: Dict[str, Any] = {"max_new_tokens": max_new,
+                                     "pad_token_id": self.tokenizer.pad_token_id}
+        if temperature > 0:
+            hf_kwargs.update(do_sample=True, temperature=temperature)
+            for k in ("top_p", "top_k"):
+                if gen_kwargs.get(k) is not None:
+                    hf_kwargs[k] = gen_kwargs[k]
+        else:
+            hf_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if gen_kwargs.get("num_beams"):
+            hf_kwargs["num_beams"] = int(gen_kwargs["num_beams"])
+
+        texts, images = [], []
+        for i, (ims, p) in enumerate(zip(images_list, prompts)):
+            text = self.render(p, i)
+            imgs = self._images(ims, i)
+            self._check_images(text, len(imgs), i)
+            texts.append(text)
+            images.append(imgs)
+
+        if temperature > 0 and seeds is not None:
+            if len(seeds) != len(texts):
+                raise ReformError(f"model {self.label}: {len(seeds)} seeds for {len(texts)} prompts")
+            outs = []
+            for i, (t, ims, seed) in enumerate(zip(texts, images, seeds)):
+                devices = [self.device] if self.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(int(seed))
+                    outs.extend(self._generate([t], [ims], hf_kwargs, offset=i))
+            return outs
+        return self._generate(texts, images, hf_kwargs)
+
+    def _generate(self, texts: List[str], images: List[List[Image.Image]], hf_kwargs: Dict[str, Any],
+                  offset: int = 0) -> List[str]:
+        enc = self._encode(texts, [im for ims in images for im in ims])
+        length = enc["input_ids"].shape[1]
+        for i in range(len(texts)):
+            n = int(enc["attention_mask"][i].sum()) if "attention_mask" in enc else length
+            self._check_context(n + hf_kwargs["max_new_tokens"], offset + i, "prompt + max_new_tokens")
+        out = self.model.generate(**enc, **hf_kwargs)
+        return [s.strip() for s in self.tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)]
+
+    # ---------------------------------------------------------------------------- likelihood
+    def candidate_ids(self, prompt_text: str, candidate: str) -> List[int]:
+        """The tokens ``candidate`` adds after the rendered prompt (see module docstring)."""
+        joiner = "" if (not prompt_text or prompt_text[-1].isspace() or candidate[:1].isspace()) else " "
+        p = self.tokenizer(prompt_text, add_special_tokens=True)["input_ids"]
+        j = self.tokenizer(prompt_text + joiner + candidate, add_special_tokens=True)["input_ids"]
+        if len(j) > len(p) and j[:len(p)] == p:
+            return list(j[len(p):])
+        logger.debug("prompt tokens are not a prefix of prompt+candidate for %r; encoding it alone", candidate)
+        return list(self.tokenizer(joiner + candidate, add_special_tokens=False)["input_ids"])
+
+    def _prepare(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str], i: int
+                 ) -> Tuple[str, List[Image.Image], List[List[int]]]:
+        text = self.render(prompt, i)
+        imgs = self._images(images, i)
+        self._check_images(text, len(imgs), i)
+        if not candidates:
+            raise ReformError(f"model {self.label}: {self._sid(i)}: no candidates to score")
+        cand_ids = []
+        for c in candidates:
+            ids = self.candidate_ids(text, str(c))
+            if not ids:
+                raise ReformError(f"model {self.label}: {self._sid(i)}: candidate {c!r} has no tokens")
+            cand_ids.append(ids)
+        return text, imgs, cand_ids
+
+    @torch.inference_mode()
+    def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
+                          candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
+        """Prefix-shared scoring: one image+prompt pass per sample, then all candidates from
+        the shared KV cache. Summed log-probs; normalisation is the metrics' job."""
+        return [self._predict_one(ims, p, c, i)
+                for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
+
+    def _predict_one(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str],
+                     i: int) -> List[CandidateScore]:
+        text, imgs, cand_ids = self._prepare(images, prompt, candidates, i)
+        enc = self._encode([text], imgs)
+        p_len = enc["input_ids"].shape[1]
+        max_c = max(len(c) for c in cand_ids)
+        self._check_context(p_len + max_c, i, "prompt + longest candidate")
+        out = self.model(**enc, use_cache=True, logits_to_keep=1)
+        first_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        prefix_cache = out.past_key_values
+        del out
+
+        k = len(cand_ids)
+        chunk = int(self.config.get("candidate_batch_size") or k)
+        scores: List[CandidateScore] = []
+        n_chunks = (k + chunk - 1) // chunk
+        for start in range(0, k, chunk):
+            ids_chunk = cand_ids[start:start + chunk]
+            scores.extend(self._score_chunk(prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache),
+                                            first_lp, ids_chunk))
+        return scores
+
+    def _score_chunk(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]]) -> List[CandidateScore]:
+        """Score candidates from a (batch-1) prefix cache; the cache is consumed."""
+        n = len(cand_ids)
+        lengths = torch.tensor([len(c) for c in cand_ids], device=self.device)
+        max_len = int(lengths.max())
+        pad = self.tokenizer.pad_token_id or 0
+        targets = torch.full((n, max_len), pad, dtype=torch.long, device=self.device)
+        for r, c in enumerate(cand_ids):
+            targets[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+        total = first_lp[targets[:, 0]]
+        if max_len > 1:
+            cache.batch_repeat_interleave(n)
+            # feed tokens 0..L-2; the logits at step t predict token t+1. Right padding is
+            # harmless: causal attention keeps real tokens from seeing later pad tokens.
+            out = self.model(input_ids=targets[:, :-1], past_key_values=cache, use_cache=True)
+            lp = torch.log_softmax(out.logits.float(), dim=-1)
+            tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
+            mask = torch.arange(1, max_len, device=self.device)[None, :] < lengths[:, None]
+            total = total + (tok_lp * mask).sum(-1)
+        return [CandidateScore(float(s), int(l)) for s, l in zip(total.tolist(), lengths.tolist())]
+
+    @torch.inference_mode()
+    def score_full_sequence(self, images: Sequence[Any], prompt: Any,
+                            candidates: Sequence[str]) -> List[CandidateScore]:
+        """Naive reference: one full forward (images included) per candidate, scoring the
+        same candidate tokens as ``raw_predict``. Slow; for tests and benchmarks."""
+        text, imgs, cand_ids = self._prepare(images, prompt, candidates, 0)
+        enc = self._encode([text], imgs)
+        p_len = enc["input_ids"].shape[1]
+        scores = []
+        for ids in cand_ids:
+            full = dict(enc)
+            c = torch.tensor([ids], dtype=torch.long, device=self.device)
+            full["input_ids"] = torch.cat([enc["input_ids"], c], dim=1)
+            if "attention_mask" in enc:
+                full["attention_mask"] = torch.ones_like(full["input_ids"])
+            logits = self.model(**full, use_cache=False).logits[0, p_len - 1:-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, c[0, :, None]).sum()
+            scores.append(CandidateScore(float(lp), len(ids)))
+        return scores
+
+    def describe(self) -> Dict[str, Any]:
+        d = super().describe()
+        d.update(model_path=self.model_path, dtype=str(self.dtype).replace("torch.", ""))
+        return d

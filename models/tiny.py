@@ -1,0 +1,246 @@
+"""Tiny random-weight checkpoints of real LMM architectures, built locally, no network.
+
+Why: tests and the demo must exercise the exact code path a real checkpoint takes
+(``AutoProcessor`` / ``AutoModelForImageTextToText.from_pretrained`` on a directory), but no
+weights can be downloaded. A family registers a *builder* that writes a complete checkpoint
+directory (config, random weights, a tokenizer trained here with the ``tokenizers`` library,
+image processor, processor with chat template) via ``save_pretrained``; ``tiny_model_path``
+builds it once into a cache directory and returns the path.
+
+Cache layout: ``$REFORM_CACHE/tiny/<family>/<size>-v<version>`` (default root
+``~/.cache/reform_eval``). A build writes into a temporary sibling directory and renames it
+into place, so two processes racing (torchrun ranks) both end up with one complete copy.
+
+Public API::
+
+    register_tiny_builder(family, fn, version="1")   # fn(out_dir: str, size: str) -> None
+    tiny_model_path(family, size="tiny") -> str
+    train_tiny_tokenizer(vocab_size=..., extra_special=(...)) -> PreTrainedTokenizerFast
+    TINY_CORPUS                                        # the built-in training text
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Sequence
+
+from utils.errors import ReformError
+
+logger = logging.getLogger(__name__)
+
+#: name of the marker file written last into a finished checkpoint directory
+_DONE = "REFORM_TINY_OK"
+
+#: sizes every builder should understand: "tiny" (tests, demo) and "bench" (~50M params)
+SIZES = ("tiny", "bench")
+
+
+@dataclass(frozen=True)
+class _Builder:
+    fn: Callable[[str, str], None]
+    version: str
+
+
+_BUILDERS: Dict[str, _Builder] = {}
+
+
+def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: str = "1") -> None:
+    """Register ``fn(out_dir, size)`` that writes a complete tiny checkpoint of ``family``.
+
+    Bump ``version`` whenever the builder's output changes, so stale caches are not reused.
+    """
+    _BUILDERS[family] = _Builder(fn, str(version))
+
+
+def tiny_families() -> list:
+    """Families with a registered tiny builder."""
+    return sorted(_BUILDERS)
+
+
+def cache_root() -> str:
+    """Root of the reform cache (env ``REFORM_CACHE`` or ``~/.cache/reform_eval``)."""
+    return os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
+
+
+def tiny_model_path(family: str, size: str = "tiny") -> str:
+    """Path of the tiny ``family`` checkpoint of ``size``, built on first use.
+
+    Safe under concurrency: the build happens in a private temp dir that is atomically
+    renamed; a loser of the race discards its copy and uses the winner's.
+    """
+    if family not in _BUILDERS:
+        raise ReformError(f"no tiny model builder for family '{family}'; "
+                          f"families with one: {', '.join(tiny_families()) or '(none)'}")
+    if size not in SIZES:
+        raise ReformError(f"unknown tiny model size '{size}'; valid sizes: {', '.join(SIZES)}")
+    builder = _BUILDERS[family]
+    parent = os.path.join(cache_root(), "tiny", family)
+    final = os.path.join(parent, f"{size}-v{builder.version}")
+    if os.path.isfile(os.path.join(final, _DONE)):
+        return final
+    os.makedirs(parent, exist_ok=True)
+    if os.path.isdir(final):
+        # a directory without the marker is debris from an older, non-atomic layout: replace it
+        logger.warning("incomplete tiny checkpoint at %s; rebuilding", final)
+        shutil.rmtree(final, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=f".{size}-v{builder.version}-", dir=parent)
+    try:
+        t0 = time.perf_counter()
+        builder.fn(tmp, size)
+        with open(os.path.join(tmp, _DONE), "w") as f:
+            f.write(f"{family} {size} v{builder.version}\n")
+        try:
+            os.rename(tmp, final)
+            logger.info("built tiny %s (%s) in %.1fs at %s", family, size, time.perf_counter() - t0, final)
+        except OSError:
+            if not os.path.isfile(os.path.join(final, _DONE)):
+                raise
+            logger.debug("another process built %s first", final)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# ----------------------------------------------------------------------------------------
+# tokenizer shared by all tiny families
+
+#: Built-in corpus: the words prompts and answers use (roles, yes/no, option marks, colours,
+#: objects, counting, instructions), so the trained BPE has whole-word tokens for them.
+TINY_CORPUS: Sequence[str] = (
+    "A chat between a curious human and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the human's questions.",
+    "USER: What is in the image? ASSISTANT: The answer is (A) a red circle.",
+    "USER: Is there a cat in the picture? Please answer yes or no. ASSISTANT: yes",
+    "USER: Are the two objects the same colour? ASSISTANT: no",
+    "Options: (A) yes; (B) no; (C) true; (D) false; (E) maybe; (F) none.",
+    "Options: (a) red; (b) green; (c) blue; (d) yellow; (e) purple; (f) orange.",
+    "Options: (1) one; (2) two; (3) three; (4) four; (5) five; (6) six; (7) seven; (8) eight; (9) nine; (10) ten.",
+    "Take the following question as a single choice question and answer with the option mark.",
+    "Select the correct option from the choices given below. Answer the question directly.",
+    "Look at the images and choose the best answer. Choose from the options below.",
+    "Which image shows a square? Which object is left of the triangle? What shape is on the right?",
+    "colour color red green blue yellow black white gray grey purple orange pink brown cyan",
+    "object shape circle square triangle star cross heart diamond car dog cat bird person tree house",
+    "location left right top bottom above below center middle first second third last previous",
+    "true false yes no correct incorrect same different both neither and or not",
+    "count number how many more less than equal zero one two three four five six seven eight nine ten",
+    "image images picture photo frame scene view the a an of in on at with is are was were be",
+    "Describe the image in detail. Give a short answer. Answer with a single word.",
+    "The answer is A. The answer is B. The answer is C. The answer is D.",
+    "A B C D E F G H I J K L M N O P a b c d e f g h 0 1 2 3 4 5 6 7 8 9 ( ) ; : . , ? !",
+)
+
+
+def train_tiny_tokenizer(vocab_size: int = 600,
+                         extra_special: Sequence[str] = ("<image>",)):
+    """A byte-level BPE tokenizer trained here on ``TINY_CORPUS``, as a fast HF tokenizer.
+
+    Why byte-level: any text (accents, emoji) encodes without ``<unk>``, decode is lossless,
+    and spaces attach to the following word, so ``prompt + " " + answer`` splits at the
+    boundary the same way real Llama-style tokenizers usually do. BOS ``<s>`` is prepended
+    like Llama's; ``</s>`` is EOS; ``<pad>`` pads; ``extra_special`` (the image token) are
+    single tokens never split or merged.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>", *extra_special]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    # repeat the corpus a little so frequent words reach whole-word merges
+    tok.train_from_iterator(list(TINY_CORPUS) * 4, trainer=trainer)
+    bos_id = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>", additional_special_tokens=list(extra_special),
+        padding_side="left", model_max_length=2048)
+    return fast
+
+
+# ----------------------------------------------------------------------------------------
+# LLaVA-1.5
+
+#: llava-1.5 style chat template (system line, "USER: ... ASSISTANT:"), images in place
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% for c in message['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %} "
+    "{% else %}"
+    "{{ message['role'].upper() }}: "
+    "{% for c in message['content'] %}"
+    "{% if c['type'] == 'image' %}<image>\n{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}"
+    "{% if message['role'] == 'assistant' %}</s>{% else %} {% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+_LLAVA_SIZES = {
+    # text: hidden, layers, heads, kv heads, mlp; vision: hidden, layers, heads, mlp, image, patch; vocab
+    "tiny": dict(t_hidden=64, t_layers=2, t_heads=4, t_kv=2, t_mlp=128,
+                 v_hidden=32, v_layers=2, v_heads=2, v_mlp=64, image=32, patch=8, vocab=600),
+    "bench": dict(t_hidden=512, t_layers=10, t_heads=8, t_kv=8, t_mlp=1536,
+                  v_hidden=384, v_layers=6, v_heads=6, v_mlp=1536, image=112, patch=14, vocab=2000),
+}
+
+
+def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
+    """Write a random LlavaForConditionalGeneration (CLIP vision tower + Llama text model)
+    with a locally trained tokenizer, a CLIP-style image processor and a LlavaProcessor."""
+    import torch
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    s = _LLAVA_SIZES[size]
+    tokenizer = train_tiny_tokenizer(vocab_size=s["vocab"], extra_special=("<image>",))
+    vocab = len(tokenizer)
+    image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    text_cfg = LlamaConfig(vocab_size=vocab, hidden_size=s["t_hidden"], intermediate_size=s["t_mlp"],
+                           num_hidden_layers=s["t_layers"], num_attention_heads=s["t_heads"],
+                           num_key_value_heads=s["t_kv"], max_position_embeddings=2048,
+                           bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    vision_cfg = CLIPVisionConfig(hidden_size=s["v_hidden"], intermediate_size=s["v_mlp"],
+                                  num_hidden_layers=s["v_layers"], num_attention_heads=s["v_heads"],
+                                  image_size=s["image"], patch_size=s["patch"], projection_dim=s["v_hidden"])
+    config = LlavaConfig(vision_config=vision_cfg, text_config=text_cfg, image_token_id=image_token_id,
+                         vision_feature_select_strategy="default", vision_feature_layer=-2,
+                         projector_hidden_act="gelu", pad_token_id=tokenizer.pad_token_id)
+    # weights depend only on the family/size/version, never on global RNG state
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(1234)
+        model = LlavaForConditionalGeneration(config)
+        # the default init (std 0.02) gives near-uniform logits with many ties; a larger
+        # output scale makes greedy decoding and scores discriminative (and tests meaningful)
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, 0.5 if size == "tiny" else 0.2)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    image_processor = LlavaImageProcessorPil(size={"shortest_edge": s["image"]},
+                                             crop_size={"height": s["image"], "width": s["image"]})
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                               patch_size=s["patch"], vision_feature_select_strategy="default",
+                               chat_template=LLAVA_CHAT_TEMPLATE, image_token="<image>",
+                               num_additional_image_tokens=1)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+
+
+register_tiny_builder("llava", build_tiny_llava, version="1")
