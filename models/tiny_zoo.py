@@ -1,0 +1,57 @@
+"""Helpers shared by the per-family tiny builders of the model zoo.
+
+Why: every family's builder (in its ``models/interfaces/<family>_interface.py``) needs the
+same three steps around its architecture-specific config: deterministic random weights
+that do not touch global RNG state, an output head scaled so greedy decoding and candidate
+scores are discriminative (the default 0.02 init gives near-uniform logits full of ties),
+and a ``save_pretrained`` of model + processor with the generation ids set. Sizes follow
+``models.tiny.SIZES``: ``tiny`` for tests, ``bench`` (tens of millions of parameters) for
+``bench/models.py``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: text-model shapes per size (families map these onto their own config names)
+TEXT_SIZES: Dict[str, Dict[str, int]] = {
+    "tiny": dict(hidden=64, layers=2, heads=4, kv=2, mlp=128, vocab=600),
+    "bench": dict(hidden=512, layers=8, heads=8, kv=8, mlp=1536, vocab=2000),
+}
+#: vision-tower shapes per size; ``image`` is the tile side, ``patch`` the patch side
+VISION_SIZES: Dict[str, Dict[str, int]] = {
+    "tiny": dict(hidden=32, layers=2, heads=2, mlp=64, image=32, patch=8),
+    "bench": dict(hidden=384, layers=6, heads=6, mlp=1536, image=112, patch=14),
+}
+
+
+def seeded_model(make: Callable[[], Any], size: str, seed: int = 1234) -> Any:
+    """Build ``make()`` under a fixed seed (global RNG restored) and rescale its output head.
+
+    The weights depend only on the builder, never on what ran before in the process.
+    """
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = make()
+        head = model.get_output_embeddings()
+        if head is not None:
+            with torch.no_grad():
+                head.weight.normal_(0.0, 0.5 if size == "tiny" else 0.2)
+    finally:
+        torch.random.set_rng_state(state)
+    return model
+
+
+def save_checkpoint(model: Any, processor: Any, tokenizer: Any, out_dir: str) -> None:
+    """Set pad/eos/bos in the generation config and write model + processor to ``out_dir``."""
+    gc = model.generation_config
+    gc.pad_token_id = tokenizer.pad_token_id
+    gc.eos_token_id = tokenizer.eos_token_id
+    gc.bos_token_id = tokenizer.bos_token_id
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
