@@ -1,0 +1,349 @@
+"""MME scoring, identical to the official eval tool, plus its results-folder format.
+
+Why a dedicated metric: MME's score is per image pair (acc+) and per subtask sums, and the
+answer parsing rule decides results, so the rule is explicit, selectable and recorded.
+
+Parse rules (``mme_parse``):
+  official  lower-case; "yes"/"no" as is; else the first 4 characters: "yes" in them -> yes,
+            else "no" in them -> no, else other ("not sure" -> no, "The answer is yes" -> other)
+  stripped  lmms-eval: lower-case, strip whitespace, remove every '.', a lone y/n maps to
+            yes/no, then as official
+  word      the words of the response: yes without no -> yes, no without yes -> no, else other
+"other" always counts wrong. SingleChoice generation uses the option-mark parser of
+metrics.single_choice; likelihood picks the best candidate.
+
+Duplicates (``dup_index``) are scored as independent runs: acc over every record and acc+
+over every (image, dup) pair, i.e. the mean of the per-duplicate figures.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import OrderedDict, defaultdict
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
+                       normalize_gt)
+from metrics import register_metric
+from metrics.single_choice import check_record, instability, likelihood_choice, score_single_choice
+from utils.errors import ReformError, input_error
+from utils.predictions import register_prediction_dir_reader
+
+logger = logging.getLogger(__name__)
+
+PARSE_RULES = ("official", "stripped", "word")
+_WORD_RE = re.compile(r"[a-z]+")
+
+
+def parse_official(response: str) -> str:
+    """The official eval tool's rule (calculation.py ``parse_pred_ans``)."""
+    r = str(response).lower()
+    if r in ("yes", "no"):
+        return r
+    prefix = r[:4]
+    if "yes" in prefix:
+        return "yes"
+    if "no" in prefix:
+        return "no"
+    return "other"
+
+
+def parse_stripped(response: str) -> str:
+    """lmms-eval's variant: strip whitespace and dots first, and accept a lone y/n."""
+    r = str(response).lower().strip().replace(".", "")
+    if r in ("yes", "no"):
+        return r
+    if len(r) == 1:
+        return {"y": "yes", "n": "no"}.get(r, "other")
+    return parse_official(r)
+
+
+def parse_word(response: str) -> str:
+    """Word-level: yes without no -> yes, no without yes -> no, else other."""
+    words = set(_WORD_RE.findall(str(response).lower()))
+    has_yes, has_no = "yes" in words, "no" in words
+    if has_yes and not has_no:
+        return "yes"
+    if has_no and not has_yes:
+        return "no"
+    return "other"
+
+
+PARSERS: Dict[str, Callable[[str], str]] = {"official": parse_official, "stripped": parse_stripped,
+                                            "word": parse_word}
+
+
+def get_parser(rule: str) -> Callable[[str], str]:
+    if rule not in PARSERS:
+        raise ReformError(f"unknown MME parse rule '{rule}'; valid names: {', '.join(PARSE_RULES)}")
+    return PARSERS[rule]
+
+
+# -- per-record verdicts -------------------------------------------------------------------
+
+def _record_key(rec: Dict[str, Any], idx: int, file: Optional[str]) -> Tuple[str, str]:
+    meta = rec.get("meta") or {}
+    sub, image = meta.get("subtask"), meta.get("image")
+    if sub is None or image is None:
+        parts = str(rec.get("sample_id", "")).split("/")
+        if len(parts) >= 3:
+            sub, image = sub or parts[0], image or "/".join(parts[1:-1])
+    sub_c = canonical_subtask(sub) if sub is not None else None
+    if sub_c is None or image is None:
+        raise input_error("MME record needs meta.subtask and meta.image (or a '<subtask>/<image>/<k>' "
+                          "sample_id)", file=file, record=idx, field="meta")
+    return sub_c, str(image)
+
+
+def _gt(rec: Dict[str, Any], idx: int, file: Optional[str]) -> str:
+    ans = rec["answer"]
+    if rec.get("formulation") == "SingleChoice" or (isinstance(ans, int) and not isinstance(ans, bool)):
+        opts = rec.get("answer_options") or ["Yes", "No"]
+        if not isinstance(ans, int) or not 0 <= ans < len(opts):
+            raise input_error(f"answer must be an option index, got {ans!r}", file=file, record=idx, field="answer")
+        ans = opts[ans]
+    gt = normalize_gt(ans)
+    if gt is None:
+        raise input_error(f"answer must be Yes or No, got {ans!r}", file=file, record=idx, field="answer")
+    return gt.lower()
+
+
+def parse_records(records: List[Dict[str, Any]], formulation: str, infer_method: str, rule: str = "official",
+                  likelihood_reduction: str = "sum", file: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Per-record verdicts with the parse outcome: {sample_id, dup_index, subtask, image, gt, parsed, correct}."""
+    parser = get_parser(rule)
+    sc = None
+    if formulation == "SingleChoice":
+        sc = score_single_choice(records, infer_method, likelihood_reduction, file)
+    out = []
+    for i, rec in enumerate(records):
+        check_record(rec, i, ("sample_id", "answer", "prediction"), file)
+        sub, image = _record_key(rec, i, file)
+        gt = _gt(rec, i, file)
+        if sc is not None:
+            chosen = sc[i]["chosen_text"]
+            parsed = normalize_gt(chosen).lower() if chosen is not None and normalize_gt(chosen) else "other"
+            extracted: Any = sc[i]["extracted"]
+        elif infer_method == "likelihood":
+            cands = rec.get("candidates") or ["Yes", "No"]
+            extracted = likelihood_choice(rec, likelihood_reduction, file or "")
+            if not 0 <= extracted < len(cands):
+                raise input_error(f"prediction index {extracted} out of range for {len(cands)} candidates",
+                                  file=file, record=i, field="prediction")
+            parsed = (normalize_gt(cands[extracted]) or "other").lower()
+        else:
+            pred = rec["prediction"]
+            if not isinstance(pred, str):
+                raise input_error(f"generation prediction must be a string, got {type(pred).__name__}",
+                                  file=file, record=i, field="prediction")
+            parsed = parser(pred)
+            extracted = parsed
+        out.append({"sample_id": rec["sample_id"], "dup_index": int(rec.get("dup_index", 0) or 0),
+                    "subtask": sub, "image": image, "gt": gt, "parsed": parsed, "extracted": extracted,
+                    "correct": parsed == gt})
+    return out
+
+
+# -- aggregation ---------------------------------------------------------------------------
+
+def subtask_metrics(verdicts: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """acc, acc+, score and the official extras for one subtask's verdicts."""
+    n = len(verdicts)
+    correct = sum(v["correct"] for v in verdicts)
+    pairs: Dict[Tuple[str, int], List[bool]] = defaultdict(list)
+    for v in verdicts:
+        pairs[(v["image"], v["dup_index"])].append(v["correct"])
+    complete = {k: c for k, c in pairs.items() if len(c) == 2}
+    tp = sum(v["gt"] == "yes" and v["parsed"] == "yes" for v in verdicts)
+    fn = sum(v["gt"] == "yes" and v["parsed"] == "no" for v in verdicts)
+    tn = sum(v["gt"] == "no" and v["parsed"] == "no" for v in verdicts)
+    fp = sum(v["gt"] == "no" and v["parsed"] == "yes" for v in verdicts)
+    other = sum(v["parsed"] == "other" for v in verdicts)
+    acc = correct / n if n else 0.0
+    acc_plus = sum(all(c) for c in complete.values()) / len(complete) if complete else 0.0
+    sub = verdicts[0]["subtask"] if verdicts else None
+    return {
+        "acc": acc, "acc_plus": acc_plus, "score": acc * 100 + acc_plus * 100,
+        "num_questions": n, "num_images": len(complete), "num_incomplete_images": len(pairs) - len(complete),
+        "expected_questions": OFFICIAL_COUNTS.get(sub) if sub else None,
+        "TP": tp, "FN": fn, "TN": tn, "FP": fp,
+        "precision": tp / (tp + fp) if tp + fp else 0.0,
+        "recall": tp / (tp + fn) if tp + fn else 0.0,
+        "other_num": other,
+    }
+
+
+def aggregate(verdicts: List[Dict[str, Any]], rule: str) -> Dict[str, Any]:
+    """The results' ``metrics`` block: per subtask and the perception/cognition totals."""
+    by_sub: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
+    for v in verdicts:
+        by_sub[v["subtask"]].append(v)
+    subtasks = OrderedDict((s, subtask_metrics(by_sub[s])) for s in SUBTASKS if s in by_sub)
+    for s, m in subtasks.items():
+        m["category"] = category_of(s)
+    n = len(verdicts)
+    out: Dict[str, Any] = {
+        "parse_rule": rule,
+        "num_records": n,
+        "num_samples": len({str(v["sample_id"]) for v in verdicts}),
+        "accuracy": sum(v["correct"] for v in verdicts) / n if n else 0.0,
+        "subtasks": subtasks,
+        "perception_score": sum(m["score"] for s, m in subtasks.items() if s in PERCEPTION),
+        "cognition_score": sum(m["score"] for s, m in subtasks.items() if s in COGNITION),
+        "other_num": sum(v["parsed"] == "other" for v in verdicts),
+        "subtasks_missing": [s for s in SUBTASKS if s not in subtasks],
+        "subtasks_incomplete": [s for s, m in subtasks.items() if m["num_questions"] != OFFICIAL_COUNTS[s]],
+    }
+    out["total_score"] = out["perception_score"] + out["cognition_score"]
+    incomplete = sum(m["num_incomplete_images"] for m in subtasks.values())
+    if incomplete:
+        logger.warning("MME: %d image(s) lack one of their two questions; acc+ counts complete pairs only",
+                       incomplete)
+    return out
+
+
+def subtask_table(metrics: Dict[str, Any]) -> str:
+    """Markdown table of the per-subtask figures (acc and acc+ in %, as the leaderboard shows)."""
+    head = ("| subtask | category | questions | acc (%) | acc+ (%) | score | TP | FN | TN | FP "
+            "| precision | recall | other |")
+    lines = [head, "|" + "---|" * 13]
+    for s, m in metrics["subtasks"].items():
+        lines.append(f"| {s} | {m['category']} | {m['num_questions']} | {100 * m['acc']:.2f} | "
+                     f"{100 * m['acc_plus']:.2f} | {m['score']:.2f} | {m['TP']} | {m['FN']} | {m['TN']} | "
+                     f"{m['FP']} | {m['precision']:.4f} | {m['recall']:.4f} | {m['other_num']} |")
+    lines.append(f"| **perception** | | | | | **{metrics['perception_score']:.2f}** | | | | | | | |")
+    lines.append(f"| **cognition** | | | | | **{metrics['cognition_score']:.2f}** | | | | | | | |")
+    return "\n".join(lines)
+
+
+@register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})
+def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", infer_method: str = "generation",
+               eval_stability: bool = False, likelihood_reduction: str = "sum", file: Optional[str] = None,
+               mme_parse: Optional[str] = None, **_: Any) -> Dict[str, Any]:
+    """MME scores: metrics.subtasks.<s>.{acc, acc_plus, score, TP, FN, TN, FP, precision, recall,
+    other_num}, perception_score, cognition_score and the parse rule used."""
+    rule = mme_parse or "official"
+    get_parser(rule)
+    verdicts = parse_records(records, formulation, infer_method, rule, likelihood_reduction, file)
+    metrics = aggregate(verdicts, rule)
+    if formulation == "SingleChoice":
+        metrics["answer_extraction"] = "option marks (metrics.single_choice)" if infer_method == "generation" \
+            else f"likelihood ({likelihood_reduction})"
+    elif infer_method == "likelihood":
+        metrics["answer_extraction"] = f"likelihood ({likelihood_reduction})"
+    else:
+        metrics["answer_extraction"] = f"parse rule '{rule}'"
+    if eval_stability:
+        metrics["instability"] = instability(verdicts, key="parsed")
+    return {"metrics": metrics, "per_sample": verdicts, "tables": {"MME subtasks": subtask_table(metrics)}}
+
+
+# -- the official tool's results folder -----------------------------------------------------
+
+def _one_line(text: str) -> str:
+    """A response fit for one results line: tabs and line breaks become spaces.
+
+    Why it is safe: none of the three parse rules can see a yes/no across whitespace, so the
+    parsed answer is unchanged."""
+    return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ").replace("\t", " ")
+
+
+def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
+    """``<subtask>.txt`` files (image<TAB>question<TAB>GT<TAB>response) -> prediction records.
+
+    Unknown .txt files are ignored (logged); each image must have exactly two lines."""
+    if not os.path.isdir(results_dir):
+        raise input_error("MME results folder not found", file=results_dir)
+    found: Dict[str, str] = {}
+    for fname in sorted(os.listdir(results_dir)):
+        if not fname.endswith(".txt"):
+            continue
+        sub = canonical_subtask(fname[:-4])
+        if sub is None:
+            logger.info("MME results: ignoring %s (not a subtask name)", fname)
+            continue
+        found[sub] = os.path.join(results_dir, fname)
+    if not found:
+        raise input_error(f"no <subtask>.txt results files (subtasks: {', '.join(SUBTASKS)})", file=results_dir)
+    records: List[Dict[str, Any]] = []
+    for sub in SUBTASKS:
+        if sub not in found:
+            continue
+        path = found[sub]
+        by_image: Dict[str, List[Tuple[int, str, str, str]]] = OrderedDict()
+        with open(path, "r", encoding="utf-8-sig", newline="") as f:
+            for no, raw in enumerate(f, 1):
+                line = raw[:-2] if raw.endswith("\r\n") else raw.rstrip("\n")
+                if not line.strip():
+                    continue
+                parts = line.split("\t", 3)
+                if len(parts) < 4:
+                    raise input_error(f"expected 4 tab-separated fields (image, question, GT, response), "
+                                      f"got {len(parts)}", file=path, record=f"line {no}")
+                image, question, gt_raw, response = parts
+                gt = normalize_gt(gt_raw)
+                if gt is None:
+                    raise input_error(f"ground truth must be Yes or No, got {gt_raw!r}", file=path,
+                                      record=f"line {no}", field="GT")
+                by_image.setdefault(image, []).append((no, question, gt, response))
+        for image, rows in by_image.items():
+            if len(rows) != 2:
+                raise input_error(f"image {image} has {len(rows)} line(s); MME has exactly 2 per image",
+                                  file=path, record=f"line {rows[-1][0]}")
+            for k, (no, question, gt, response) in enumerate(rows):
+                records.append({
+                    "sample_id": f"{sub}/{image}/{k}", "dup_index": 0, "benchmark": "MME",
+                    "formulation": "Generation", "inference_method": "generation", "instruct": "",
+                    "question": question, "answer": gt, "prediction": response, "history": [],
+                    "candidates": ["Yes", "No"], "answer_index": 0 if gt == "Yes" else 1,
+                    "meta": {"subtask": sub, "category": category_of(sub), "image": image,
+                             "image_key": [sub, image], "question_index": k, "official_question": question,
+                             "gt": gt, "source_file": path, "source_line": no},
+                })
+    return records
+
+
+def official_response(rec: Dict[str, Any], verdict: Dict[str, Any]) -> str:
+    """What to write as the response: the raw text for Generation by generation, else the chosen
+    "Yes"/"No" ("" when nothing was chosen, which every rule parses as other)."""
+    if rec.get("formulation", "Generation") == "Generation" and rec.get("inference_method", "generation") == "generation":
+        return _one_line(str(rec["prediction"]))
+    return {"yes": "Yes", "no": "No"}.get(verdict["parsed"], "")
+
+
+def write_official_results(records: List[Dict[str, Any]], results_dir: str, dup_index: int = 0,
+                           likelihood_reduction: str = "sum", file: Optional[str] = None) -> Dict[str, int]:
+    """Write our prediction records as the official tool's results folder (one ``<subtask>.txt``
+    per subtask, pairs kept together); returns lines written per subtask.
+
+    Only duplicate ``dup_index`` is written (the format holds one answer per question)."""
+    if not records:
+        raise ReformError("no prediction records to export")
+    form = records[0].get("formulation", "Generation")
+    method = records[0].get("inference_method", "generation")
+    verdicts = parse_records(records, form, method, "official", likelihood_reduction, file)
+    dups = {v["dup_index"] for v in verdicts}
+    if len(dups) > 1:
+        logger.info("MME export: writing duplicate %d of %d", dup_index, len(dups))
+    groups: Dict[str, Dict[str, List[str]]] = defaultdict(lambda: OrderedDict())
+    for rec, v in zip(records, verdicts):
+        if v["dup_index"] != dup_index:
+            continue
+        meta = rec.get("meta") or {}
+        question = meta.get("official_question") or rec.get("question", "")
+        line = f"{v['image']}\t{_one_line(question)}\t{v['gt'].capitalize()}\t{official_response(rec, v)}\n"
+        groups[v["subtask"]].setdefault(v["image"], []).append(line)
+    os.makedirs(results_dir, exist_ok=True)
+    written = {}
+    for sub in SUBTASKS:
+        if sub not in groups:
+            continue
+        lines = [ln for pair in groups[sub].values() for ln in pair]
+        with open(os.path.join(results_dir, f"{sub}.txt"), "w", encoding="utf-8", newline="") as f:
+            f.write("".join(lines))
+        written[sub] = len(lines)
+    return written
+
+
+register_prediction_dir_reader("MME", read_official_results)
