@@ -55,3 +55,20 @@ def save_checkpoint(model: Any, processor: Any, tokenizer: Any, out_dir: str) ->
     gc.bos_token_id = tokenizer.bos_token_id
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
+
+
+# ----------------------------------------------------------------------------------------
+# a base for families whose prompts are the checkpoint's own chat template
+
+def chat_template_preprocessor(interface: Any, config: Dict[str, Any]) -> Any:
+    """Chat messages rendered by the checkpoint's template (the way these families were
+    trained); ``response_prefix`` is appended after the generation prompt."""
+    from utils.errors import ReformError
+    from utils.preprocessors import ChatTemplateProcessor
+
+    if not getattr(interface.processor, "chat_template", None):
+        raise ReformError(f"model {interface.label}: the checkpoint '{interface.model_path}' has no chat "
+                          "template; this family renders prompts with it")
+    prefix = config.get("response_prefix")
+    interface.chat_response_prefix = prefix or None
+    return ChatTemplateProcessor(system_msg=config.get("system_msg", ""), response_prefix=prefix)
