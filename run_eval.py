@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multi-turn history: the model's own answers or the reference answers")
     g.add_argument("--instructions_at_end", action="store_true",
                    help="MMMT-IF ablation: repeat all given instructions at the end of the input")
+    g.add_argument("--skip_corrupt", action="store_true",
+                   help="skip (and count in results) images that cannot be decoded instead of failing")
     g = p.add_argument_group("inference")
     g.add_argument("--infer_method", default="generation", choices=["generation", "likelihood"])
     g.add_argument("--per_gpu_eval_batch_size", type=int, default=1)
@@ -86,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--likelihood_reduction", default="sum", choices=["sum", "mean"])
     g.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE",
                    help="metric option (repeatable)")
+    g.add_argument("--mme_parse", default=None, choices=["official", "stripped", "word"],
+                   help="MME answer parsing rule (default: official)")
+    g.add_argument("--export_mme_results", default=None, metavar="DIR",
+                   help="MME: also write the predictions in the official eval tool's results format")
     return p
 
 
@@ -117,6 +123,8 @@ def validate_args(args: argparse.Namespace) -> None:
     for name in ("dataset_duplication", "per_gpu_eval_batch_size", "num_samples"):
         if getattr(args, name) < 1:
             raise ReformError(f"--{name} must be >= 1")
+    if getattr(args, "export_mme_results", None) and cls.name != "MME":
+        raise ReformError("--export_mme_results needs --dataset_name MME")
     if args.num_samples > 1 and args.infer_method != "generation":
         raise ReformError("--num_samples > 1 needs --infer_method generation")
 
@@ -308,7 +316,15 @@ def score_and_report(records: List[Dict[str, Any]], args: argparse.Namespace, pr
     return score_records(records, formulation=args.formulation, infer_method=args.infer_method,
                          eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,
                          prediction_file=pred_file, output_dir=args.output_dir,
-                         metric_options=parse_kv(args.metric_option, "--metric_option"), extra=extra)
+                         metric_options=metric_options_from(args), extra=extra)
+
+
+def metric_options_from(args: argparse.Namespace) -> Dict[str, Any]:
+    """--metric_option pairs plus the named metric flags (--mme_parse)."""
+    options = parse_kv(args.metric_option, "--metric_option")
+    if getattr(args, "mme_parse", None):
+        options["mme_parse"] = args.mme_parse
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -324,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
     builder_options = parse_kv(args.dataset_option, "--dataset_option")
     if args.instructions_at_end:
         builder_options["instructions_at_end"] = True
+    if args.skip_corrupt:
+        builder_options["skip_corrupt"] = True
     digest, ident = output_identity(args, config_content)
     pred_file = prediction_path(args, digest)
     shard_dir = os.path.join(args.output_dir, f".shards_{digest}")
@@ -358,7 +376,12 @@ def run(args: argparse.Namespace) -> int:
     if dinfo.is_main:
         extra = {"config": {**vars(args), "identity_hash": digest}, "seed": args.seed,
                  "prediction_file": os.path.abspath(pred_file), "build_log": list(builder.build_log),
+                 "build_info": dict(getattr(builder, "build_info", {}) or {}),
                  "timing": timing, "world_size": dinfo.world_size, **environment_info()}
+        if args.export_mme_results:
+            from metrics.mme import write_official_results
+            write_official_results(records, args.export_mme_results, likelihood_reduction=args.likelihood_reduction)
+            logger.info("wrote MME official-format results to %s", args.export_mme_results)
         if args.do_eval:
             score_and_report(records, args, pred_file, extra)
         else:

@@ -107,17 +107,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset_name", default=None, help="needed for a results directory")
     p.add_argument("--output_dir", default=None, help="where results.json goes (default: beside the file)")
     p.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--mme_parse", default=None, choices=["official", "stripped", "word"],
+                   help="MME answer parsing rule (default: official)")
+    p.add_argument("--export_mme_results", default=None, metavar="DIR",
+                   help="MME: also write the records in the official eval tool's results format")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from run_eval import parse_kv
+    from run_eval import metric_options_from
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         loader_eval(args.prediction_file, args.formulation, args.infer_method, args.eval_stability,
-                    args.likelihood_reduction, args.dataset_name, args.output_dir,
-                    parse_kv(args.metric_option, "--metric_option"))
+                    args.likelihood_reduction, args.dataset_name, args.output_dir, metric_options_from(args))
+        if args.export_mme_results:
+            from metrics.mme import write_official_results
+            write_official_results(load_records(args.prediction_file, args.dataset_name), args.export_mme_results,
+                                   likelihood_reduction=args.likelihood_reduction)
     except ReformError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
