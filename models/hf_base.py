@@ -387,6 +387,12 @@ class HFBaseInterface(BaseInterface):
             full["input_ids"] = torch.cat([enc["input_ids"], c], dim=1)
             if "attention_mask" in enc:
                 full["attention_mask"] = torch.ones_like(full["input_ids"])
+            # other per-token inputs (Qwen2-VL's mm_token_type_ids, token_type_ids) grow with
+            # the candidate; its tokens are text, type 0
+            for key, val in enc.items():
+                if key not in ("input_ids", "attention_mask") and isinstance(val, torch.Tensor) \
+                        and val.shape == enc["input_ids"].shape:
+                    full[key] = torch.cat([val, val.new_zeros((1, len(ids)))], dim=1)
             logits = self.model(**full, use_cache=False).logits[0, p_len - 1:-1].float()
             lp = torch.log_softmax(logits, dim=-1).gather(-1, c[0, :, None]).sum()
             scores.append(CandidateScore(float(lp), len(ids)))
