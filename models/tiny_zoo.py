@@ -72,3 +72,34 @@ def chat_template_preprocessor(interface: Any, config: Dict[str, Any]) -> Any:
     prefix = config.get("response_prefix")
     interface.chat_response_prefix = prefix or None
     return ChatTemplateProcessor(system_msg=config.get("system_msg", ""), response_prefix=prefix)
+
+
+def allow_video_processors_without_torchvision() -> None:
+    """Let processors that carry a video processor (Qwen2-VL, LLaVA-OneVision, InternVL)
+    be built and loaded when ``torchvision`` is absent.
+
+    Why: transformers only exports ``VideoProcessorMixin`` when torchvision is installed, so
+    such processors fail their class check even for image-only use. With the name exported,
+    a checkpoint whose video processor is the plain mixin (our tiny ones) loads; a real
+    checkpoint's torchvision video processor still needs ``pip install torchvision``.
+    No-op when torchvision is installed.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    import transformers
+    from transformers import processing_utils
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    for module in (transformers, processing_utils.transformers_module):
+        if not hasattr(module, "VideoProcessorMixin"):
+            setattr(module, "VideoProcessorMixin", VideoProcessorMixin)
+
+
+def image_only_video_processor() -> Any:
+    """A video processor placeholder for tiny checkpoints of families whose processor
+    requires one (the harness feeds images only)."""
+    allow_video_processors_without_torchvision()
+    from transformers.video_processing_utils import VideoProcessorMixin
+    return VideoProcessorMixin()
