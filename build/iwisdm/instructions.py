@@ -1,0 +1,236 @@
+"""Parser and evaluator for iWISDM instructions (grammar: docs/iwisdm.md).
+
+Why: the generator's answers must be checkable independently of the generator. The parser
+reads only the instruction text and the per-frame object metadata, so a test that agrees
+with every stored answer shows both that the instruction has one reading and that the answer
+follows from the frames.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from build.iwisdm.stimuli import DEFAULT_CATEGORIES, LOCATIONS
+from utils.errors import ReformError
+
+logger = logging.getLogger(__name__)
+
+ATTR_WORDS = ("location", "category", "identity")
+
+
+class InstructionError(ReformError):
+    """The instruction does not match the grammar or refers to missing objects."""
+
+
+class InstructionParser:
+    """Recursive-descent parser; ``evaluate`` returns the answer word of every question."""
+
+    def __init__(self, categories: Sequence[str] = DEFAULT_CATEGORIES) -> None:
+        self.values = sorted(list(LOCATIONS) + list(categories), key=len, reverse=True)
+        self.locations = set(LOCATIONS)
+
+    # -- low-level helpers -------------------------------------------------------------------
+    def _fail(self, msg: str) -> InstructionError:
+        return InstructionError(f"instruction parse error at char {self.pos}: {msg}: "
+                                f"...{self.text[self.pos:self.pos + 40]!r}")
+
+    def _peek(self, s: str) -> bool:
+        return self.text.startswith(s, self.pos)
+
+    def _eat(self, s: str) -> None:
+        if not self.text.startswith(s, self.pos):
+            raise self._fail(f"expected {s!r}")
+        self.pos += len(s)
+
+    def _int(self) -> int:
+        start = self.pos
+        while self.pos < len(self.text) and self.text[self.pos].isdigit():
+            self.pos += 1
+        if start == self.pos:
+            raise self._fail("expected a number")
+        return int(self.text[start:self.pos])
+
+    def _value(self) -> str:
+        for v in self.values:
+            if self.text.startswith(v, self.pos):
+                self.pos += len(v)
+                return v
+        raise self._fail("expected a location or category")
+
+    def _attr(self) -> str:
+        for a in ATTR_WORDS:
+            if self._peek(a + " of object "):
+                self.pos += len(a)
+                return a
+        raise self._fail("expected 'location|category|identity of object'")
+
+    # -- grammar ---------------------------------------------------------------------------
+    def parse(self, text: str) -> List[Tuple[str, Any]]:
+        """The instruction as a list of items: ('observe', k, qualifier) | ('delay',) | ('question', ast)."""
+        self.text, self.pos = text, 0
+        items: List[Tuple[str, Any]] = []
+        while True:
+            if self._peek("observe object "):
+                self.pos += len("observe object ")
+                k = self._int()
+                qual = None
+                if self._peek(" with "):
+                    self.pos += len(" with ")
+                    attr = next((a for a in ("location", "category") if self._peek(a + ": ")), None)
+                    if attr is None:
+                        raise self._fail("expected 'location: ' or 'category: '")
+                    self.pos += len(attr) + 2
+                    qual = (attr, self._value())
+                items.append(("observe", k, qual))
+            elif self._peek("delay"):
+                self.pos += len("delay")
+                items.append(("delay",))
+            else:
+                items.append(("question", self._question()))
+            if self.pos == len(self.text):
+                return items
+            self._eat(", ")
+
+    def _question(self) -> Any:
+        if self._peek("if "):
+            return self._switch(top=True)
+        e = self._expr()
+        self._eat("?")
+        return e
+
+    def _switch(self, top: bool) -> Any:
+        self._eat("if ")
+        cond = self._boolean()
+        self._eat(", then ")
+        a = self._branch()
+        self._eat("? else " if top else " else ")
+        b = self._branch()
+        if top:
+            self._eat("?")
+        return ("switch", cond, a, b)
+
+    def _branch(self) -> Any:
+        if self._peek("(if "):
+            self._eat("(")
+            s = self._switch(top=False)
+            self._eat(")")
+            return s
+        return self._expr()
+
+    def _expr(self) -> Any:
+        """A boolean expression or a bare getter (a Get root or Switch branch)."""
+        if any(self._peek(a + " of object ") for a in ATTR_WORDS):
+            save = self.pos
+            g = self._getter()
+            if not (self._peek(" equals ") or self._peek(" not equals ")):
+                return g
+            self.pos = save
+        return self._boolean()
+
+    def _boolean(self) -> Any:
+        left = self._operand()
+        for word in ("and", "or"):
+            if self._peek(f" {word} "):
+                self.pos += len(word) + 2
+                return (word, left, self._operand())
+        return left
+
+    def _operand(self) -> Any:
+        if self._peek("("):
+            self._eat("(")
+            left = self._operand()
+            for word in ("and", "or"):
+                if self._peek(f" {word} "):
+                    self.pos += len(word) + 2
+                    node = (word, left, self._operand())
+                    self._eat(")")
+                    return node
+            raise self._fail("expected ' and ' or ' or ' inside parentheses")
+        if self._peek("exists "):
+            self.pos += len("exists ")
+            v = self._value()
+            self._eat(" in frame of object ")
+            return ("exists", v, self._int())
+        g = self._getter()
+        if self._peek(" not equals "):
+            self.pos += len(" not equals ")
+            neg = True
+        else:
+            self._eat(" equals ")
+            neg = False
+        if any(self._peek(a + " of object ") for a in ATTR_WORDS):
+            rhs = self._getter()
+        else:
+            rhs = ("const", self._value())
+        return ("ne" if neg else "eq", g, rhs)
+
+    def _getter(self) -> Any:
+        attr = self._attr()
+        self._eat(" of object ")
+        return ("get", attr, self._int())
+
+    # -- evaluation ------------------------------------------------------------------------
+    def evaluate(self, text: str, frames: Sequence[Sequence[Dict[str, Any]]]) -> List[str]:
+        """Answer words of every question, computed from the frames' object metadata."""
+        items = self.parse(text)
+        where: Dict[int, Tuple[int, Optional[Tuple[str, str]]]] = {}
+        fi = 0
+        answers: List[str] = []
+        for it in items:
+            if it[0] in ("observe", "delay"):
+                if fi >= len(frames):
+                    raise InstructionError(f"instruction names more frames than the trial has ({len(frames)})")
+                if it[0] == "observe":
+                    if it[1] in where:
+                        raise InstructionError(f"object {it[1]} observed twice")
+                    where[it[1]] = (fi, it[2])
+                fi += 1
+            else:
+                v = self._eval(it[1], frames, where)
+                answers.append(("true" if v else "false") if isinstance(v, bool) else str(v))
+        if fi != len(frames):
+            raise InstructionError(f"instruction names {fi} frames, the trial has {len(frames)}")
+        return answers
+
+    def _obj(self, k: int, frames: Sequence[Sequence[Dict[str, Any]]], where: Dict) -> Dict[str, Any]:
+        if k not in where:
+            raise InstructionError(f"object {k} is used before it is observed")
+        fi, qual = where[k]
+        objs = list(frames[fi])
+        if qual is not None:
+            objs = [o for o in objs if o[qual[0]] == qual[1]]
+        if len(objs) != 1:
+            raise InstructionError(f"object {k} is ambiguous: {len(objs)} candidates on frame {fi}")
+        return objs[0]
+
+    def _eval(self, node: Any, frames: Sequence, where: Dict) -> Any:
+        op = node[0]
+        if op == "get":
+            o = self._obj(node[2], frames, where)
+            return (o["category"], o["identity"]) if node[1] == "identity" else o[node[1]]
+        if op == "const":
+            return node[1]
+        if op in ("eq", "ne"):
+            same = self._eval(node[1], frames, where) == self._eval(node[2], frames, where)
+            return same if op == "eq" else not same
+        if op == "and":
+            return bool(self._eval(node[1], frames, where)) and bool(self._eval(node[2], frames, where))
+        if op == "or":
+            return bool(self._eval(node[1], frames, where)) or bool(self._eval(node[2], frames, where))
+        if op == "exists":
+            attr = "location" if node[1] in self.locations else "category"
+            self._obj(node[2], frames, where)
+            fi = where[node[2]][0]
+            return any(o[attr] == node[1] for o in frames[fi])
+        if op == "switch":
+            return self._eval(node[2] if self._eval(node[1], frames, where) else node[3], frames, where)
+        raise InstructionError(f"unknown node {op}")
+
+
+def evaluate_instruction(text: str, frames: Sequence[Sequence[Dict[str, Any]]],
+                         categories: Sequence[str] = DEFAULT_CATEGORIES) -> str:
+    """The final answer word an instruction asks for, from the frame metadata alone."""
+    answers = InstructionParser(categories).evaluate(text, frames)
+    if not answers:
+        raise InstructionError("instruction contains no question")
+    return answers[-1]

@@ -1,0 +1,397 @@
+"""Trial instantiation: frame layout, backward initialisation, constraint solving, composition.
+
+Why a small constraint solver instead of the original's operator-by-operator value pushing:
+the backward pass turns the sampled answer into equal / not-equal / pinned constraints on
+object attributes; solving them jointly makes merged Selects (several Selects reading one
+frame) and temporally composed tasks consistent by construction, and the answer is then
+recomputed forward from the frames, so it is always right. Every attempt is bounded.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from PIL import Image
+
+from build.iwisdm.graph import Task
+from build.iwisdm.operators import (BOOL, Context, Exist, Get, Switch, answer_word, unwrap_target)
+from build.iwisdm.stimuli import LOCATIONS, StimulusSet
+from utils.errors import ReformError
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 60
+COMPOSE_MODES = ("queue", "overlap", "interleave", "timeline")
+
+
+@dataclass
+class Trial:
+    """One generated trial: frames (as object metadata), instruction, actions and answer."""
+
+    instruction: str
+    frames: List[List[Dict[str, Any]]]   # per frame: the objects shown (empty list: delay frame)
+    actions: List[Optional[str]]         # per frame: the required response (None: no response)
+    answer: str                          # the final answer word
+    response_type: str                   # bool | location | category
+    meta: Dict[str, Any] = field(default_factory=dict)
+    fixation: bool = False
+
+    def render(self, stim: StimulusSet) -> List[Image.Image]:
+        """The frame images (224x224 RGB), composed from cached stimuli."""
+        return [stim.compose(objs, self.fixation) for objs in self.frames]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"instruction": self.instruction, "frames": self.frames, "actions": self.actions,
+                "answer": self.answer, "response_type": self.response_type, "meta": self.meta,
+                "fixation": self.fixation}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Trial":
+        return cls(d["instruction"], d["frames"], d["actions"], d["answer"], d["response_type"],
+                   d.get("meta", {}), bool(d.get("fixation", False)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraint solving
+# ---------------------------------------------------------------------------------------------
+class _UF:
+    __slots__ = ("p",)
+
+    def __init__(self) -> None:
+        self.p: Dict[tuple, tuple] = {}
+
+    def find(self, x: tuple) -> tuple:
+        p = self.p
+        if x not in p:
+            p[x] = x
+            return x
+        while p[x] != x:
+            p[x] = p[p[x]]
+            x = p[x]
+        return x
+
+    def union(self, a: tuple, b: tuple) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.p[ra] = rb
+
+
+def _assign(keys: Sequence[tuple], uf: _UF, pins: Dict[tuple, Any], ne: Dict[tuple, set],
+            domain: Sequence[Any], rng: random.Random, out: Dict[tuple, Any]) -> bool:
+    """Give every class one value: pins first, then random values avoiding not-equal neighbours."""
+    classes: Dict[tuple, List[tuple]] = {}
+    for k in keys:
+        classes.setdefault(uf.find(k), []).append(k)
+    value: Dict[tuple, Any] = {}
+    order = list(classes)
+    rng.shuffle(order)
+    order.sort(key=lambda r: (r not in pins, -len(ne.get(r, ()))))
+    for r in order:
+        banned = {value[n] for n in ne.get(r, ()) if n in value}
+        if r in pins:
+            v = pins[r]
+            if v in banned:
+                return False
+        else:
+            choices = [v for v in domain if v not in banned]
+            if not choices:
+                return False
+            v = rng.choice(choices)
+        value[r] = v
+    for r, members in classes.items():
+        for k in members:
+            out[k] = value[r]
+    return True
+
+
+def solve(ctx: Context, n_objects: int, const_terms: Sequence[tuple], domains: Dict[str, Sequence[Any]],
+          fixed: Dict[tuple, Any]) -> Optional[Dict[tuple, Any]]:
+    """Values for every object attribute and free CONST satisfying ``ctx.cons``; None if none found."""
+    cons = ctx.cons
+    rng = ctx.rng
+    uf = _UF()
+    keys: Dict[str, List[tuple]] = {"location": [], "category": [], "idx": []}
+    for k in range(1, n_objects + 1):
+        for attr in keys:
+            t = (attr, "o", k)
+            keys[attr].append(t)
+            uf.find(t)
+    for t in const_terms:
+        keys[t[0]].append(t)
+        uf.find(t)
+    for a, b in cons.eq:
+        uf.union(a, b)
+    for a, b in cons.id_eq:
+        uf.union(("category", "o", a), ("category", "o", b))
+        uf.union(("idx", "o", a), ("idx", "o", b))
+    pins: Dict[tuple, Any] = {}
+    for t, v in list(cons.pin) + list(fixed.items()):
+        r = uf.find(t)
+        if r in pins and pins[r] != v:
+            return None
+        pins[r] = v
+    ne: Dict[tuple, set] = {}
+    for a, b in cons.ne:
+        ra, rb = uf.find(a), uf.find(b)
+        if ra == rb:
+            return None
+        ne.setdefault(ra, set()).add(rb)
+        ne.setdefault(rb, set()).add(ra)
+    out: Dict[tuple, Any] = {}
+    if not _assign(keys["location"], uf, pins, ne, domains["location"], rng, out):
+        return None
+    if not _assign(keys["category"], uf, pins, ne, domains["category"], rng, out):
+        return None
+    for a, b in cons.id_ne:
+        if out[("category", "o", a)] == out[("category", "o", b)]:
+            ra, rb = uf.find(("idx", "o", a)), uf.find(("idx", "o", b))
+            if ra == rb:
+                return None
+            ne.setdefault(ra, set()).add(rb)
+            ne.setdefault(rb, set()).add(ra)
+    if not _assign(keys["idx"], uf, pins, ne, domains["idx"], rng, out):
+        return None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Frame layout
+# ---------------------------------------------------------------------------------------------
+def _auto_layout(task: Task, n_frames: int, rng: random.Random, merge_prob: float
+                 ) -> Optional[Tuple[Dict[int, int], List[int]]]:
+    """Map Selects to objects and objects to frames for a task without ``when``s.
+
+    Selects beyond the frame budget share an object (merging), never with the other side of
+    their own comparison; the first and last frames hold objects, delays fall in between.
+    """
+    sels = [s.uid for s in task.selects]
+    n_sel = len(sels)
+    hi = min(n_sel, n_frames)
+    n_obj = hi
+    if hi > 2 and rng.random() < merge_prob:
+        n_obj -= 1
+    if n_sel > 1 and n_obj < 2:
+        return None
+    perm = sels[:]
+    rng.shuffle(perm)
+    obj_of: Dict[int, int] = {}
+    for i, uid in enumerate(perm[:n_obj]):
+        obj_of[uid] = i + 1
+    for uid in perm[n_obj:]:
+        taken = {obj_of[s] for s in task.siblings[uid] if s in obj_of}
+        choices = [k for k in range(1, n_obj + 1) if k not in taken]
+        if not choices:
+            return None
+        obj_of[uid] = rng.choice(choices)
+    if n_obj == 1:
+        frames = [n_frames - 1]
+    else:
+        frames = [0] + sorted(rng.sample(range(1, n_frames - 1), n_obj - 2)) + [n_frames - 1]
+    return obj_of, frames
+
+
+def _explicit_layout(tasks: Sequence[Task], offsets: Sequence[Any], n_frames: int
+                     ) -> Tuple[List[Dict[int, int]], List[int]]:
+    """Objects from global frame indices; Selects on one frame share an object."""
+    glob: List[Dict[int, int]] = []
+    frames_used = set()
+    for task, off in zip(tasks, offsets):
+        m = {}
+        for s in task.selects:
+            local = s.when % task.n_frames
+            g = off(local) if callable(off) else off + local
+            m[s.uid] = g
+            frames_used.add(g)
+        glob.append(m)
+    frames = sorted(frames_used)
+    num = {f: i + 1 for i, f in enumerate(frames)}
+    return [{uid: num[g] for uid, g in m.items()} for m in glob], frames
+
+
+# ---------------------------------------------------------------------------------------------
+# Instantiation
+# ---------------------------------------------------------------------------------------------
+class TrialGenerator:
+    """Instantiates trials of tasks with one stimulus set (holds the reusable domains)."""
+
+    def __init__(self, stim: StimulusSet) -> None:
+        self.stim = stim
+        self.domains = {"location": LOCATIONS, "category": stim.categories, "idx": tuple(range(stim.n_identities))}
+        self.answer_spaces = {BOOL: (True, False), "location": LOCATIONS, "category": stim.categories}
+
+    def instantiate(self, task: Task, rng: random.Random, n_frames: Optional[int] = None,
+                    merge_prob: float = 0.2, n_distractors: int = 0, fixation: bool = False) -> Trial:
+        """One trial of one task with a balanced answer (drawn uniformly from the root's space)."""
+        if task.explicit:
+            return self.compose([task], rng, mode="timeline", n_distractors=n_distractors, fixation=fixation)
+        if n_frames is None:
+            raise ReformError(f"task {task.name or task}: an AutoTask graph needs n_frames")
+        target = task.root.sample_target(Context({}, rng, self.answer_spaces))
+        for _ in range(MAX_ATTEMPTS):
+            lay = _auto_layout(task, n_frames, rng, merge_prob)
+            if lay is None:
+                continue
+            obj_of, frames = lay
+            ctx = Context(obj_of, rng, self.answer_spaces)
+            task.root.backward(target, ctx)
+            values = solve(ctx, len(frames), self._const_terms(task, ctx), self.domains, {})
+            if values is None:
+                continue
+            return self._finish([task], [ctx], [target], [obj_of], frames, n_frames, values, rng,
+                                n_distractors, fixation)
+        raise ReformError(f"task {task.name or task.counts}: no consistent trial in {MAX_ATTEMPTS} attempts "
+                          f"for answer {answer_word(unwrap_target(target))!r} with {n_frames} frames")
+
+    def compose(self, tasks: Sequence[Task], rng: random.Random, mode: str = "queue",
+                n_distractors: int = 0, fixation: bool = False) -> Trial:
+        """Temporal composition of hand-made tasks (every Select has ``when``).
+
+        queue: one after the other; overlap: each task's first frame is the previous task's
+        last; interleave: frames alternate; timeline: ``when``s are already global. Conflicts
+        are resolved forward: earlier tasks keep their values, later ones are re-drawn.
+        """
+        if mode not in COMPOSE_MODES:
+            raise ReformError(f"unknown composition mode '{mode}'; valid: {', '.join(COMPOSE_MODES)}")
+        for t in tasks:
+            if not t.explicit:
+                raise ReformError(f"task {t.name or t.counts}: composition needs Selects with 'when'")
+        offsets: List[Any] = []
+        pos = 0
+        for i, t in enumerate(tasks):
+            if mode == "timeline":
+                offsets.append(0)
+            elif mode == "queue":
+                offsets.append(pos)
+                pos += t.n_frames
+            elif mode == "overlap":
+                offsets.append(pos)
+                pos += t.n_frames - 1
+            else:
+                offsets.append(lambda local, i=i: local * len(tasks) + i)
+        ends = []
+        for t, off in zip(tasks, offsets):
+            ends.append(off(t.n_frames - 1) if callable(off) else off + t.n_frames - 1)
+        n_frames = max(ends) + 1
+        maps, frames = _explicit_layout(tasks, offsets, n_frames)
+        order = sorted(range(len(tasks)), key=lambda i: ends[i])
+        fixed: Dict[tuple, Any] = {}
+        ctxs: List[Optional[Context]] = [None] * len(tasks)
+        targets: List[Any] = [None] * len(tasks)
+        for i in order:
+            task = tasks[i]
+            targets[i] = task.root.sample_target(Context({}, rng, self.answer_spaces))
+            for _ in range(MAX_ATTEMPTS):
+                ctx = Context(maps[i], rng, self.answer_spaces)
+                task.root.backward(targets[i], ctx)
+                values = solve(ctx, len(frames), self._const_terms(task, ctx), self.domains, fixed)
+                if values is not None:
+                    break
+            else:
+                raise ReformError(f"task {task.name or task.counts}: cannot produce answer "
+                                  f"{answer_word(unwrap_target(targets[i]))!r} consistently with the earlier tasks")
+            ctxs[i] = ctx
+            mine = set(maps[i].values())
+            for k, v in values.items():
+                if k[1] == "o" and k[2] in mine:
+                    fixed[k] = v
+            fixed.update({k: v for k, v in values.items() if k[1] == "c" and k not in fixed})
+        # all object values: the last solve includes every pinned value; fill unseen objects
+        values.update(fixed)
+        return self._finish(list(tasks), ctxs, targets, maps, frames, n_frames, values, rng,
+                            n_distractors, fixation, ends=ends)
+
+    @staticmethod
+    def _const_terms(task: Task, ctx: Context) -> List[tuple]:
+        return [(n.attr, "c", id(n)) for n in task.nodes if n.name == "CONST"]
+
+    def _finish(self, tasks: List[Task], ctxs: List[Context], targets: List[Any], maps: List[Dict[int, int]],
+                frames: List[int], n_frames: int, values: Dict[tuple, Any], rng: random.Random,
+                n_distractors: int, fixation: bool, ends: Optional[List[int]] = None) -> Trial:
+        n_obj = len(frames)
+        objects = {k: {"category": values[("category", "o", k)], "identity": values[("idx", "o", k)],
+                       "view": rng.randrange(self.stim.n_views), "location": values[("location", "o", k)]}
+                   for k in range(1, n_obj + 1)}
+        # which attributes each object is read for, and which objects Exist looks at
+        used: Dict[int, set] = {k: set() for k in objects}
+        exist_objs = set()
+        for task, m in zip(tasks, maps):
+            for n in task.nodes:
+                if isinstance(n, Get):
+                    used[m[n.children[0].uid]].add(n.attr)
+                elif isinstance(n, Exist):
+                    exist_objs.add(m[n.children[0].uid])
+        frame_objs: List[List[Dict[str, Any]]] = [[] for _ in range(n_frames)]
+        qualifier: Dict[int, str] = {}
+        n_distr_total = 0
+        for k, f in zip(range(1, n_obj + 1), frames):
+            target = objects[k]
+            frame_objs[f].append(target)
+            if n_distractors <= 0 or k in exist_objs:
+                continue
+            if "location" not in used[k]:
+                name_attr = "location"
+            elif not used[k] & {"category", "identity"}:
+                name_attr = "category"
+            else:
+                continue
+            free_locs = [l for l in LOCATIONS if l != target["location"]]
+            rng.shuffle(free_locs)
+            for loc in free_locs[:n_distractors]:
+                cats = self.stim.categories if name_attr == "location" else \
+                    [c for c in self.stim.categories if c != target["category"]]
+                frame_objs[f].append({"category": rng.choice(cats), "identity": rng.randrange(self.stim.n_identities),
+                                      "view": rng.randrange(self.stim.n_views), "location": loc,
+                                      "distractor": True})
+                n_distr_total += 1
+            qualifier[k] = f" with {name_attr}: {target[name_attr]}"
+        for k in objects:
+            if len(frame_objs[frames[k - 1]]) > 1:
+                # Exist reads the whole frame
+                for ctx in ctxs:
+                    ctx.values[("frame_objects", k)] = frame_objs[frames[k - 1]]
+        # forward pass: answers recomputed from the frames
+        answers = []
+        for task, ctx, target in zip(tasks, ctxs, targets):
+            ctx.objects = objects
+            ctx.values.update(values)
+            got = task.root.forward(ctx)
+            want = unwrap_target(target)
+            if got != want:
+                raise AssertionError(f"internal error: forward answer {got!r} != backward target {want!r}")
+            answers.append(got)
+        # instruction and actions
+        ends = ends or [n_frames - 1]
+        questions: Dict[int, List[str]] = {}
+        for task, ctx, end in zip(tasks, ctxs, ends):
+            q = task.root.phrase(ctx, top=True)
+            questions.setdefault(end, []).append(q if isinstance(task.root, Switch) else q + "?")
+        obj_at = {f: k for k, f in zip(range(1, n_obj + 1), frames)}
+        items: List[str] = []
+        actions: List[Optional[str]] = [None] * n_frames
+        for f in range(n_frames):
+            if f in obj_at:
+                k = obj_at[f]
+                items.append(f"observe object {k}{qualifier.get(k, '')}")
+            else:
+                items.append("delay")
+            items.extend(questions.get(f, []))
+        for end, ans in zip(ends, answers):
+            actions[end] = answer_word(ans)
+        last = max(range(len(tasks)), key=lambda i: ends[i])
+        final = answers[last]
+        rtype = BOOL if isinstance(final, bool) else ("location" if final in LOCATIONS else "category")
+        counts: Dict[str, int] = {}
+        features = set()
+        for t in tasks:
+            for k2, v in t.counts.items():
+                counts[k2] = counts.get(k2, 0) + v
+            features.update(t.features)
+        meta = {"n_frames": n_frames, "n_stimuli": n_obj, "n_delay": n_frames - n_obj,
+                "n_distractors": n_distr_total, "op_counts": counts,
+                "n_and": counts.get("And", 0), "n_or": counts.get("Or", 0),
+                "n_is_same": counts.get("IsSame", 0), "n_not_same": counts.get("NotSame", 0),
+                "n_switch": counts.get("Switch", 0), "features": sorted(features),
+                "task_names": [t.name for t in tasks if t.name]}
+        return Trial(", ".join(items), frame_objs, actions, answer_word(final), rtype, meta, fixation)
