@@ -21,7 +21,7 @@ from PIL import Image
 from build.schema import IMAGE_TOKEN
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)
-FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision"]
+FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl"]
 
 CANDIDATES = ["yes", "no", "a red circle left of the blue square", "(B)", "three dogs"]
 
