@@ -153,10 +153,14 @@ def setup_logging(output_dir: str, is_main: bool) -> None:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)
         root.addHandler(sh)
+    for h in [h for h in root.handlers if getattr(h, "_reform_log", False)]:
+        root.removeHandler(h)
+        h.close()
     if is_main:
         os.makedirs(output_dir, exist_ok=True)
         fh = logging.FileHandler(os.path.join(output_dir, "log.txt"), encoding="utf-8")
         fh.setFormatter(fmt)
+        fh._reform_log = True  # type: ignore[attr-defined]
         root.addHandler(fh)
 
 

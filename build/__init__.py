@@ -15,6 +15,7 @@ from build.reformulation import Reformulator
 from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder
 from build.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
+from utils.predictions import image_ids
 from utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class ReformDataset(Dataset):
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
         sample = dict(self.samples[idx])
+        sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:
             sample["images"] = [_load_image(im) for im in sample["images"]]
         if self.preprocessor is not None:
