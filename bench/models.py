@@ -1,0 +1,106 @@
+"""Per-family throughput of the model zoo on random checkpoints of each real architecture.
+
+For each family: samples/s at batch sizes 1, 4 and 8 for generation (greedy, 8 new tokens)
+and likelihood (K=4 candidates), each sample with 2 images; and the prefix-sharing ratio
+(naive full-sequence scoring time / prefix-cached scoring time) at K=2 and K=14 candidates.
+
+Usage: ``python bench/models.py [--families llava_next qwen2_vl] [--size bench|tiny]
+[--reps 2] [--threads N]``. ``--size bench`` builds ~tens-of-millions-parameter models
+(once, cached under $REFORM_CACHE); ``tiny`` is the test size (fast, shape-only numbers).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Callable, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "idefics3", "internvl"]
+WORDS = ["yes", "no", "red", "green", "blue square", "a yellow circle on the left", "(A)", "(B) two",
+         "three cats and a dog", "the second image", "none of the above options", "purple star",
+         "left of the triangle", "it is the same colour as the first object in the scene"]
+
+
+def _image(seed: int) -> Image.Image:
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray((torch.rand(48, 64, 3, generator=g) * 255).to(torch.uint8).numpy())
+
+
+def _sample(i: int) -> Dict:
+    return {"sample_id": f"b{i}", "formulation": "SingleChoice", "inference_method": "likelihood",
+            "images": [_image(10 * i), _image(10 * i + 1)], "instruct": "Answer the question.",
+            "question": f"Which of the two images shows a red circle? ({i})", "history": []}
+
+
+def _best(fn: Callable[[], None], reps: int) -> float:
+    """Best wall time of ``reps`` runs after one warm-up (best-of damps a shared machine's noise)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_family(family: str, size: str, reps: int) -> Dict[str, float]:
+    from models import get_model
+    interface, pre = get_model(family, {"model_name": "tiny", "tiny_size": size, "device": "cpu"})
+    n_params = sum(p.numel() for p in interface.model.parameters()) / 1e6
+    samples = [_sample(i) for i in range(8)]
+    prompts = [pre(s) for s in samples]
+    images = [s["images"] for s in samples]
+    out: Dict[str, float] = {"params_M": n_params}
+    for bs in (1, 4, 8):
+        def gen() -> None:
+            for start in range(0, 8, bs):
+                interface.raw_batch_generate(images[start:start + bs], prompts[start:start + bs], max_new_tokens=8)
+        out[f"gen_bs{bs}"] = 8 / _best(gen, reps)
+
+        def lik() -> None:
+            for start in range(0, 8, bs):
+                interface.raw_batch_predict(images[start:start + bs], prompts[start:start + bs],
+                                            [WORDS[:4]] * len(prompts[start:start + bs]))
+        out[f"lik_bs{bs}"] = 8 / _best(lik, reps)
+    for k in (2, 14):
+        cands = WORDS[:k]
+        naive = _best(lambda: interface.score_full_sequence(images[0], prompts[0], cands), reps)
+        prefix = _best(lambda: interface.raw_predict(images[0], prompts[0], cands), reps)
+        out[f"prefix_ratio_K{k}"] = naive / prefix
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", nargs="*", default=FAMILIES)
+    ap.add_argument("--size", default="bench", choices=["tiny", "bench"])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cols = ["params_M", "gen_bs1", "gen_bs4", "gen_bs8", "lik_bs1", "lik_bs4", "lik_bs8",
+            "prefix_ratio_K2", "prefix_ratio_K14"]
+    print(f"size={args.size} threads={torch.get_num_threads()} (generation/likelihood in samples/s; "
+          "prefix ratio = naive time / prefix-cached time)")
+    print("family".ljust(16) + "".join(c.rjust(17) for c in cols))
+    rows: List[str] = []
+    for fam in args.families:
+        res = bench_family(fam, args.size, args.reps)
+        row = fam.ljust(16) + "".join(f"{res[c]:17.2f}" for c in cols)
+        rows.append(row)
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
