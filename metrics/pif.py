@@ -274,9 +274,13 @@ def find_integers(text: str, number_words: bool = False) -> List[int]:
     if number_words:
         for m in _NUMBER_WORD_RE.finditer(text):
             v = _NUMBER_WORDS[m.group(1).lower()]
-            if m.group(2) and 20 <= v < 100:
-                v += _NUMBER_WORDS[m.group(2).lower()]
-            values.append(v)
+            unit = _NUMBER_WORDS[m.group(2).lower()] if m.group(2) else None
+            if unit is not None and 20 <= v < 100 and v % 10 == 0:
+                values.append(v + unit)  # "twenty-one"
+            else:
+                values.append(v)
+                if unit is not None:
+                    values.append(unit)
     return values
 
 

@@ -1,0 +1,233 @@
+"""MMMT-IF checkers and PIF metrics: every checker on positive and negative cases."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from metrics import evaluate
+from metrics.pif import (CATEGORIES, CHECKERS, INSTRUCTION_IDS, INSTRUCTION_TEXTS, bernoulli_ci,
+                         check_instruction, check_instructions, count_words, ecdf, find_integers,
+                         instruction_id, iqr, pif, pif_metric, pif_n_k, split_instruction_prefix,
+                         split_sentences)
+from utils.errors import ReformError
+
+
+def test_instruction_set_shape() -> None:
+    assert len(INSTRUCTION_IDS) == 13 and len(CATEGORIES) == 6
+    assert sorted(len(v) for v in CATEGORIES.values()) == [2, 2, 2, 2, 2, 3]
+    assert set(CHECKERS) == set(INSTRUCTION_IDS)
+
+
+@pytest.mark.parametrize("text,iid", [
+    ("Instruction: Make all the following responses no more than 4 sentences.", "response_length_short"),
+    ("make all the following\nresponses at least 5 sentences", "response_length_long"),
+    ("Instruction: End every sentence with a exclamation mark (!).", "end_char_exclamation"),
+    ("Instruction: End every sentence with an exclamation mark (!).", "end_char_exclamation"),
+    ("Instruction: Only use responses to question where each sentence in the response is at most 18 words "
+     "in all future responses.", "sentence_length_short"),
+    ("Instruction: Only use responses to questions where each sentence in the response is at least 18 "
+     "words in all future responses.", "sentence_length_long"),
+    ("Instruction: Include at least one even number in the range bigger than 5 in each of your responses.",
+     "number_even"),
+    ("Instruction: Use the word \u2019per se\u2019 at least once in all future responses.", "favourite_word_per_se"),
+    ("number_odd", "number_odd"),
+])
+def test_instruction_recognition(text: str, iid: str) -> None:
+    assert instruction_id(text) == iid
+
+
+def test_every_canonical_text_is_recognised() -> None:
+    for iid, text in INSTRUCTION_TEXTS.items():
+        assert instruction_id("Instruction: " + text) == iid
+
+
+def test_unknown_instruction_text_errors() -> None:
+    with pytest.raises(ReformError, match="unknown MMMT-IF instruction"):
+        instruction_id("Instruction: Answer in French.")
+    with pytest.raises(ReformError):
+        split_instruction_prefix("Instruction: Answer in French. What is shown?")
+    assert split_instruction_prefix("What is shown?") == (None, "What is shown?")
+    iid, q = split_instruction_prefix("Instruction: Start every sentence with the letter (S). What is it?")
+    assert (iid, q) == ("start_char_S", "What is it?")
+
+
+# ---- sentences and words -------------------------------------------------------------------
+
+def test_sentence_splitting_rules() -> None:
+    text = ("Dr. Smith saw e.g. birds, i.e. geese. It cost 3.5 dollars! Did J. K. Rowling write it? "
+            "He asked \"why?\" Then left.\n"
+            "## A heading\n- a bullet point\n2) a numbered item\n---\n**Bold start** ends here.")
+    assert split_sentences(text) == [
+        "Dr. Smith saw e.g. birds, i.e. geese.", "It cost 3.5 dollars!", "Did J. K. Rowling write it?",
+        "He asked \"why?\"", "Then left.", "A heading", "a bullet point", "a numbered item",
+        "**Bold start** ends here."]
+
+
+def test_inline_numbered_list_and_ellipsis() -> None:
+    text = "Differences: 1. **Body**: big. 2. **Doors**: two. Well... maybe. Wait... Now."
+    assert split_sentences(text) == ["Differences:", "**Body**: big.", "**Doors**: two.", "Well... maybe.",
+                                     "Wait...", "Now."]
+    assert split_sentences("In the U.S. people vote. Back in the U.S. It rained.") == [
+        "In the U.S. people vote.", "Back in the U.S.", "It rained."]
+    assert split_sentences("") == [] and split_sentences("  \n***\n") == []
+
+
+def test_word_counting() -> None:
+    assert count_words("A well-known artist's work costs 1,024 dollars - really.") == 8
+    assert count_words("per se") == 2
+    assert count_words("** - : **") == 0
+
+
+# ---- numbers ----------------------------------------------------------------------------------
+
+def test_numbers() -> None:
+    assert find_integers("1,024 pages, the 8th time, COVID-19 and 10-12 beats") == [1024, 8, 19, 10, 12]
+    assert find_integers("3.5 kg, Image7, 1990s, 3D, -7 degrees, 0.25") == [-7]
+    assert find_integers("six eight") == []
+    assert find_integers("six eight, twenty-one", number_words=True) == [6, 8, 21]
+
+
+@pytest.mark.parametrize("text,even,odd", [
+    ("There were 8 birds.", True, False),
+    ("There were 7 birds.", False, True),
+    ("Only 4 or 5 birds.", False, False),
+    ("About 1,024 birds.", True, False),
+    ("The 9th bird.", False, True),
+    ("Image7 shows COVID-19 data.", False, True),
+    ("Image8 shows 3.5 birds and 6.0 eggs.", False, False),
+    ("It was -8 degrees.", False, False),
+    ("It was eight degrees.", False, False),
+])
+def test_number_checkers(text: str, even: bool, odd: bool) -> None:
+    assert CHECKERS["number_even"](text) is even
+    assert CHECKERS["number_odd"](text) is odd
+
+
+def test_number_words_option() -> None:
+    assert check_instruction("It was eight degrees.", "number_even", number_words=True)
+    assert not check_instruction("It was eight degrees.", "number_even")
+
+
+# ---- the other checkers -----------------------------------------------------------------------
+
+def test_response_length() -> None:
+    four = "One. Two. Three. Four."
+    five = "One. Two. Three. Four. Five."
+    assert CHECKERS["response_length_short"](four) and not CHECKERS["response_length_short"](five)
+    assert CHECKERS["response_length_long"](five) and not CHECKERS["response_length_long"](four)
+    # abbreviations do not add sentences; list items do
+    assert CHECKERS["response_length_short"]("Mr. A met Dr. B, e.g. at 3.5 p.m. today. Fine.")
+    assert CHECKERS["response_length_long"]("Items:\n- a\n- b\n- c\n- d")
+
+
+def test_start_char() -> None:
+    assert CHECKERS["start_char_S"]("Sure thing. \"Some\" say so! **Still** true.\n- seen here")
+    assert not CHECKERS["start_char_S"]("Sure thing. Then not.")
+    assert CHECKERS["start_char_B"]("(Birds) fly. be careful.")
+    assert not CHECKERS["start_char_B"]("Birds fly. 8 birds fly.")
+    assert CHECKERS["start_char_S"]("## Summary\nSo it goes.")
+
+
+def test_end_char() -> None:
+    assert CHECKERS["end_char_question"]("Is it red? Is it \"blue?\"\n- Or green?")
+    assert not CHECKERS["end_char_question"]("Is it red? It is blue.")
+    assert not CHECKERS["end_char_question"]("Differences:\n1. Is it red?")
+    assert CHECKERS["end_char_exclamation"]("Wow! **Great!**\nYes (really!)")
+    assert not CHECKERS["end_char_exclamation"]("Wow! Great?!?")
+
+
+def test_favourite_words() -> None:
+    like = CHECKERS["favourite_word_like"]
+    assert like("Birds LIKE water.") and like("\"like\" this")
+    assert not like("It is likely so.") and not like("Unlike them.") and not like("like-minded people")
+    itself = CHECKERS["favourite_word_itself"]
+    assert itself("The tower itself, tall.") and not itself("The towers themselves.")
+    per_se = CHECKERS["favourite_word_per_se"]
+    assert per_se("Not a castle per se, but a fort.") and per_se("*Per  se* it is fine.")
+    assert not per_se("Per second.") and not per_se("per sea") and not per_se("per-se")
+
+
+def test_sentence_length() -> None:
+    short = "This sentence has exactly five. Another short one here."
+    eighteen = " ".join(["word"] * 17) + " end."
+    nineteen = " ".join(["word"] * 18) + " end."
+    assert CHECKERS["sentence_length_short"](short)
+    assert CHECKERS["sentence_length_short"](eighteen)
+    assert not CHECKERS["sentence_length_short"](nineteen)
+    assert CHECKERS["sentence_length_long"](eighteen + " " + nineteen)
+    assert not CHECKERS["sentence_length_long"](eighteen + " Short one.")
+    # markdown markers and standalone dashes are not words
+    assert CHECKERS["sentence_length_long"]("- " + " - ".join(["w"] * 18) + ".")
+
+
+def test_empty_response_follows_nothing() -> None:
+    for resp in ("", "   ", None):
+        assert check_instructions(resp, list(INSTRUCTION_IDS)) == [False] * 13
+        assert check_instructions(resp, list(INSTRUCTION_IDS), loose=True) == [False] * 13
+
+
+def test_pif_and_loose() -> None:
+    resp = "Sure, here is my answer:\nSome birds like water! So 8 birds swim!"
+    ids = ["start_char_S", "end_char_exclamation", "favourite_word_like", "number_even"]
+    assert check_instructions(resp, ids) == [True, False, True, True]
+    assert pif(resp, ids) == 0.75
+    # loose removes the first line ("Sure, here is my answer:")
+    assert check_instructions(resp, ids, loose=True) == [True, True, True, True]
+    assert pif("anything", []) == 1.0
+    assert check_instructions("*So* bold!*", ["end_char_exclamation"], loose=True) == [True]
+
+
+# ---- corpus metrics -----------------------------------------------------------------------------
+
+def test_statistics_helpers() -> None:
+    m, lo, hi = bernoulli_ci([1, 0, 1, 1])
+    half = 1.96 * math.sqrt(0.75 * 0.25 / 4)
+    assert m == 0.75 and lo == pytest.approx(0.75 - half) and hi == 1.0
+    assert pif_n_k([[1, 1, 0.5, 1], [0, 0.5, 1, 0], [1, 1, 1, 1]]) == {1: 1.0, 2: 2 / 3, 3: 2 / 3, 4: 1 / 3}
+    assert iqr([0, 0.5, 1, 1]) == pytest.approx(0.625)  # linear: Q1=0.375, Q3=1.0
+    assert ecdf([1, 0.5, 1, 0]) == [[0, 0.25], [0.5, 0.5], [1, 1.0]]
+
+
+def _rec(chat: str, turn: int, instr: list, preds: list) -> dict:
+    return {"sample_id": f"{chat}-t{turn:02d}", "benchmark": "MMMT-IF", "formulation": "Generation",
+            "meta": {"chat_id": chat, "turn": turn, "instructions": instr},
+            "prediction": preds[0], "predictions": preds}
+
+
+def test_registered_metric_values() -> None:
+    good, bad = "So 8 birds swim!", "the birds swim."
+    records = [
+        _rec("a", 1, ["start_char_S"], [good, good, bad, good]),
+        _rec("a", 2, ["start_char_S", "number_even"], [bad, good, good, good]),
+        _rec("b", 1, [], [bad, bad, bad, bad]),
+    ]
+    out = evaluate(records, "Generation", "generation")
+    m = out["metrics"]
+    assert out["metric"] == "pif"
+    assert m["pif"] == pytest.approx((1 + 0 + 1) / 3)
+    assert m["pif_by_turn"]["1"]["pif"] == 1.0 and m["pif_by_turn"]["1"]["n"] == 2
+    assert m["pif_by_turn"]["2"]["pif"] == 0.0
+    assert m["pif_by_num_instructions"] == {"0": {"pif": 1.0, "n": 1}, "1": {"pif": 1.0, "n": 1},
+                                            "2": {"pif": 0.0, "n": 1}}
+    assert m["pif_by_instruction"]["start_char_S"]["pif_given"] == 0.5
+    assert m["pif_by_instruction"]["number_even"]["followed"] == 0.0
+    # PIF-4-K: turn a1 has 3 perfect, a2 has 3 perfect, b1 (no instructions) has 4
+    assert [m[f"pif_4_{k}"] for k in range(1, 5)] == [1.0, 1.0, 1.0, pytest.approx(1 / 3)]
+    # IQRs: a1 [1,1,0,1] -> 0.25; a2 [0,1,1,1] -> 0.25; b1 [1,1,1,1] -> 0
+    assert m["pif_iqr_4"] == pytest.approx((0.25 + 0.25 + 0) / 3)
+    assert m["num_chats"] == 2 and m["num_turns_without_instructions"] == 1
+    assert set(out["tables"]) >= {"MMMT-IF PIF by turn", "MMMT-IF PIF by instruction"}
+    assert "| 2 | 1 | 0.000 |" in out["tables"]["MMMT-IF PIF by turn"]
+    assert out["per_sample"][1]["followed"] == [False, False]
+
+
+def test_metric_single_response_and_bad_records() -> None:
+    rec = _rec("a", 1, ["end_char_question"], ["Why?"])
+    del rec["predictions"]
+    m = pif_metric([rec])["metrics"]
+    assert m["pif"] == 1.0 and m["pif_1_1"] == 1.0 and m["pif_iqr_1"] == 0.0
+    with pytest.raises(ReformError, match="meta.instructions"):
+        pif_metric([{"sample_id": "x", "prediction": "y", "meta": {}}])
+    with pytest.raises(ReformError, match="unknown MMMT-IF instruction"):
+        pif_metric([_rec("a", 1, ["Answer in French."], ["Oui."])])
