@@ -251,3 +251,27 @@ def test_image_count_mismatch_is_an_error(server):
     with pytest.raises(ReformError, match="places 1 images but 2 were given"):
         model.raw_generate([_img("red"), _img("blue")], "<image> one")
     assert server.requests == []
+
+
+def test_run_eval_records_no_failed_call(server, tmp_path):
+    """End to end: successes are recorded; a sample whose call fails is not, and the run fails."""
+    import os
+    import run_eval
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=3, formulation="Generation")
+    out = tmp_path / "out"
+    args = ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "custom",
+            "--dataset_config", cfg, "--formulation", "Generation", "--output_dir", str(out),
+            "--model_option", f"base_url={server.url}", "--model_option", "max_retries=1",
+            "--model_option", "backoff_base=0.001", "--model_option", "timeout=0.5"]
+    server.script = ["ok", 500, 500]  # sample 0 answers, sample 1 fails twice
+    assert run_eval.main(args) != 0
+    recorded = []
+    for root, _, files in os.walk(out):
+        for name in files:
+            if name.endswith((".json", ".jsonl")) and "results" not in name:
+                text = open(os.path.join(root, name)).read()
+                recorded += [line for line in text.splitlines() if '"prediction"' in line]
+    assert len(recorded) <= 1 and all("echo:" in r for r in recorded)
+    server.script = []
+    assert run_eval.main(args) == 0  # the re-run completes the failed samples

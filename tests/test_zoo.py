@@ -130,3 +130,14 @@ def test_run_eval_end_to_end(zoo, method, tmp_path):
         assert all(isinstance(r["prediction"], int) for r in records)
     else:
         assert all(isinstance(r["prediction"], str) for r in records)
+
+
+def test_family_checkpoint_mismatch_is_clear(cache_dir):
+    from models import get_model
+    from models.tiny import tiny_model_path
+    from utils.errors import ReformError
+    import models
+    models._load_all()
+    path = tiny_model_path("llava_next")
+    with pytest.raises(ReformError, match="'llava_next' model.*expects 'idefics3' or 'smolvlm'"):
+        get_model("idefics3", {"model_name": path, "device": "cpu"})
