@@ -34,15 +34,20 @@ def trial_id(preset: str, i: int) -> str:
 def generate_trials(preset: str, n_trials: int, seed: int = 0, stim: Optional[StimulusSet] = None,
                     n_delay: Any = None, n_distractors: int = 0, fixation: bool = False,
                     features: Optional[Sequence[str]] = None, n_frames: Optional[int] = None,
-                    start: int = 0) -> List[Tuple[str, Task, Trial]]:
-    """Trials ``start .. start+n_trials-1`` of a preset; trial i depends only on (seed, preset, i)."""
+                    balance: bool = True) -> List[Tuple[str, Task, Trial]]:
+    """``n_trials`` trials of a preset, deterministic for (seed, preset, options).
+
+    With ``balance`` the answer values come from per-response-type decks, so each answer of a
+    type occurs equally often; without it each trial depends only on (seed, preset, index).
+    """
     stim = stim or load_stimuli()
     sampler = PresetSampler(restrict_features(get_preset(preset), features), stim, n_delay=n_delay,
                             n_distractors=n_distractors, fixation=fixation, n_frames=n_frames)
+    picker = sampler.balanced_picker(rng_for(seed, "iWISDM", preset, "balance")) if balance else None
     out = []
-    for i in range(start, start + n_trials):
+    for i in range(n_trials):
         tid = trial_id(preset, i)
-        task, trial = sampler.trial(rng_for(seed, "iWISDM", preset, i), name=tid)
+        task, trial = sampler.trial(rng_for(seed, "iWISDM", preset, i), name=tid, picker=picker)
         out.append((tid, task, trial))
     return out
 

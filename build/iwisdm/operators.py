@@ -91,15 +91,23 @@ class Constraints:
 class Context:
     """What operators need during a pass: Select -> object number and the resolved values."""
 
-    __slots__ = ("obj_of", "values", "objects", "rng", "cons", "answer_spaces")
+    __slots__ = ("obj_of", "values", "objects", "rng", "cons", "answer_spaces", "picker")
 
-    def __init__(self, obj_of: Dict[int, int], rng: random.Random, answer_spaces: Dict[str, Sequence[Any]]) -> None:
+    def __init__(self, obj_of: Dict[int, int], rng: random.Random, answer_spaces: Dict[str, Sequence[Any]],
+                 picker: Optional[Callable[[str, Sequence[Any]], Any]] = None) -> None:
         self.obj_of = obj_of            # Select uid -> object number (1-based)
         self.values: Dict[tuple, Any] = {}  # solved variable values
         self.objects: Dict[int, Dict[str, Any]] = {}  # object number -> attributes
         self.rng = rng
         self.cons = Constraints()
         self.answer_spaces = answer_spaces
+        #: draws a root answer value for a response type (default: uniform; presets use decks)
+        self.picker = picker
+
+    def pick(self, kind: str, space: Sequence[Any]) -> Any:
+        if self.picker is not None:
+            return self.picker(kind, space)
+        return self.rng.choice(space)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +142,7 @@ class Operator:
     # -- passes ---------------------------------------------------------------------------
     def sample_target(self, ctx: Context) -> Any:
         """A value drawn uniformly from the answer space (Switch draws its branch first)."""
-        return ctx.rng.choice(ctx.answer_spaces[self.out_type()])
+        return ctx.pick(self.out_type(), ctx.answer_spaces[self.out_type()])
 
     def backward(self, target: Any, ctx: Context) -> None:
         """Constrain the children so that this node outputs ``target`` (None: unconstrained)."""
@@ -374,7 +382,7 @@ class Switch(Operator):
         return tuple(out)
 
     def sample_target(self, ctx: Context) -> Any:
-        cond = ctx.rng.random() < 0.5
+        cond = ctx.pick("switch_condition", (True, False))
         branch = self.children[1] if cond else self.children[2]
         return ("switch", cond, branch.sample_target(ctx))
 

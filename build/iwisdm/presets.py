@@ -117,15 +117,32 @@ class PresetSampler:
         self.n_distractors = int(n_distractors)
         self.fixation = bool(fixation)
         self._dms = {d: dms(preset.dms_feature, d) for d in self.delays} if preset.dms_feature else {}
+        self._decks: Dict[str, List[Any]] = {}
+        self._deck_rng: Optional[random.Random] = None
+
+    def balanced_picker(self, seed_rng: random.Random):
+        """Answer values drawn from per-type shuffled decks, so every value of a response type
+        occurs equally often (up to one deck) - the paper's forced balance, without rejection."""
+        self._deck_rng = seed_rng
+
+        def pick(kind: str, space: Sequence[Any]) -> Any:
+            deck = self._decks.get(kind)
+            if not deck:
+                deck = list(space)
+                self._deck_rng.shuffle(deck)
+                self._decks[kind] = deck
+            return deck.pop()
+        return pick
 
     def task(self, rng: random.Random, name: str = "") -> Task:
         if self.auto is not None:
             return self.auto.sample(rng, name=name)
         return self._dms[rng.choice(self.delays)]
 
-    def trial(self, rng: random.Random, name: str = "") -> Tuple[Task, Trial]:
+    def trial(self, rng: random.Random, name: str = "", picker: Optional[Any] = None) -> Tuple[Task, Trial]:
+        """One trial; ``picker`` (e.g. ``balanced_picker``) chooses the answer values."""
         task = self.task(rng, name)
         trial = self.gen.instantiate(task, rng, n_frames=self.n_frames, merge_prob=self.preset.merge_prob,
-                                     n_distractors=self.n_distractors, fixation=self.fixation)
+                                     n_distractors=self.n_distractors, fixation=self.fixation, picker=picker)
         trial.meta["preset"] = self.preset.name
         return task, trial

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from PIL import Image
 
@@ -222,13 +222,16 @@ class TrialGenerator:
         self.answer_spaces = {BOOL: (True, False), "location": LOCATIONS, "category": stim.categories}
 
     def instantiate(self, task: Task, rng: random.Random, n_frames: Optional[int] = None,
-                    merge_prob: float = 0.2, n_distractors: int = 0, fixation: bool = False) -> Trial:
-        """One trial of one task with a balanced answer (drawn uniformly from the root's space)."""
+                    merge_prob: float = 0.2, n_distractors: int = 0, fixation: bool = False,
+                    picker: Optional[Callable[[str, Sequence[Any]], Any]] = None) -> Trial:
+        """One trial of one task with a balanced answer (drawn uniformly from the root's space,
+        or by ``picker(response_type, space)``)."""
         if task.explicit:
-            return self.compose([task], rng, mode="timeline", n_distractors=n_distractors, fixation=fixation)
+            return self.compose([task], rng, mode="timeline", n_distractors=n_distractors, fixation=fixation,
+                                picker=picker)
         if n_frames is None:
             raise ReformError(f"task {task.name or task}: an AutoTask graph needs n_frames")
-        target = task.root.sample_target(Context({}, rng, self.answer_spaces))
+        target = task.root.sample_target(Context({}, rng, self.answer_spaces, picker))
         for _ in range(MAX_ATTEMPTS):
             lay = _auto_layout(task, n_frames, rng, merge_prob)
             if lay is None:
@@ -245,7 +248,8 @@ class TrialGenerator:
                           f"for answer {answer_word(unwrap_target(target))!r} with {n_frames} frames")
 
     def compose(self, tasks: Sequence[Task], rng: random.Random, mode: str = "queue",
-                n_distractors: int = 0, fixation: bool = False) -> Trial:
+                n_distractors: int = 0, fixation: bool = False,
+                picker: Optional[Callable[[str, Sequence[Any]], Any]] = None) -> Trial:
         """Temporal composition of hand-made tasks (every Select has ``when``).
 
         queue: one after the other; overlap: each task's first frame is the previous task's
@@ -281,7 +285,7 @@ class TrialGenerator:
         targets: List[Any] = [None] * len(tasks)
         for i in order:
             task = tasks[i]
-            targets[i] = task.root.sample_target(Context({}, rng, self.answer_spaces))
+            targets[i] = task.root.sample_target(Context({}, rng, self.answer_spaces, picker))
             for _ in range(MAX_ATTEMPTS):
                 ctx = Context(maps[i], rng, self.answer_spaces)
                 task.root.backward(targets[i], ctx)
