@@ -13,9 +13,13 @@ Likelihood (``raw_batch_predict``), per sample:
 2. candidate tokens = ``tokens(prompt + joiner + candidate)[len(tokens(prompt)):]`` when the
    prompt's tokens are a prefix of the joint tokens (else ``tokens(joiner + candidate)``
    without special tokens); ``joiner`` is one space unless the prompt ends in whitespace;
-3. repeat the cache over the K candidates (in chunks of ``candidate_batch_size``), run only
-   the candidate tokens (right-padded: causal attention means padding never affects the
-   real tokens), and sum the log-probabilities. Returns ``CandidateScore(logprob, num_tokens)``.
+3. run only the candidate tokens against the shared cache (in chunks of
+   ``candidate_batch_size``), with one of two strategies:
+   ``expand``: repeat the cache over the K candidates, one right-padded row each (causal
+   attention means padding never affects the real tokens); ``packed``: all candidates in
+   one row after the prefix with a block-diagonal causal 4D mask and positions restarting
+   at the prefix length (no cache copies, no padding; ~10x cheaper on CPU).
+   Sum the log-probabilities. Returns ``CandidateScore(logprob, num_tokens)``.
 
 ``score_full_sequence`` is the naive reference (one full forward per candidate, images
 included), used by tests and ``bench/likelihood.py``.
@@ -64,6 +68,11 @@ class HFBaseInterface(BaseInterface):
     model_types: Tuple[str, ...] = ()
     #: model class; None => AutoModelForImageTextToText
     model_class: Any = None
+    #: how candidates share the prefix cache: ``expand`` (repeat the cache over K rows; works
+    #: for every family) or ``packed`` (one row, block-diagonal 4D mask, explicit 1D
+    #: positions; needs a family whose text model takes plain position_ids and custom
+    #: 4D masks). Config ``likelihood_strategy`` overrides.
+    likelihood_strategy: str = "expand"
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -343,16 +352,62 @@ class HFBaseInterface(BaseInterface):
 
         k = len(cand_ids)
         chunk = int(self.config.get("candidate_batch_size") or k)
+        strategy = self.strategy()
         scores: List[CandidateScore] = []
         n_chunks = (k + chunk - 1) // chunk
         for start in range(0, k, chunk):
             ids_chunk = cand_ids[start:start + chunk]
-            scores.extend(self._score_chunk(prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache),
-                                            first_lp, ids_chunk))
+            cache = prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache)
+            if strategy == "packed":
+                scores.extend(self._score_packed(cache, first_lp, ids_chunk, p_len))
+            else:
+                scores.extend(self._score_chunk(cache, first_lp, ids_chunk))
         return scores
 
+    def strategy(self) -> str:
+        """``packed`` or ``expand`` (see the class docstring); flash attention cannot take the
+        custom 4D mask that packing needs, so it always expands."""
+        name = str(self.config.get("likelihood_strategy") or self.likelihood_strategy)
+        if name not in ("packed", "expand"):
+            raise ReformError(f"model {self.label}: unknown likelihood_strategy '{name}'; valid names: expand, packed")
+        if name == "packed" and str(self.config.get("attn_implementation") or "").startswith("flash"):
+            return "expand"
+        return name
+
+    def _score_packed(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]],
+                      p_len: int) -> List[CandidateScore]:
+        """All candidates in ONE batch-1 row after the prefix, each seeing the prefix and only
+        its own earlier tokens (block-diagonal causal 4D mask, positions restarting at the
+        prefix length). No cache copies and no padding; the cache is consumed."""
+        lengths = [len(c) for c in cand_ids]
+        total = [float(first_lp[c[0]]) for c in cand_ids]
+        feed = [c[:-1] for c in cand_ids]  # the last token of a candidate predicts nothing we need
+        n_tok = sum(len(f) for f in feed)
+        if n_tok:
+            dev = self.device
+            ids = torch.tensor([[t for f in feed for t in f]], dtype=torch.long, device=dev)
+            pos = torch.tensor([[p_len + j for f in feed for j in range(len(f))]], dtype=torch.long, device=dev)
+            seg = torch.tensor([r for r, f in enumerate(feed) for _ in f], device=dev)
+            idx = torch.arange(n_tok, device=dev)
+            allowed = torch.ones(n_tok, p_len + n_tok, dtype=torch.bool, device=dev)
+            allowed[:, p_len:] = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
+            mask = torch.zeros(1, 1, n_tok, p_len + n_tok, dtype=self.dtype, device=dev)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                             past_key_values=cache, use_cache=True)
+            lp = torch.log_softmax(out.logits[0].float(), dim=-1)
+            off = 0
+            for r, c in enumerate(cand_ids):
+                m = len(feed[r])
+                if m:
+                    tgt = torch.tensor(c[1:], dtype=torch.long, device=dev)
+                    total[r] += float(lp[off:off + m].gather(-1, tgt[:, None]).sum())
+                off += m
+        return [CandidateScore(s, n) for s, n in zip(total, lengths)]
+
     def _score_chunk(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]]) -> List[CandidateScore]:
-        """Score candidates from a (batch-1) prefix cache; the cache is consumed."""
+        """Score candidates from a (batch-1) prefix cache repeated K times (right-padded
+        candidate rows); the cache is consumed."""
         n = len(cand_ids)
         lengths = torch.tensor([len(c) for c in cand_ids], device=self.device)
         max_len = int(lengths.max())

@@ -63,14 +63,17 @@ def test_prefix_cache_matches_full_forward(llava, n_images, question):
     assert len({c.num_tokens for c in fast}) >= 3  # candidates of different token lengths
     for f, g in zip(fast, slow):
         assert abs(f.logprob - g.logprob) <= 1e-4, (f, g)
-    # chunked candidate passes give the same scores
-    interface.config["candidate_batch_size"] = 2
-    try:
-        chunked = interface.raw_predict(s["images"], prompt, CANDIDATES)
-    finally:
-        interface.config.pop("candidate_batch_size")
-    for f, g in zip(fast, chunked):
-        assert abs(f.logprob - g.logprob) <= 1e-4
+    # both cache-sharing strategies, chunked or not, give the same scores
+    for extra in ({"candidate_batch_size": 2}, {"likelihood_strategy": "expand"},
+                  {"likelihood_strategy": "expand", "candidate_batch_size": 2}):
+        interface.config.update(extra)
+        try:
+            other = interface.raw_predict(s["images"], prompt, CANDIDATES)
+        finally:
+            for key in extra:
+                interface.config.pop(key)
+        for f, g in zip(fast, other):
+            assert f.num_tokens == g.num_tokens and abs(f.logprob - g.logprob) <= 1e-4, extra
 
 
 def test_candidate_tokens_are_the_suffix(llava):

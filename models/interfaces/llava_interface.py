@@ -31,6 +31,8 @@ class LlavaInterface(HFBaseInterface):
 
     family = "llava"
     model_types = ("llava",)
+    #: Llama text model: plain 1D positions and custom 4D masks, so candidates can be packed
+    likelihood_strategy = "packed"
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Union[ConvProcessor, ChatTemplateProcessor]:
         """llava-1.5 dialogue (roles USER/ASSISTANT, sep_style 'two'), or the chat template."""
