@@ -293,3 +293,10 @@ def test_release_bad_input(mmdu: Dict[str, Any]) -> None:
 
 def test_split_instruction_list_on_release_text() -> None:
     assert split_instruction_list(S + " " + Q) == ["start_char_S", "end_char_question"]
+
+
+def test_release_only_yaml_config() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    samples, _ = build_dataset("MMMT-IF", "Generation",
+                               os.path.join(root, "configs", "datasets", "mmmt_if_release_only.yaml"))
+    assert len(samples) == 990
