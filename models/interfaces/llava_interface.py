@@ -45,6 +45,7 @@ class LlavaInterface(HFBaseInterface):
                                   f"'{self.model_path}' has no chat template")
             self.chat_response_prefix = (" " + prefix) if prefix else None
             return ChatTemplateProcessor(system_msg=system, response_prefix=prefix)
+        self.chat_response_prefix = None
         if style != "conv":
             raise ReformError(f"model {self.label}: unknown preprocessor '{style}'; valid names: chat_template, conv")
         return ConvProcessor(roles=("USER", "ASSISTANT"), sep_style="two", seps=(" ", "</s>"),
