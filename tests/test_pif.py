@@ -231,3 +231,35 @@ def test_metric_single_response_and_bad_records() -> None:
         pif_metric([{"sample_id": "x", "prediction": "y", "meta": {}}])
     with pytest.raises(ReformError, match="unknown MMMT-IF instruction"):
         pif_metric([_rec("a", 1, ["Answer in French."], ["Oui."])])
+
+
+# ---- the paper's worked examples (Tables 7-11), with the PIF the paper reports ---------------------
+
+PAPER_EXAMPLES = [
+    # Table 8: the human answer the paper scores 0.4 (2/5): no 'like'; sentence 7 has 19 words
+    # and starts with 'T'
+    ("Both food items in Image1 and Image2 convey different storylines and sentiments within their culinary cultures! Being round and sweet, doughnuts, as depicted in Image1, often symbolize indulgence and reward! Because of their round shape, they can also denote eternity and completeness! By comparison, spaghetti and tomato sauce shown in picture 2, hold deep-rooted symbolism in Italian culture! Being central to many meals, spaghetti symbolizes unity and family cohesion for more than 6 centuries! By making pasta from scratch or preparing a family recipe the second dish speaks to continuity and heritage! The tomato sauce signifies prosperity and abundance, often representative of the lush Italian gardens and the healthy Mediterranean diet! Beyond its flavor, tomato sauce symbolizes prosperity, reflecting Italy's lush gardens, as well as a healthy Mediterranean diet! Both pasta and tomato sauce embody Italy's identity and cultural pride with connection to land, tradition, and family!",
+     ["number_even", "sentence_length_short", "start_char_B", "favourite_word_like", "end_char_exclamation"],
+     [True, False, False, False, True]),
+    # Table 7, turn 15 (Gemini): 0.5 (3/6)
+    ("Stage props can enhance the narrative or symbolism of a performance. Simple props, like the bamboo poles in Image 1, become integral to the dance itself. Conversely, the absence of props in Image 2 might emphasize the dancers' movements and stage presence. Such choices reflect deliberate artistic decisions in conveying a performance's message.",
+     ["number_even", "end_char_exclamation", "favourite_word_itself", "sentence_length_short",
+      "response_length_short", "start_char_S"],
+     [False, False, True, True, True, False]),
+    # Table 7, turn 1 (Gemini): 1 (1/1) thanks to "10 or 12"
+    ('The individuals in Image 1 are performing Tinikling, a traditional Philippine folk dance characterized by rhythmic and fast-paced footwork, often using bamboo poles. Dancers need a lot of agility to avoid getting their feet caught between the poles, especially as the pace increases to 10 or 12 beats per second.', ["number_even"], [True]),
+    # Table 10 (Gemini gives up): 0 (0/6)
+    ('Sorry, but I cannot fulfill this request. Combining the existing instructions – to end every sentence with a question mark and to begin every sentence with the letter "S" – creates an impossible grammatical structure for a coherent response.',
+     ["sentence_length_short", "number_even", "response_length_long", "favourite_word_per_se",
+      "end_char_question", "start_char_S"],
+     [False, False, False, False, False, False]),
+    # Table 9, row 3: 0.5 (1/2)
+    ('Swamps are the typical environment in image 1. Spatially, they appear to be clustered together in dense stands. Serving a multitude of purposes, the leaves of the cattail plant have been ingeniously incorporated into diverse aspects of life in various cultures throughout history. Specifically, the leaves are recognized for their strength and pliability, making them ideal for weaving into mats, baskets, and even temporary shelters, providing both comfort and protection from the elements.', ["start_char_S", "sentence_length_long"], [True, False]),
+    # Table 11, row 4 (GPT-4o, inline numbered list with markdown): 0 (0/1)
+    ("The vehicles in Image 1 and Image 2 exhibit several noticeable design differences: 1. **Body Style** : The vehicle in Image 1 is a larger, open-top car with a soft convertible roof, while the vehicle in Image 2 is a closed coupe with a hard top. 2. **Number of Doors** : Image 1's vehicle appears to be a larger model possibly with more doors, while the car in Image 2 is a 2-door coupe. 3. **Wheel Design** : The wheels on the car in Image 1 are less detailed with a vintage, simple look, but the car in Image 2 has more modern, detailed hubcaps. 4. **Fenders** : The vehicle in Image 1 has separate, rounded fenders distinct from the main body, while the vehicle in Image 2 has integrated fenders that are more streamlined with the body of the car. 5. **Overall Shape** : The car in Image 1 has a higher profile with a more upright design typical of older styles, whereas the vehicle in Image 2 has a more aerodynamic, rounded shape. These design differences highlight the evolution of automotive design over different decades.", ["number_odd"], [False]),
+]
+
+
+@pytest.mark.parametrize("response,ids,expected", PAPER_EXAMPLES)
+def test_paper_examples(response: str, ids: list, expected: list) -> None:
+    assert check_instructions(response, ids) == expected
