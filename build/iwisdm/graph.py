@@ -287,9 +287,16 @@ class AutoTask:
             if name not in conn or name not in OPERATORS:
                 raise ReformError(f"AutoTask: operator '{name}' has no connectivity rule or class")
         self.depth = min_depths(conn, space.ops)
+        self._cands: Dict[Tuple[Tuple[str, ...], int], List[str]] = {}
+        self._max_bool = space.bool_ops[1] if space.bool_ops is not None else 10 ** 6
 
     def _choose(self, allowed: Sequence[str], depth_left: int, rng: random.Random) -> str:
-        cands = [c for c in allowed if c in self.space.ops and c != "Switch" and self.depth.get(c, 10 ** 6) <= depth_left]
+        key = (tuple(allowed), depth_left)
+        cands = self._cands.get(key)
+        if cands is None:
+            cands = [c for c in allowed if c in self.space.ops and c != "Switch"
+                     and self.depth.get(c, 10 ** 6) <= depth_left]
+            self._cands[key] = cands
         if not cands:
             raise _Retry()
         # near the depth limit only the operators whose shortest subtask still fits remain
@@ -300,6 +307,10 @@ class AutoTask:
         budget[0] -= 1
         if budget[0] < 0 or depth_left < 0:
             raise _Retry()
+        if name in ("And", "Or"):
+            budget[1] += 1
+            if budget[1] > self._max_bool:  # stop early instead of rejecting the finished graph
+                raise _Retry()
         cls = OPERATORS[name]
         if name == "Select":
             return Select()
@@ -343,7 +354,7 @@ class AutoTask:
         for _ in range(self.MAX_TRIES):
             n_switch = rng.randint(sp.min_switch, sp.max_switch)
             try:
-                root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op])
+                root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op, 0])
             except _Retry:
                 continue
             task = Task(root, name=name)

@@ -36,6 +36,9 @@ DEFAULT_CATEGORIES: Tuple[str, ...] = ("benches", "boats", "cars", "chairs", "co
 META_COLUMNS = ("ctg_mod", "obj_mod", "ang_mod")
 
 
+_BLANK: Dict[bool, Image.Image] = {}
+
+
 class StimulusSet:
     """Interface every stimulus source provides: vocabulary + cached quadrant images."""
 
@@ -51,7 +54,18 @@ class StimulusSet:
         raise NotImplementedError
 
     def compose(self, objects: Sequence[Dict], fixation: bool = False) -> Image.Image:
-        """One frame: a black canvas with each object pasted into its quadrant."""
+        """One frame: a black canvas with each object pasted into its quadrant.
+
+        Delay frames are one shared image per fixation setting (frames are read-only).
+        """
+        if not objects:
+            blank = _BLANK.get(fixation)
+            if blank is None:
+                blank = _BLANK[fixation] = self._draw_frame((), fixation)
+            return blank
+        return self._draw_frame(objects, fixation)
+
+    def _draw_frame(self, objects: Sequence[Dict], fixation: bool) -> Image.Image:
         canvas = Image.new("RGB", (IMG_SIZE, IMG_SIZE))
         for obj in objects:
             canvas.paste(self.stimulus(obj["category"], obj["identity"], obj["view"]),
