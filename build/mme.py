@@ -226,6 +226,8 @@ def _image_bytes(value: Any, file: str, row: int) -> bytes:
 class MMEBuilder(Builder):
     """MME (Fu et al. 2023): perception and cognition yes/no questions, scored per image pair."""
 
+    #: Generation first: the official protocol is the default formulation
+    formulations = ("Generation", "SingleChoice")
     default_metric = {"Generation": "mme", "SingleChoice": "mme"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -227,13 +227,11 @@ def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", i
     get_parser(rule)
     verdicts = parse_records(records, formulation, infer_method, rule, likelihood_reduction, file)
     metrics = aggregate(verdicts, rule)
-    if formulation == "SingleChoice":
-        metrics["answer_extraction"] = "option marks (metrics.single_choice)" if infer_method == "generation" \
-            else f"likelihood ({likelihood_reduction})"
-    elif infer_method == "likelihood":
-        metrics["answer_extraction"] = f"likelihood ({likelihood_reduction})"
-    else:
-        metrics["answer_extraction"] = f"parse rule '{rule}'"
+    # the yes/no rule only reads free text; record what actually decided the answers
+    if infer_method == "likelihood":
+        metrics["parse_rule"] = f"likelihood_{likelihood_reduction}"
+    elif formulation == "SingleChoice":
+        metrics["parse_rule"] = "option_marks"
     if eval_stability:
         metrics["instability"] = instability(verdicts, key="parsed")
     return {"metrics": metrics, "per_sample": verdicts, "tables": {"MME subtasks": subtask_table(metrics)}}

@@ -6,6 +6,7 @@ out a release-shaped folder with 8x8 placeholder images from them.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections import Counter, defaultdict
@@ -231,12 +232,21 @@ def test_single_choice_likelihood_and_stability(release):
     m = res["metrics"]["subtasks"]["color"]
     want = sum(s["answer"] == 0 for s in sc) / len(sc)
     assert m["acc"] == pytest.approx(want) and m["num_questions"] == 120
-    assert res["metrics"]["instability"] >= 0.0
+    # "(A)" names a different answer in the two duplicates exactly when their orders differ
+    orders = defaultdict(set)
+    for s in sc:
+        orders[s["sample_id"]].add(tuple(s["answer_options"]))
+    flips = sum(len(o) == 2 for o in orders.values())
+    assert 0 < flips < 60
+    assert res["metrics"]["instability"] == pytest.approx(flips * math.log(2) / 60)
+    assert res["metrics"]["parse_rule"] == "option_marks"
     # likelihood: scores favour "Yes" -> acc 0.5, acc+ 0, every answer parsed
     lk, _ = build_dataset("MME", "Generation", {"root": release, "subtasks": ["color"]},
                           inference_method="likelihood", in_context_sample=False)
     recs = [dict(record(s, 0), candidate_logprobs=[-1.0, -2.0], candidate_num_tokens=[1, 1]) for s in lk]
-    m = mme_metric(recs, infer_method="likelihood")["metrics"]["subtasks"]["color"]
+    res = mme_metric(recs, infer_method="likelihood")
+    assert res["metrics"]["parse_rule"] == "likelihood_sum"
+    m = res["metrics"]["subtasks"]["color"]
     assert (m["acc"], m["acc_plus"], m["other_num"], m["TP"], m["FP"]) == (0.5, 0.0, 0, 30, 30)
 
 
