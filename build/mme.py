@@ -195,10 +195,11 @@ def _parquet_files(spec: Any, resolve) -> List[str]:
     return files
 
 
-def read_parquet_rows(files: List[str]) -> List[Dict[str, Any]]:
-    """Rows of the HF parquet layout with image bytes undecoded (question_id, image, question, answer, category)."""
+def read_parquet_rows(files: List[str]) -> Iterable[Dict[str, Any]]:
+    """Rows of the HF parquet layout with image bytes undecoded (question_id, image, question,
+    answer, category); memory-mapped, so the real set (~1 GB of images) is not held in RAM."""
     import datasets
-    ds = datasets.Dataset.from_parquet(files, keep_in_memory=True)
+    ds = datasets.Dataset.from_parquet(files)
     needed = ("question_id", "image", "question", "answer")
     missing = [c for c in needed if c not in ds.column_names]
     if missing:
@@ -206,7 +207,7 @@ def read_parquet_rows(files: List[str]) -> List[Dict[str, Any]]:
                           file=files[0])
     if isinstance(ds.features.get("image"), datasets.Image):
         ds = ds.cast_column("image", datasets.Image(decode=False))
-    return list(ds)
+    return iter(ds)
 
 
 def _image_bytes(value: Any, file: str, row: int) -> bytes:
@@ -298,8 +299,10 @@ class MMEBuilder(Builder):
             if gt is None:
                 raise input_error(f"answer must be Yes or No, got {row['answer']!r}", file=where,
                                   record=f"row {i}", field="answer")
-            g = groups.setdefault((sub, name), {"name": name, "rows": [], "image_value": row["image"],
-                                                "file": where, "first_row": i})
+            g = groups.get((sub, name))
+            if g is None:  # keep one copy of the image bytes per image, not per question
+                g = groups[(sub, name)] = {"name": name, "rows": [], "image_value": row["image"],
+                                           "file": where, "first_row": i}
             g["rows"].append((i, str(row["question"]), gt))
         out: Dict[str, List[Dict[str, Any]]] = {s: [] for s in subtasks}
         os.makedirs(cache, exist_ok=True)
