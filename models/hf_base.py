@@ -48,6 +48,12 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """A wrapped library error as one short line (the CLI prints errors on one line)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def _is_path_like(name: str) -> bool:
     """A name the user meant as a filesystem path (not an ``org/model`` hub id)."""
     return (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\"))
@@ -129,7 +135,7 @@ class HFBaseInterface(BaseInterface):
             hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
         except (OSError, ValueError) as e:
             raise ReformError(f"model {self.label}: cannot load '{self.model_path}' offline "
-                              f"(not a local checkpoint and not in the HF cache): {e}") from None
+                              f"(not a local checkpoint and not in the HF cache): {_one_line(e)}") from None
         if self.model_types and hf_config.model_type not in self.model_types:
             raise ReformError(f"model {self.label}: checkpoint '{self.model_path}' is a '{hf_config.model_type}' "
                               f"model, but interface '{self.name or self.family}' expects "
@@ -139,7 +145,7 @@ class HFBaseInterface(BaseInterface):
                                                            trust_remote_code=trust)
         except (OSError, ValueError, TypeError) as e:
             raise ReformError(f"model {self.label}: cannot load the processor from '{self.model_path}' "
-                              f"(tokenizer / preprocessor files missing?): {e}") from None
+                              f"(tokenizer / preprocessor files missing?): {_one_line(e)}") from None
         cls = self.model_class or AutoModelForImageTextToText
         kwargs: Dict[str, Any] = {"dtype": self.dtype, "local_files_only": True, "trust_remote_code": trust}
         if self.config.get("attn_implementation"):
@@ -147,7 +153,7 @@ class HFBaseInterface(BaseInterface):
         try:
             self.model = cls.from_pretrained(self.model_path, **kwargs)
         except (OSError, ValueError) as e:
-            raise ReformError(f"model {self.label}: cannot load weights from '{self.model_path}': {e}") from None
+            raise ReformError(f"model {self.label}: cannot load weights from '{self.model_path}': {_one_line(e)}") from None
         self.model.to(self.device).eval()
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
@@ -184,7 +190,7 @@ class HFBaseInterface(BaseInterface):
             try:
                 text = self.processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
             except Exception as e:  # noqa: BLE001 - template errors are user-facing config errors
-                raise ReformError(f"model {self.label}: {self._sid(i)}: chat template failed: {e}") from None
+                raise ReformError(f"model {self.label}: {self._sid(i)}: chat template failed: {_one_line(e)}") from None
             if self.chat_response_prefix:
                 text = text + self.chat_response_prefix
             return text
@@ -199,13 +205,13 @@ class HFBaseInterface(BaseInterface):
                 try:
                     out.append(open_image(im))
                 except ReformError as e:
-                    raise ReformError(f"model {self.label}: {self._sid(i)}: image {j}: {e}") from None
+                    raise ReformError(f"model {self.label}: {self._sid(i)}: image {j}: {_one_line(e)}") from None
             elif isinstance(im, Image.Image):
                 try:
                     im.load()  # decode now, so a truncated file fails here with its sample named
                     out.append(im if im.mode == "RGB" else im.convert("RGB"))
                 except OSError as e:
-                    raise ReformError(f"model {self.label}: {self._sid(i)}: image {j} cannot be decoded ({e})") from None
+                    raise ReformError(f"model {self.label}: {self._sid(i)}: image {j} cannot be decoded ({_one_line(e)})") from None
             else:
                 raise ReformError(f"model {self.label}: {self._sid(i)}: image {j} is a {type(im).__name__}, "
                                   "expected a PIL image or a file path")

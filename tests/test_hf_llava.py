@@ -152,6 +152,17 @@ def test_missing_model_path_is_a_clear_error(cache_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ReformError, match="no config.json"):
         get_model("llava", {"model_name": str(tmp_path / "empty"), "device": "cpu"})
+    # a checkpoint directory missing its weights / its tokenizer
+    import shutil
+    from models.tiny import tiny_model_path
+    for missing_files, message in ((("model.safetensors",), "cannot load weights"),
+                                   (("tokenizer.json", "tokenizer_config.json"), "cannot load the processor")):
+        broken = tmp_path / ("broken_" + missing_files[0])
+        shutil.copytree(tiny_model_path("llava"), broken)
+        for f in missing_files:
+            (broken / f).unlink()
+        with pytest.raises(ReformError, match=f"{broken.name}.*{message}"):
+            get_model("llava", {"model_name": str(broken), "device": "cpu"})
 
 
 def test_family_mismatch_is_a_clear_error(cache_dir, tmp_path):
