@@ -28,7 +28,7 @@ logger = logging.getLogger("run_eval")
 OUTPUT_ARGS = ("model", "model_name", "model_type", "dataset_name", "formulation", "dataset_duplication",
                "in_context_sample", "random_instruct", "shuffle_options", "option_mark", "infer_method",
                "half_evaluation", "temperature", "max_new_tokens", "dataset_subsample", "seed", "history",
-               "num_samples", "instructions_at_end", "dataset_option", "model_option")
+               "num_samples", "instructions_at_end", "skip_corrupt", "dataset_option", "model_option")
 
 
 def str2bool(v: Any) -> bool:
