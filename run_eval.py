@@ -191,7 +191,7 @@ def fill_history(sample: Dict[str, Any], mode: str, done: Dict[Tuple[str, int], 
             if key not in done:
                 raise ReformError(f"sample {sample['sample_id']}: history needs the prediction of "
                                   f"{key[0]}, which has not run (it must come earlier in its group)")
-            t = {"from": t["from"], "value": str(done[key]["prediction"])}
+            t = {**t, "value": str(done[key]["prediction"])}
         hist.append(t)
     sample["history"] = hist
     return sample

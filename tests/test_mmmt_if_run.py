@@ -1,0 +1,84 @@
+"""MMMT-IF through run_eval: own answers as history, N=4 samples, 2 ranks, kill and resume."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+from PIL import Image
+
+from tests.test_kill_resume import kill_tree, shard_lines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_mmdu(root):
+    """Six chats of five turns with two images each, in MMDU's benchmark.json format."""
+    img = os.path.join(root, "images")
+    os.makedirs(img)
+    for i in range(4):
+        Image.new("RGB", (16, 16), (60 * i, 255 - 60 * i, 90)).save(os.path.join(img, f"p{i}.png"))
+    chats = []
+    for c in range(6):
+        convs = []
+        for t in range(5):
+            q = (f"Image1: <ImageHere>. Image2: <ImageHere>. What differs between Image1 and Image2?"
+                 if t == 0 else f"Tell me more about detail {t} of the pictures.")
+            convs += [{"from": "user", "value": q}, {"from": "assistant", "value": f"Reference {c}-{t}."}]
+        chats.append({"id": f"chat{c}", "image": [f"p{c % 4}.png", f"p{(c + 1) % 4}.png"], "conversations": convs})
+    with open(os.path.join(root, "benchmark.json"), "w") as f:
+        json.dump(chats, f)
+    cfg = os.path.join(root, "mmmt_if.yaml")
+    with open(cfg, "w") as f:
+        f.write("source: mmdu\nmmdu_json: benchmark.json\nimage_folder: images\n")
+    return cfg
+
+
+def run_args(cfg, out):
+    return ["--model", "llava", "--model_name", "tiny", "--dataset_name", "MMMT-IF", "--dataset_config", cfg,
+            "--num_samples", "4", "--temperature", "1.0", "--max_new_tokens", "24", "--seed", "7",
+            "--per_gpu_eval_batch_size", "2", "--output_dir", str(out), "--do_eval"]
+
+
+def test_multi_turn_two_ranks_kill_resume(tmp_path):
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    single = tmp_path / "single"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "run_eval.py"), *run_args(cfg, single)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.load(open(glob.glob(os.path.join(single, "MMMT-IF_*.json"))[0]))
+    assert len(records) == 30
+    by_id = {r["sample_id"]: r for r in records}
+    for r in records:
+        assert len(r["predictions"]) == 4 and r["prediction"] == r["predictions"][0]
+        sources = [t for t in r["history"] if t["from"] == "assistant"]
+        assert len(sources) == r["meta"]["turn"] - 1
+        for t in sources:  # history holds the model's own earlier answers, not the references
+            assert t["value"] == by_id[t["source_sample_id"]]["prediction"]
+            assert not t["value"].startswith("Reference")
+    assert any(len(set(r["predictions"])) > 1 for r in records)  # sampling at temperature 1
+    res = json.load(open(single / "results.json"))["metrics"]
+    for key in ("pif", "pif_4_1", "pif_4_2", "pif_4_3", "pif_4_4", "pif_iqr_4"):
+        assert key in res, key
+    assert res["pif_4_1"] >= res["pif_4_2"] >= res["pif_4_3"] >= res["pif_4_4"]
+
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "run_eval.py"), *run_args(cfg, out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while shard_lines(out) < 4 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    kill_tree(proc.pid)
+    proc.wait()
+    time.sleep(0.5)
+    assert not glob.glob(os.path.join(out, "MMMT-IF_*.json")), "the run finished before the kill"
+    assert 4 <= shard_lines(out) < 30
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = json.load(open(glob.glob(os.path.join(out, "MMMT-IF_*.json"))[0]))
+    assert resumed == records
+    assert json.load(open(out / "results.json"))["metrics"]["pif"] == res["pif"]
