@@ -10,9 +10,8 @@ from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
 from metrics import register_metric
-from metrics.single_choice import (accuracy_summary, check_record, likelihood_choice, normalize_text,
-                                   score_single_choice)
-from utils.errors import input_error
+from metrics.single_choice import accuracy_summary, score_generation_match, score_single_choice
+from utils.report import markdown_table
 
 #: (breakdown name, meta key) pairs reported for every run
 BREAKDOWNS: Tuple[Tuple[str, str], ...] = (
@@ -29,40 +28,16 @@ BREAKDOWNS: Tuple[Tuple[str, str], ...] = (
 )
 
 
-def _score_generation(records: List[Dict[str, Any]], infer_method: str, reduction: str,
-                      file: Optional[str]) -> List[Dict[str, Any]]:
-    out = []
-    for i, rec in enumerate(records):
-        check_record(rec, i, ("sample_id", "answer", "prediction"), file)
-        if infer_method == "likelihood":
-            check_record(rec, i, ("candidates",), file)
-            idx = likelihood_choice(rec, reduction, file or "")
-            if not 0 <= idx < len(rec["candidates"]):
-                raise input_error(f"prediction index {idx} out of range", file=file, record=i, field="prediction")
-            extracted: Optional[str] = rec["candidates"][idx]
-        else:
-            if not isinstance(rec["prediction"], str):
-                raise input_error("generation prediction must be a string", file=file, record=i, field="prediction")
-            extracted = rec["prediction"]
-        norm = normalize_text(extracted)
-        vocab = {normalize_text(v) for v in rec.get("meta", {}).get("answer_vocabulary", [])}
-        out.append({"sample_id": rec["sample_id"], "dup_index": rec.get("dup_index", 0),
-                    "extracted": extracted if (not vocab or norm in vocab) else None,
-                    "chosen_text": norm,
-                    "correct": norm == normalize_text(rec["answer"])})
-    return out
-
-
 def _group_table(title: str, groups: Dict[Any, List[Tuple[bool, float]]]) -> Tuple[Dict[str, Any], str]:
     rows = {}
-    lines = [f"| {title} | n | accuracy | chance |", "|---|---|---|---|"]
+    table_rows = []
     for key in sorted(groups, key=lambda k: (str(type(k)), k)):
         vals = groups[key]
         acc = sum(c for c, _ in vals) / len(vals)
         chance = sum(ch for _, ch in vals) / len(vals)
         rows[str(key)] = {"n": len(vals), "accuracy": acc, "chance": chance}
-        lines.append(f"| {key} | {len(vals)} | {acc:.3f} | {chance:.3f} |")
-    return rows, "\n".join(lines)
+        table_rows.append((key, len(vals), acc, chance))
+    return rows, markdown_table([title, "n", "accuracy", "chance"], table_rows)
 
 
 @register_metric("iwisdm", benchmarks={"iWISDM": ["SingleChoice", "Generation"]})
@@ -73,7 +48,8 @@ def iwisdm_metric(records: List[Dict[str, Any]], formulation: str = "Generation"
     if formulation == "SingleChoice":
         per_sample = score_single_choice(records, infer_method, likelihood_reduction, file)
     else:
-        per_sample = _score_generation(records, infer_method, likelihood_reduction, file)
+        per_sample = score_generation_match(records, infer_method, likelihood_reduction, file,
+                                            vocabulary_key="answer_vocabulary")
     metrics = accuracy_summary(per_sample, infer_method, eval_stability)
     chances = [float(r.get("meta", {}).get("chance", 0.0)) for r in records]
     metrics["chance"] = sum(chances) / len(chances) if chances else 0.0

@@ -165,25 +165,42 @@ def single_choice_metric(records: List[Dict[str, Any]], formulation: str = "Sing
     return {"metrics": accuracy_summary(per_sample, infer_method, eval_stability), "per_sample": per_sample}
 
 
-@register_metric("exact_match")
-def exact_match_metric(records: List[Dict[str, Any]], infer_method: str = "generation",
-                       likelihood_reduction: str = "sum", file: Optional[str] = None,
-                       **_: Any) -> Dict[str, Any]:
-    """Generic Generation metric: normalised exact match against ``answer`` (or candidate index)."""
-    per_sample = []
+def score_generation_match(records: List[Dict[str, Any]], infer_method: str, likelihood_reduction: str = "sum",
+                           file: Optional[str] = None, vocabulary_key: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Per-record verdicts for Generation with a reference answer: normalised exact match.
+
+    Likelihood picks a candidate by reduced score. With ``vocabulary_key`` (a ``meta`` key
+    listing the valid answers) a response outside the vocabulary counts as unparsed
+    (``extracted`` None), which the format hit rate reports.
+    """
+    out = []
     for i, rec in enumerate(records):
         check_record(rec, i, ("sample_id", "answer", "prediction"), file)
         if infer_method == "likelihood":
             check_record(rec, i, ("candidates",), file)
             idx = likelihood_choice(rec, likelihood_reduction, file or "")
-            extracted = rec["candidates"][idx]
+            if not 0 <= idx < len(rec["candidates"]):
+                raise input_error(f"prediction index {idx} out of range for {len(rec['candidates'])} candidates",
+                                  file=file, record=i, field="prediction")
+            extracted: Optional[str] = rec["candidates"][idx]
         else:
             if not isinstance(rec["prediction"], str):
-                raise input_error("generation prediction must be a string", file=file, record=i, field="prediction")
+                raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",
+                                  file=file, record=i, field="prediction")
             extracted = rec["prediction"]
-        per_sample.append({"sample_id": rec["sample_id"], "dup_index": rec.get("dup_index", 0),
-                           "extracted": extracted,
-                           "correct": normalize_text(extracted) == normalize_text(rec["answer"])})
-    n = len(per_sample)
-    return {"metrics": {"num_records": n, "accuracy": sum(r["correct"] for r in per_sample) / n},
-            "per_sample": per_sample}
+        norm = normalize_text(extracted)
+        vocab = {normalize_text(v) for v in rec.get("meta", {}).get(vocabulary_key, [])} if vocabulary_key else set()
+        out.append({"sample_id": rec["sample_id"], "dup_index": rec.get("dup_index", 0),
+                    "extracted": extracted if (not vocab or norm in vocab) else None,
+                    "chosen_text": norm,
+                    "correct": norm == normalize_text(rec["answer"])})
+    return out
+
+
+@register_metric("exact_match")
+def exact_match_metric(records: List[Dict[str, Any]], infer_method: str = "generation",
+                       eval_stability: bool = False, likelihood_reduction: str = "sum",
+                       file: Optional[str] = None, **_: Any) -> Dict[str, Any]:
+    """Generic Generation metric: normalised exact match against ``answer`` (or the chosen candidate)."""
+    per_sample = score_generation_match(records, infer_method, likelihood_reduction, file)
+    return {"metrics": accuracy_summary(per_sample, infer_method, eval_stability), "per_sample": per_sample}

@@ -74,3 +74,21 @@ def test_missing_field():
     del r["prediction"]
     with pytest.raises(ReformError, match="p.json: record 0: field 'prediction': missing"):
         evaluate([r], "SingleChoice", "generation", file="p.json")
+
+
+def test_generation_match_vocabulary_and_likelihood():
+    from metrics.single_choice import score_generation_match
+    base = {"benchmark": "custom", "formulation": "Generation", "meta": {"vocab": ["true", "false"]},
+            "candidates": ["true", "false"], "answer": "true"}
+    recs = [dict(base, sample_id="a", prediction="True."), dict(base, sample_id="b", prediction="maybe"),
+            dict(base, sample_id="c", prediction=" FALSE")]
+    per = score_generation_match(recs, "generation", vocabulary_key="vocab")
+    assert [p["correct"] for p in per] == [True, False, False]
+    assert [p["extracted"] for p in per] == ["True.", None, " FALSE"]
+    m = evaluate(recs, "Generation", "generation")["metrics"]
+    assert m["accuracy"] == pytest.approx(1 / 3) and m["format_hit_rate"] == 1.0  # no vocabulary: all parsed
+    lk = dict(base, sample_id="d", prediction=1, candidate_logprobs=[-1.0, -0.5], candidate_num_tokens=[1, 1])
+    assert evaluate([lk], "Generation", "likelihood")["metrics"]["accuracy"] == 0.0
+    with pytest.raises(ReformError, match="record 0: field 'prediction'"):
+        evaluate([dict(lk, candidate_logprobs=None, candidate_num_tokens=None, prediction=5)],
+                 "Generation", "likelihood")
