@@ -353,7 +353,7 @@ class HFBaseInterface(BaseInterface):
         self._check_context(p_len + max_c, i, "prompt + longest candidate")
         out = self.model(**enc, use_cache=True, logits_to_keep=1)
         first_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        prefix_cache = out.past_key_values
+        prefix_cache = self.prefix_cache(out)
         del out
 
         k = len(cand_ids)
@@ -369,6 +369,17 @@ class HFBaseInterface(BaseInterface):
             else:
                 scores.extend(self._score_chunk(cache, first_lp, ids_chunk))
         return scores
+
+    def prefix_cache(self, out: Any) -> Any:
+        """The KV cache of the prefix pass's output (hook; BLIP-2 nests it in
+        ``language_model_outputs``)."""
+        return out.past_key_values
+
+    def candidate_model(self) -> Any:
+        """The module that runs candidate tokens against the prefix cache (hook): the full
+        model by default; families whose forward always needs the images (BLIP-2's
+        ``pixel_values``) return their text model, which reads the same cache."""
+        return self.model
 
     def strategy(self) -> str:
         """``packed`` or ``expand`` (see the class docstring); flash attention cannot take the
@@ -399,7 +410,7 @@ class HFBaseInterface(BaseInterface):
             allowed[:, p_len:] = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
             mask = torch.zeros(1, 1, n_tok, p_len + n_tok, dtype=self.dtype, device=dev)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
+            out = self.candidate_model()(input_ids=ids, position_ids=pos, attention_mask=mask,
                              past_key_values=cache, use_cache=True)
             lp = torch.log_softmax(out.logits[0].float(), dim=-1)
             off = 0
@@ -426,7 +437,7 @@ class HFBaseInterface(BaseInterface):
             cache.batch_repeat_interleave(n)
             # feed tokens 0..L-2; the logits at step t predict token t+1. Right padding is
             # harmless: causal attention keeps real tokens from seeing later pad tokens.
-            out = self.model(input_ids=targets[:, :-1], past_key_values=cache, use_cache=True)
+            out = self.candidate_model()(input_ids=targets[:, :-1], past_key_values=cache, use_cache=True)
             lp = torch.log_softmax(out.logits.float(), dim=-1)
             tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
             mask = torch.arange(1, max_len, device=self.device)[None, :] < lengths[:, None]

@@ -21,7 +21,7 @@ from PIL import Image
 from build.schema import IMAGE_TOKEN
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)
-FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl"]
+FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2", "instructblip"]
 
 CANDIDATES = ["yes", "no", "a red circle left of the blue square", "(B)", "three dogs"]
 
@@ -141,3 +141,48 @@ def test_family_checkpoint_mismatch_is_clear(cache_dir):
     path = tiny_model_path("llava_next")
     with pytest.raises(ReformError, match="'llava_next' model.*expects 'idefics3' or 'smolvlm'"):
         get_model("idefics3", {"model_name": path, "device": "cpu"})
+
+
+@pytest.mark.parametrize("fam,variant", [("blip2", "blip2_t5"), ("instructblip", "instructblip_t5")])
+def test_blip_encoder_decoder_scores_on_the_decoder(cache_dir, fam, variant):
+    """Flan-T5 style BLIP-2 / InstructBLIP: candidates scored on the decoder against one
+    shared encoder pass equal one full forward per candidate; greedy batch 1 == batch 4."""
+    import models
+    from models import get_model
+    from models.tiny import tiny_model_path
+    models._load_all()
+    torch.set_num_threads(1)
+    interface, pre = get_model(fam, {"model_name": tiny_model_path(variant), "device": "cpu"})
+    assert interface.seq2seq
+    history = [{"from": "human", "value": f"{IMAGE_TOKEN}What is in the first image?"},
+               {"from": "assistant", "value": "A red circle."}]
+    s = _sample(2, f"{IMAGE_TOKEN}And in the second one?", history=history)
+    prompt = pre(s)
+    fast = interface.raw_predict(s["images"], prompt, CANDIDATES)
+    _close(fast, interface.score_full_sequence(s["images"], prompt, CANDIDATES))
+    assert len({c.num_tokens for c in fast}) >= 3 and len({round(c.logprob, 3) for c in fast}) > 1
+    interface.config["candidate_batch_size"] = 2
+    _close(interface.raw_predict(s["images"], prompt, CANDIDATES), fast)
+    samples = [_sample(1, "Is there a cat?", "a"), _sample(2, "What colour are the two objects?", "b"),
+               _sample(1, "Count to three, please.", "c"), _sample(3, "Which image shows a square?", "d")]
+    prompts, images = [pre(x) for x in samples], [x["images"] for x in samples]
+    single = [interface.raw_generate(im, p, max_new_tokens=4) for im, p in zip(images, prompts)]
+    assert single == interface.raw_batch_generate(images, prompts, max_new_tokens=4)
+
+
+def test_blip2_layout_and_imageless_prompt(cache_dir):
+    """Images go in front of the prompt (BLIP-2's layout: query tokens, then BOS); a prompt
+    without an image is a clear error."""
+    from models import get_model
+    from utils.errors import ReformError
+    interface, pre = get_model("blip2", {"model_name": "tiny", "device": "cpu"})
+    s = _sample(2, "Which image is brighter?")
+    prompt = pre(s)
+    assert prompt.startswith(IMAGE_TOKEN * 2 + "Question: ") and prompt.endswith("Answer:")
+    enc = interface._encode([interface.render(prompt)], s["images"])
+    nq = interface.model.config.num_query_tokens
+    ids = enc["input_ids"][0].tolist()
+    assert ids[:2 * nq] == [interface._image_token_id()] * (2 * nq)
+    assert ids[2 * nq] == interface.tokenizer.bos_token_id and enc["pixel_values"].shape[0] == 2
+    with pytest.raises(ReformError, match="at least one image"):
+        interface.raw_generate([], "Question: Is there a cat? Answer:", max_new_tokens=2)
