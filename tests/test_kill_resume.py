@@ -57,6 +57,20 @@ def kill_tree(pid):
             pass
 
 
+def run_and_kill_midway(cmd, out, min_lines, env):
+    """Start ``cmd`` (a torchrun line), SIGKILL its whole tree once ``min_lines`` records are in
+    the shards, and return how many complete records survived."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while shard_lines(out) < min_lines and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    kill_tree(proc.pid)
+    proc.wait()
+    time.sleep(0.5)
+    return shard_lines(out)
+
+
 def test_kill_two_ranks_then_resume(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     reference = tmp_path / "reference"
@@ -64,15 +78,7 @@ def test_kill_two_ranks_then_resume(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun_cmd(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while shard_lines(out) < 4 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    kill_tree(proc.pid)
-    proc.wait()
-    time.sleep(0.5)
-    partial = shard_lines(out)
+    partial = run_and_kill_midway(torchrun_cmd(out), out, 4, env)
     assert not glob.glob(os.path.join(out, "iWISDM_*.json")), "the run finished before the kill"
     assert 4 <= partial < 60, partial  # killed midway, with work already on disk
     again = subprocess.run(torchrun_cmd(out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)

@@ -4,11 +4,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from PIL import Image
 
-from tests.test_kill_resume import kill_tree, shard_lines
+from tests.test_kill_resume import run_and_kill_midway
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,16 +66,9 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "run_eval.py"), *run_args(cfg, out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 300
-    while shard_lines(out) < 4 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    kill_tree(proc.pid)
-    proc.wait()
-    time.sleep(0.5)
+    partial = run_and_kill_midway(cmd, out, 4, env)
     assert not glob.glob(os.path.join(out, "MMMT-IF_*.json")), "the run finished before the kill"
-    assert 4 <= shard_lines(out) < 30
+    assert 4 <= partial < 30
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = json.load(open(glob.glob(os.path.join(out, "MMMT-IF_*.json"))[0]))
