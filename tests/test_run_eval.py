@@ -143,3 +143,21 @@ def test_run_eval_unknown_names(custom_cfg, tmp_path):
                "--formulation", "Essay", "--output_dir", str(tmp_path))
     assert proc.returncode == 2 and "unknown formulation 'Essay'" in proc.stderr
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".json")]
+
+
+def test_constant_baseline_scores_first_option(custom_cfg, tmp_path):
+    """`constant` always answers the first shown option: its accuracy is the share of samples
+    whose correct option was shuffled into first place, for generation and likelihood alike."""
+    for method in ("generation", "likelihood"):
+        out = tmp_path / method
+        args = base_args(custom_cfg, out, "--do_eval", "--infer_method", method)
+        args[args.index("random")] = "constant"
+        assert run_eval.main(args) == 0
+        preds = json.load(open(pred_file(out)))
+        expected = sum(p["answer"] == 0 for p in preds) / len(preds)
+        assert 0 < expected < 1
+        assert json.load(open(out / "results.json"))["metrics"]["accuracy"] == pytest.approx(expected)
+        if method == "generation":
+            assert {p["prediction"] for p in preds} == {"(A)"}
+        else:
+            assert {p["prediction"] for p in preds} == {0}
