@@ -370,6 +370,11 @@ class HFBaseInterface(BaseInterface):
                 scores.extend(self._score_chunk(cache, first_lp, ids_chunk))
         return scores
 
+    def candidate_token_type(self, key: str) -> int:
+        """Value of the per-token input ``key`` for candidate tokens in the full-sequence
+        reference (hook): 0 (text); PaliGemma's suffix tokens are ``token_type_ids`` 1."""
+        return 0
+
     def prefix_cache(self, out: Any) -> Any:
         """The KV cache of the prefix pass's output (hook; BLIP-2 nests it in
         ``language_model_outputs``)."""
@@ -460,11 +465,12 @@ class HFBaseInterface(BaseInterface):
             if "attention_mask" in enc:
                 full["attention_mask"] = torch.ones_like(full["input_ids"])
             # other per-token inputs (Qwen2-VL's mm_token_type_ids, token_type_ids) grow with
-            # the candidate; its tokens are text, type 0
+            # the candidate; its tokens are text, type 0 unless the family says otherwise
             for key, val in enc.items():
                 if key not in ("input_ids", "attention_mask") and isinstance(val, torch.Tensor) \
                         and val.shape == enc["input_ids"].shape:
-                    full[key] = torch.cat([val, val.new_zeros((1, len(ids)))], dim=1)
+                    fill = self.candidate_token_type(key)
+                    full[key] = torch.cat([val, val.new_full((1, len(ids)), fill)], dim=1)
             logits = self.model(**full, use_cache=False).logits[0, p_len - 1:-1].float()
             lp = torch.log_softmax(logits, dim=-1).gather(-1, c[0, :, None]).sum()
             scores.append(CandidateScore(float(lp), len(ids)))

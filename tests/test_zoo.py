@@ -21,7 +21,8 @@ from PIL import Image
 from build.schema import IMAGE_TOKEN
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)
-FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2", "instructblip"]
+FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2", "instructblip",
+            "paligemma"]
 
 CANDIDATES = ["yes", "no", "a red circle left of the blue square", "(B)", "three dogs"]
 
@@ -186,3 +187,28 @@ def test_blip2_layout_and_imageless_prompt(cache_dir):
     assert ids[2 * nq] == interface.tokenizer.bos_token_id and enc["pixel_values"].shape[0] == 2
     with pytest.raises(ReformError, match="at least one image"):
         interface.raw_generate([], "Question: Is there a cat? Answer:", max_new_tokens=2)
+
+
+def test_paligemma_prefix_lm_split(cache_dir):
+    """PaliGemma: the prefix (images + prompt + newline) is bidirectional, candidates are the
+    causal suffix. Cached scores match a full forward whose candidate tokens have
+    token_type_ids 1, and differ from one that puts them in the bidirectional prefix."""
+    from models import get_model
+    interface, pre = get_model("paligemma", {"model_name": "tiny", "device": "cpu"})
+    s = _sample(2, "What colour are the two objects? Count them.")
+    prompt = pre(s)
+    assert prompt.startswith(IMAGE_TOKEN * 2) and prompt.count(IMAGE_TOKEN) == 2
+    text = interface.render(prompt)
+    enc = interface._encode([text], s["images"])
+    assert "labels" not in enc and int(enc["token_type_ids"].sum()) == 0
+    assert enc["input_ids"][0, -1].item() == interface.tokenizer.convert_tokens_to_ids("\u010a")  # "\n"
+    full = interface.tokenizer(text + "\nyes")["input_ids"]
+    assert interface.candidate_ids(text, "yes") == full[len(interface.tokenizer(text + "\n")["input_ids"]):]
+    fast = interface.raw_predict(s["images"], prompt, CANDIDATES)
+    _close(fast, interface.score_full_sequence(s["images"], prompt, CANDIDATES))
+    interface.candidate_token_type = lambda key: 0  # candidates wrongly inside the prefix
+    try:
+        wrong = interface.score_full_sequence(s["images"], prompt, CANDIDATES)
+    finally:
+        del interface.candidate_token_type
+    assert max(abs(f.logprob - w.logprob) for f, w in zip(fast, wrong)) > 1e-3

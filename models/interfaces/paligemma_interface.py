@@ -1,0 +1,108 @@
+"""PaliGemma 1/2 (``google/paligemma-3b-*``, ``google/paligemma2-*``): SigLIP + Gemma, prefix-LM.
+
+Why this family needs care: PaliGemma attends *bidirectionally* within the prefix (images +
+prompt, ``token_type_ids`` 0) and causally over the suffix (the answer, ``token_type_ids``
+1). The HF processor writes ``<image>*n ... <bos>prompt\\n`` (BOS after the last image, a
+newline closing the prefix) and returns ``token_type_ids`` 0 for all of it.
+
+* **Cached scoring:** the prefix pass runs with ``token_type_ids`` (bidirectional prefix);
+  the candidate pass runs from the cache without them, which the model treats as causal
+  suffix tokens that see the whole prefix: exactly the prefix-LM split.
+* **Full-sequence reference:** the candidate tokens get ``token_type_ids`` 1
+  (``candidate_token_type`` hook in ``hf_base``), so prefix tokens never attend to the
+  candidate; both paths agree within 1e-4 (tested).
+* **Candidate tokens:** the prompt as the model sees it ends with ``"\\n"``, so candidates are
+  joined with no space: ``tokens(prompt + "\\n" + candidate)`` minus ``tokens(prompt + "\\n")``.
+* **Multi-image:** the processor and model take any number of images per prompt (each
+  ``<image>`` becomes ``image_seq_length`` tokens, scattered in order); PaliGemma was trained
+  with one. The preprocessor puts all images in front of the prompt, as the processor expects.
+* Positions are 1-indexed and computed by the model, so candidates use the ``expand`` strategy.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List
+
+from build.schema import IMAGE_TOKEN
+from models import register_model
+from models.hf_base import HFBaseInterface
+from models.tiny import register_tiny_builder, train_tiny_tokenizer
+from models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
+from utils.preprocessors import ConvProcessor
+
+logger = logging.getLogger(__name__)
+
+
+class AllImagesFirstProcessor:
+    """``ConvProcessor`` output with every image placeholder moved to the front (PaliGemma's
+    processor places BOS after the last image token)."""
+
+    def __init__(self, conv: ConvProcessor) -> None:
+        self.conv = conv
+
+    def __call__(self, sample: Dict[str, Any]) -> str:
+        text = self.conv(sample)
+        n = text.count(IMAGE_TOKEN)
+        return IMAGE_TOKEN * n + text.replace(IMAGE_TOKEN + "\n", "").replace(IMAGE_TOKEN, "")
+
+
+@register_model("paligemma")
+class PaliGemmaInterface(HFBaseInterface):
+    """PaliGemma: SigLIP tower, linear projector, Gemma (1 or 2) text model, prefix-LM mask."""
+
+    family = "paligemma"
+    model_types = ("paligemma",)
+    likelihood_strategy = "expand"
+
+    def make_preprocessor(self, config: Dict[str, Any]) -> AllImagesFirstProcessor:
+        """Images first, then ``Question: ... Answer:`` turns (``roles``, ``system_msg``,
+        ``response_prefix`` configurable); the processor appends the closing newline."""
+        conv = ConvProcessor(roles=tuple(config.get("roles") or ("Question", "Answer")), sep_style="one",
+                             seps=(" ",), system_msg=config.get("system_msg", ""),
+                             response_prefix=config.get("response_prefix"))
+        return AllImagesFirstProcessor(conv)
+
+    def _encode(self, texts: List[str], images: List[Any]) -> Dict[str, Any]:
+        """The processor's inputs without the training ``labels`` it adds."""
+        enc = super()._encode(texts, images)
+        enc.pop("labels", None)
+        return enc
+
+    def candidate_token_type(self, key: str) -> int:
+        """Candidate tokens are the causal suffix: ``token_type_ids`` 1."""
+        return 1 if key == "token_type_ids" else 0
+
+    def candidate_ids(self, prompt_text: str, candidate: str) -> List[int]:
+        """The candidate follows the processor's closing ``"\\n"`` directly."""
+        return super().candidate_ids(prompt_text + "\n", candidate.lstrip())
+
+
+def build_tiny_paligemma(out_dir: str, size: str = "tiny") -> None:
+    """Random PaliGemmaForConditionalGeneration (SigLIP + Gemma), one 32 px tile per image."""
+    from transformers import (GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
+                              PaliGemmaProcessor, SiglipVisionConfig)
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    t, v = TEXT_SIZES[size], VISION_SIZES[size]
+    tok = train_tiny_tokenizer(vocab_size=t["vocab"], extra_special=("<image>",))
+    side = v["image"]
+    image_processor = SiglipImageProcessorPil(size={"height": side, "width": side})
+    image_processor.image_seq_length = (side // v["patch"]) ** 2
+    # the processor adds PaliGemma's <loc>/<seg> tokens: size the vocabulary after it
+    processor = PaliGemmaProcessor(image_processor=image_processor, tokenizer=tok)
+    text_cfg = GemmaConfig(vocab_size=len(tok), hidden_size=t["hidden"], intermediate_size=t["mlp"],
+                           num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
+                           num_key_value_heads=t["kv"], head_dim=t["hidden"] // t["heads"],
+                           max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
+                           eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    vision_cfg = SiglipVisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
+                                    num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
+                                    image_size=side, patch_size=v["patch"], projection_dim=t["hidden"])
+    config = PaliGemmaConfig(vision_config=vision_cfg, text_config=text_cfg, vocab_size=len(tok),
+                             image_token_index=tok.convert_tokens_to_ids("<image>"), projection_dim=t["hidden"],
+                             hidden_size=t["hidden"], tie_word_embeddings=False)
+    model = seeded_model(lambda: PaliGemmaForConditionalGeneration(config), size)
+    save_checkpoint(model, processor, tok, out_dir)
+
+
+register_tiny_builder("paligemma", build_tiny_paligemma, version="1")
