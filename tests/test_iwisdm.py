@@ -155,10 +155,10 @@ def _small_dir(root, drop_col=None, drop_image=False):
     small = ProceduralStimuli(categories=("cars", "planes", "tables"), n_identities=2)
     split = small.export(str(root), "val")
     if drop_col or drop_image:
-        with open(os.path.join(split, "meta.csv")) as f:
+        with open(os.path.join(split, "val_metadata.csv")) as f:
             rows = list(csv.DictReader(f))
         cols = [c for c in rows[0] if c != drop_col]
-        with open(os.path.join(split, "meta.csv"), "w", newline="") as f:
+        with open(os.path.join(split, "val_metadata.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
@@ -181,13 +181,62 @@ def test_directory_importer_original_format(tmp_path):
 
 def test_directory_importer_errors(tmp_path):
     _small_dir(tmp_path / "a", drop_col="obj_mod")
-    with pytest.raises(ReformError, match=r"meta\.csv.*field 'obj_mod'"):
+    with pytest.raises(ReformError, match=r"val_metadata\.csv.*field 'obj_mod'"):
         DirectoryStimuli(str(tmp_path / "a"))
     _small_dir(tmp_path / "b", drop_image=True)
-    with pytest.raises(ReformError, match=r"meta\.csv.*record 5.*image missing"):
+    with pytest.raises(ReformError, match=r"val_metadata\.csv.*record 5.*image missing"):
         DirectoryStimuli(str(tmp_path / "b"))
     with pytest.raises(ReformError, match="stim_dir"):
         DirectoryStimuli(str(tmp_path / "nowhere"))
+
+
+def test_export_writes_original_layout_and_round_trips(tmp_path):
+    small = ProceduralStimuli(categories=("cars", "planes"), n_identities=2)
+    split = small.export(str(tmp_path), "train")
+    assert split == os.path.join(str(tmp_path), "train")
+    # the original pairs a split folder with the metadata file whose name contains the split
+    assert sorted(f for f in os.listdir(split) if f.endswith(".csv")) == ["train_metadata.csv"]
+    with open(os.path.join(split, "train_metadata.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["ref", "ctg_mod", "obj_mod", "ang_mod", "ctg"]
+    assert len(rows) == 2 * 2 * small.n_views
+    grid = {(int(r["ctg_mod"]), int(r["obj_mod"]), int(r["ang_mod"])) for r in rows}
+    assert grid == {(c, o, a) for c in range(2) for o in range(2) for a in range(small.n_views)}
+    assert {(r["ctg_mod"], r["ctg"]) for r in rows} == {("0", "cars"), ("1", "planes")}
+    for r in rows:
+        assert os.path.isfile(os.path.join(split, r["ref"], "image.png"))
+    back = DirectoryStimuli(str(tmp_path))
+    assert back.categories == small.categories and back.n_views == small.n_views
+    for cat in small.categories:
+        for i in range(2):
+            for v in range(small.n_views):
+                assert np.array_equal(np.asarray(back.stimulus(cat, i, v).convert("RGB")),
+                                      np.asarray(small.stimulus(cat, i, v).convert("RGB")))
+    with pytest.raises(ValueError, match="split"):
+        small.export(str(tmp_path), "training")
+
+
+ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON", "/tmp/iwisdm_venv/bin/python")
+
+
+@pytest.mark.skipif(not os.path.exists(ORIG_PYTHON), reason="no venv with the original iwisdm==0.1.3")
+def test_export_loads_in_original_package(tmp_path):
+    """The exported set drives the original package (run in its own venv) end to end."""
+    import subprocess
+    import sys as _sys
+    procedural_set().export(str(tmp_path / "stim"), "train")
+    code = ("import sys, iwisdm; env = iwisdm.make(env_id='ShapeNet', dataset_fp=sys.argv[1]); "
+            "print(sorted(env.stim_data.attr_with_mapping['category'].values())); "
+            "_, (_, t) = env.generate_tasks(1)[0]; imgs, _, info = env.generate_trials(tasks=[t], mode='train')[0]; "
+            "print(len(imgs), imgs[0].shape, bool(imgs[0].any()))")
+    res = subprocess.run([ORIG_PYTHON, "-I", "-c", code, str(tmp_path / "stim")], capture_output=True, text=True,
+                         timeout=300, cwd=str(tmp_path))
+    if "No module named 'iwisdm'" in res.stderr:
+        pytest.skip(f"{ORIG_PYTHON} has no iwisdm")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cats, shape = res.stdout.splitlines()
+    assert cats == str(sorted(STIM.categories))
+    assert shape.split(" ", 1)[1] == "(224, 224, 3) True"
 
 
 # -- builder, write/read, metric -----------------------------------------------------------------

@@ -78,7 +78,16 @@ class StimulusSet:
         return canvas
 
     def export(self, root: str, split: str = "train") -> str:
-        """Write this set in the original iWISDM directory format (``split/<ref>/image.png`` + meta.csv)."""
+        """Write this set in the original iWISDM directory format and return the split folder.
+
+        Layout: ``root/<split>/<ref>/image.png`` plus ``root/<split>/<split>_metadata.csv`` with
+        integer ``ref``, ``ctg_mod``, ``obj_mod``, ``ang_mod`` and the category name ``ctg``.
+        The metadata file name carries the split name because the original package (0.1.3)
+        pairs a split folder with the metadata file whose name contains that split; the
+        importer here (``DirectoryStimuli``) reads it back as well.
+        """
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"split must be train, val or test (the original's split names), got {split!r}")
         split_dir = os.path.join(root, split)
         os.makedirs(split_dir, exist_ok=True)
         rows = []
@@ -91,7 +100,7 @@ class StimulusSet:
                     self.stimulus(cat, i, v).save(os.path.join(d, "image.png"))
                     rows.append({"ref": ref, "ctg_mod": c, "obj_mod": i, "ang_mod": v, "ctg": cat})
                     ref += 1
-        with open(os.path.join(split_dir, "meta.csv"), "w", newline="", encoding="utf-8") as f:
+        with open(os.path.join(split_dir, f"{split}_metadata.csv"), "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=["ref", "ctg_mod", "obj_mod", "ang_mod", "ctg"])
             w.writeheader()
             w.writerows(rows)
