@@ -375,6 +375,11 @@ class HFBaseInterface(BaseInterface):
         reference (hook): 0 (text); PaliGemma's suffix tokens are ``token_type_ids`` 1."""
         return 0
 
+    def extend_full_inputs(self, full: Dict[str, Any], enc: Dict[str, Any], n_new: int) -> Dict[str, Any]:
+        """Grow other inputs of the full-sequence reference by ``n_new`` candidate tokens
+        (hook; Mllama's 4D ``cross_attention_mask``). Default: unchanged."""
+        return full
+
     def prefix_cache(self, out: Any) -> Any:
         """The KV cache of the prefix pass's output (hook; BLIP-2 nests it in
         ``language_model_outputs``)."""
@@ -471,6 +476,7 @@ class HFBaseInterface(BaseInterface):
                         and val.shape == enc["input_ids"].shape:
                     fill = self.candidate_token_type(key)
                     full[key] = torch.cat([val, val.new_full((1, len(ids)), fill)], dim=1)
+            full = self.extend_full_inputs(full, enc, len(ids))
             logits = self.model(**full, use_cache=False).logits[0, p_len - 1:-1].float()
             lp = torch.log_softmax(logits, dim=-1).gather(-1, c[0, :, None]).sum()
             scores.append(CandidateScore(float(lp), len(ids)))

@@ -22,7 +22,7 @@ from build.schema import IMAGE_TOKEN
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)
 FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2", "instructblip",
-            "paligemma"]
+            "paligemma", "mllama"]
 
 CANDIDATES = ["yes", "no", "a red circle left of the blue square", "(B)", "three dogs"]
 
@@ -212,3 +212,25 @@ def test_paligemma_prefix_lm_split(cache_dir):
     finally:
         del interface.candidate_token_type
     assert max(abs(f.logprob - w.logprob) for f, w in zip(fast, wrong)) > 1e-3
+
+
+def test_mllama_candidates_use_the_cross_attention_mask(cache_dir):
+    """Mllama: candidates read the cached vision states through the prompt's last
+    cross-attention mask row; scoring them unmasked (padded tiles visible) differs."""
+    from models import get_model
+    interface, pre = get_model("mllama", {"model_name": "tiny", "device": "cpu"})
+    history = [{"from": "human", "value": f"{IMAGE_TOKEN}What is in the first image?"},
+               {"from": "assistant", "value": "A red circle."}]
+    s = _sample(2, f"{IMAGE_TOKEN}And in the second one?", history=history)
+    s["images"][1] = _img(7, (32, 32))  # one tile of two: the second tile is padding
+    prompt = pre(s)
+    xmask = interface._encode([interface.render(prompt)], s["images"])["cross_attention_mask"]
+    assert xmask[0, -1].tolist() == [[0, 0], [1, 0]]  # last token: second image, its one tile
+    fast = interface.raw_predict(s["images"], prompt, CANDIDATES)
+    _close(fast, interface.score_full_sequence(s["images"], prompt, CANDIDATES))
+    interface.candidate_model = lambda: interface.model  # no mask for the candidate pass
+    try:
+        unmasked = interface.raw_predict(s["images"], prompt, CANDIDATES)
+    finally:
+        del interface.candidate_model
+    assert max(abs(f.logprob - u.logprob) for f, u in zip(fast, unmasked)) > 1e-4
