@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/iwisdm_gen.py [--seconds 2] [--orig-seconds 20] [--orig-python /tmp/iwisdm_venv/bin/python]
+    python bench/iwisdm_gen.py [--seconds 2] [--orig-seconds 20] [--orig-python VENV/bin/python] [--no-setup-orig]
 
 1. For every preset, single process, per CPU-second of this process (= per core, robust to
    other load on the machine): task graph + trial + rendered frames (PIL images) in memory, and
@@ -27,10 +27,12 @@ printed. The last line is always
 ``speedup_low=<r> speedup_medium=<r> speedup_high=<r> min_trials_per_s=<n>``
 (``min_trials_per_s``: the lowest in-memory rate over all presets).
 
-Setting up the original (no torch needed: 0.1.3 imports numpy, pandas, cv2 and networkx only)::
+The original runs in a separate venv (no torch needed: 0.1.3 imports numpy, pandas, cv2 and
+networkx only). Unless ``--orig-python`` names one, the bench creates it once, from the package
+index, under ``$REFORM_CACHE/iwisdm_orig_venv`` (``--no-setup-orig`` turns that off)::
 
-    python3 -m venv /tmp/iwisdm_venv
-    /tmp/iwisdm_venv/bin/pip install iwisdm==0.1.3 opencv-python-headless
+    python3 -m venv $REFORM_CACHE/iwisdm_orig_venv
+    $REFORM_CACHE/iwisdm_orig_venv/bin/pip install iwisdm==0.1.3 'numpy<2' pandas opencv-python-headless
 """
 from __future__ import annotations
 
@@ -252,10 +254,39 @@ def run_original(python: str, seconds: float, max_seconds: float, min_accepted: 
         return json.loads(lines[-1])
 
 
+ORIG_REQUIREMENTS = ("iwisdm==0.1.3", "numpy<2", "pandas", "opencv-python-headless")
+
+
+def default_orig_venv() -> str:
+    root = os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
+    return os.path.join(root, "iwisdm_orig_venv")
+
+
+def ensure_orig_venv(venv: str) -> Optional[str]:
+    """Create the original package's venv if missing; returns why it could not be made, or None."""
+    import subprocess
+    python = os.path.join(venv, "bin", "python")
+    if os.path.exists(python):
+        return None
+    print(f"creating {venv} for the original iwisdm ({' '.join(ORIG_REQUIREMENTS)}) ...", flush=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, text=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *ORIG_REQUIREMENTS], check=True,
+                       capture_output=True, text=True, timeout=900)
+    except (subprocess.SubprocessError, OSError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        import shutil
+        shutil.rmtree(venv, ignore_errors=True)
+        return f"could not create {venv}: {detail.strip().splitlines()[-1] if detail.strip() else e}"
+    return None
+
+
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="CPU seconds per in-memory measurement of ours")
-    ap.add_argument("--orig-python", default=os.environ.get("IWISDM_ORIG_PYTHON", "/tmp/iwisdm_venv/bin/python"),
+    ap.add_argument("--no-setup-orig", action="store_true",
+                    help="do not create the original's venv when it is missing")
+    ap.add_argument("--orig-python", default=os.environ.get("IWISDM_ORIG_PYTHON"),
                     help="interpreter of a venv with iwisdm==0.1.3 installed")
     ap.add_argument("--orig-seconds", type=float, default=20.0,
                     help="CPU seconds per preset for the original (more if fewer than --orig-min-accepted)")
@@ -276,14 +307,21 @@ def main(argv: Optional[list] = None) -> int:
 
     speed: Dict[str, str] = {p: "n/a" for p in ACCEPT}
     compared = [p for p in ACCEPT if p in mem]
+    setup_error = None
+    if args.orig_python is None and compared and not args.no_orig:
+        if not args.no_setup_orig:
+            setup_error = ensure_orig_venv(default_orig_venv())
+        args.orig_python = os.path.join(default_orig_venv(), "bin", "python")
     if args.no_orig:
         print("original iwisdm: NOT MEASURED (--no-orig)")
     elif not compared:
         print("original iwisdm: NOT MEASURED (none of low/medium/high in --presets)")
+    elif setup_error:
+        print(f"original iwisdm: NOT MEASURED ({setup_error})")
     elif not os.path.exists(args.orig_python):
-        print(f"original iwisdm: NOT MEASURED (no interpreter at {args.orig_python}; create it with: "
-              f"python3 -m venv /tmp/iwisdm_venv && /tmp/iwisdm_venv/bin/pip install iwisdm==0.1.3 "
-              f"opencv-python-headless, or pass --orig-python)")
+        print(f"original iwisdm: NOT MEASURED (no interpreter at {args.orig_python}; "
+              f"create it with: python3 -m venv DIR && DIR/bin/pip install {' '.join(ORIG_REQUIREMENTS)}, "
+              "and pass --orig-python DIR/bin/python)")
     else:
         print(f"original iwisdm via {args.orig_python} (AutoTask + rejection, built-in stimuli exported "
               f"in its directory format; >= {args.orig_seconds:g} CPU-s per preset) ...", flush=True)

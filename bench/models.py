@@ -24,7 +24,8 @@ from PIL import Image  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-FAMILIES = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "idefics3", "internvl"]
+FAMILIES = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "idefics3", "internvl",
+            "blip2", "instructblip", "paligemma", "mllama"]
 WORDS = ["yes", "no", "red", "green", "blue square", "a yellow circle on the left", "(A)", "(B) two",
          "three cats and a dog", "the second image", "none of the above options", "purple star",
          "left of the triangle", "it is the same colour as the first object in the scene"]

@@ -216,7 +216,9 @@ def test_export_writes_original_layout_and_round_trips(tmp_path):
         small.export(str(tmp_path), "training")
 
 
-ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON", "/tmp/iwisdm_venv/bin/python")
+#: the venv bench/iwisdm_gen.py creates (or one named by IWISDM_ORIG_PYTHON)
+ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON") or os.path.join(
+    os.path.expanduser(os.environ.get("REFORM_CACHE") or "~/.cache/reform_eval"), "iwisdm_orig_venv", "bin", "python")
 
 
 @pytest.mark.skipif(not os.path.exists(ORIG_PYTHON), reason="no venv with the original iwisdm==0.1.3")
