@@ -215,3 +215,19 @@ def test_tiny_builder_is_race_safe(cache_dir):
     assert paths[0].endswith(os.path.join("tiny", "fake_race", "tiny-v7"))
     assert len([f for f in os.listdir(paths[0]) if f.startswith("part")]) == 20
     assert os.listdir(os.path.dirname(paths[0])) == ["tiny-v7"]  # no temp debris
+
+
+def test_half_evaluation_uses_bf16_on_cpu(llava, cache_dir):
+    """--half_evaluation loads bf16 weights on CPU; scores stay close to fp32 ones."""
+    from models import get_model
+    half, pre = get_model("llava", {"model_name": "tiny", "device": "cpu", "half_evaluation": True})
+    assert half.model.dtype == torch.bfloat16
+    fp32, _ = llava
+    sample = {"sample_id": "h", "formulation": "Generation", "inference_method": "likelihood",
+              "images": [_img(3)], "instruct": "", "question": "Is there a cat?", "history": []}
+    cands = ["yes", "no", "a red circle"]
+    a = fp32.raw_predict(sample["images"], pre(sample), cands)
+    b = half.raw_predict(sample["images"], pre(sample), cands)
+    assert [x.num_tokens for x in a] == [x.num_tokens for x in b]
+    assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) < 0.25
+    assert a != b  # really a different precision
