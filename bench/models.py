@@ -96,11 +96,16 @@ def main() -> None:
           "prefix ratio = naive time / prefix-cached time)")
     print("family".ljust(16) + "".join(c.rjust(17) for c in cols))
     rows: List[str] = []
+    results: Dict[str, Dict[str, float]] = {}
     for fam in args.families:
         res = bench_family(fam, args.size, args.reps)
+        results[fam] = res
         row = fam.ljust(16) + "".join(f"{res[c]:17.2f}" for c in cols)
         rows.append(row)
         print(row, flush=True)
+    k14 = " ".join(f"prefix_ratio_K14_{f}={r['prefix_ratio_K14']:.2f}" for f, r in results.items())
+    print(f"families={len(results)} min_prefix_ratio_K2={min(r['prefix_ratio_K2'] for r in results.values()):.2f} "
+          f"min_prefix_ratio_K14={min(r['prefix_ratio_K14'] for r in results.values()):.2f} {k14}")
 
 
 if __name__ == "__main__":
