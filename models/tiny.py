@@ -199,7 +199,7 @@ _LLAVA_SIZES = {
 def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
     """Write a random LlavaForConditionalGeneration (CLIP vision tower + Llama text model)
     with a locally trained tokenizer, a CLIP-style image processor and a LlavaProcessor."""
-    import torch
+    from models.tiny_zoo import save_checkpoint, seeded_model
     from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
@@ -219,28 +219,16 @@ def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
     config = LlavaConfig(vision_config=vision_cfg, text_config=text_cfg, image_token_id=image_token_id,
                          vision_feature_select_strategy="default", vision_feature_layer=-2,
                          projector_hidden_act="gelu", pad_token_id=tokenizer.pad_token_id)
-    # weights depend only on the family/size/version, never on global RNG state
-    gen_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(1234)
-        model = LlavaForConditionalGeneration(config)
-        # the default init (std 0.02) gives near-uniform logits with many ties; a larger
-        # output scale makes greedy decoding and scores discriminative (and tests meaningful)
-        with torch.no_grad():
-            model.lm_head.weight.normal_(0.0, 0.5 if size == "tiny" else 0.2)
-    finally:
-        torch.random.set_rng_state(gen_state)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    # weights depend only on the family/size/version, never on global RNG state; the output
+    # head is rescaled so greedy decoding and scores are discriminative (see seeded_model)
+    model = seeded_model(lambda: LlavaForConditionalGeneration(config), size)
     image_processor = LlavaImageProcessorPil(size={"shortest_edge": s["image"]},
                                              crop_size={"height": s["image"], "width": s["image"]})
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer,
                                patch_size=s["patch"], vision_feature_select_strategy="default",
                                chat_template=LLAVA_CHAT_TEMPLATE, image_token="<image>",
                                num_additional_image_tokens=1)
-    model.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
+    save_checkpoint(model, processor, tokenizer, out_dir)
 
 
 register_tiny_builder("llava", build_tiny_llava, version="1")
