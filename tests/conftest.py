@@ -42,6 +42,20 @@ def write_custom_dataset(directory: str, n: int = 12, formulation: str = "Single
     return cfg
 
 
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """A private REFORM_CACHE for one test module, so it builds its tiny models itself
+    (and checks the builders) without touching the shared cache."""
+    old = os.environ.get("REFORM_CACHE")
+    path = str(tmp_path_factory.mktemp("reform_cache"))
+    os.environ["REFORM_CACHE"] = path
+    yield path
+    if old is None:
+        os.environ.pop("REFORM_CACHE", None)
+    else:
+        os.environ["REFORM_CACHE"] = old
+
+
 @pytest.fixture
 def custom_cfg(tmp_path):
     return write_custom_dataset(str(tmp_path / "data"))

@@ -13,19 +13,6 @@ from utils.errors import ReformError
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """A private REFORM_CACHE so the test builds the tiny model itself (and leaves no trace)."""
-    old = os.environ.get("REFORM_CACHE")
-    path = str(tmp_path_factory.mktemp("reform_cache"))
-    os.environ["REFORM_CACHE"] = path
-    yield path
-    if old is None:
-        os.environ.pop("REFORM_CACHE", None)
-    else:
-        os.environ["REFORM_CACHE"] = old
-
-
-@pytest.fixture(scope="module")
 def llava(cache_dir):
     from models import get_model
     torch.set_num_threads(1)

@@ -27,19 +27,6 @@ FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl",
 CANDIDATES = ["yes", "no", "a red circle left of the blue square", "(B)", "three dogs"]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """A private REFORM_CACHE so the module builds every tiny model itself."""
-    old = os.environ.get("REFORM_CACHE")
-    path = str(tmp_path_factory.mktemp("zoo_cache"))
-    os.environ["REFORM_CACHE"] = path
-    yield path
-    if old is None:
-        os.environ.pop("REFORM_CACHE", None)
-    else:
-        os.environ["REFORM_CACHE"] = old
-
-
 _LOADED: dict = {}
 
 
