@@ -85,7 +85,11 @@ class HFBaseInterface(BaseInterface):
         cfg = self.config
         self.device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = self._pick_dtype(cfg)
-        self.model_path = self._resolve_path(str(cfg.get("model_name") or "tiny"))
+        if not cfg.get("model_name"):
+            # never fall back to the random tiny model silently: its scores would pass for a result
+            raise ReformError(f"model '{self.name or self.family}': give --model_name (a checkpoint directory, "
+                              "an HF id in the offline cache, or 'tiny' for the random test model)")
+        self.model_path = self._resolve_path(str(cfg["model_name"]))
         self.chat_response_prefix: Optional[str] = None
         self._sample_ids: Optional[List[Any]] = None
         self._load()

@@ -218,3 +218,10 @@ def test_half_evaluation_uses_bf16_on_cpu(llava, cache_dir):
     assert [x.num_tokens for x in a] == [x.num_tokens for x in b]
     assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) < 0.25
     assert a != b  # really a different precision
+
+
+def test_model_name_is_required():
+    """No silent fall-back to the random tiny model."""
+    from models import get_model
+    with pytest.raises(ReformError, match="give --model_name"):
+        get_model("llava", {"device": "cpu"})
