@@ -47,6 +47,16 @@ def seeded_model(make: Callable[[], Any], size: str, seed: int = 1234) -> Any:
     return model
 
 
+def tiny_text_config(config_cls: Any, tok: Any, t: Dict[str, int]) -> Any:
+    """A decoder config of ``config_cls`` (LlamaConfig, Qwen2Config, ...) sized by a
+    ``TEXT_SIZES`` entry, with the locally trained tokenizer's special-token ids."""
+    return config_cls(vocab_size=len(tok), hidden_size=t["hidden"], intermediate_size=t["mlp"],
+                      num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
+                      num_key_value_heads=t["kv"], max_position_embeddings=4096,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+
+
 def save_checkpoint(model: Any, processor: Any, tokenizer: Any, out_dir: str) -> None:
     """Set pad/eos/bos in the generation config and write model + processor to ``out_dir``."""
     gc = model.generation_config

@@ -15,7 +15,7 @@ from models import register_model
 from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
 from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, save_checkpoint,
-                             seeded_model)
+                             seeded_model, tiny_text_config)
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +51,7 @@ def build_tiny_idefics3(out_dir: str, size: str = "tiny") -> None:
     tok = train_tiny_tokenizer(vocab_size=t["vocab"], extra_special=(
         "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"))
     side, scale = v["image"], 2
-    text_cfg = LlamaConfig(vocab_size=len(tok), hidden_size=t["hidden"], intermediate_size=t["mlp"],
-                           num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
-                           num_key_value_heads=t["kv"], max_position_embeddings=4096,
-                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    text_cfg = tiny_text_config(LlamaConfig, tok, t)
     vision_cfg = Idefics3VisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
                                       num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                       image_size=side, patch_size=v["patch"])

@@ -16,7 +16,7 @@ from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
 from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, allow_video_processors_without_torchvision,
                              chat_template_preprocessor, image_only_video_processor, save_checkpoint,
-                             seeded_model)
+                             seeded_model, tiny_text_config)
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +61,7 @@ def build_tiny_internvl(out_dir: str, size: str = "tiny") -> None:
                                   model_max_length=4096, extra_special_tokens=INTERNVL_TOKENS)
     side, ratio = v["image"], 0.5
     seq_len = int((side // v["patch"]) ** 2 * ratio ** 2)
-    text_cfg = Qwen2Config(vocab_size=len(tok), hidden_size=t["hidden"], intermediate_size=t["mlp"],
-                           num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
-                           num_key_value_heads=t["kv"], max_position_embeddings=4096,
-                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    text_cfg = tiny_text_config(Qwen2Config, tok, t)
     vision_cfg = InternVLVisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
                                       num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                       image_size=(side, side), patch_size=(v["patch"], v["patch"]))

@@ -13,7 +13,7 @@ import logging
 from models import register_model
 from models.interfaces.llava_interface import LlavaInterface
 from models.tiny import LLAVA_CHAT_TEMPLATE, register_tiny_builder, train_tiny_tokenizer
-from models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
+from models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model, tiny_text_config
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +36,7 @@ def build_tiny_llava_next(out_dir: str, size: str = "tiny") -> None:
     tok = train_tiny_tokenizer(vocab_size=t["vocab"], extra_special=("<image>",))
     side = v["image"]
     pinpoints = [[side, side], [side, 2 * side], [2 * side, side], [2 * side, 2 * side]]
-    text_cfg = LlamaConfig(vocab_size=len(tok), hidden_size=t["hidden"], intermediate_size=t["mlp"],
-                           num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
-                           num_key_value_heads=t["kv"], max_position_embeddings=4096,
-                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    text_cfg = tiny_text_config(LlamaConfig, tok, t)
     vision_cfg = CLIPVisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
                                   num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                   image_size=side, patch_size=v["patch"], projection_dim=v["hidden"])
