@@ -19,20 +19,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_inputs import CANDIDATE_WORDS, random_image  # noqa: E402
 
 import torch  # noqa: E402
-from PIL import Image  # noqa: E402
 
 logger = logging.getLogger(__name__)
-
-WORDS = ["yes", "no", "red", "green", "blue square", "a yellow circle on the left", "(A)", "(B) two",
-         "three cats and a dog", "the second image", "none of the above options", "purple star",
-         "left of the triangle", "it is the same colour as the first object in the scene"]
-
-
-def _image(seed: int) -> Image.Image:
-    g = torch.Generator().manual_seed(seed)
-    return Image.fromarray((torch.rand(96, 128, 3, generator=g) * 255).to(torch.uint8).numpy())
 
 
 def main() -> None:
@@ -50,7 +41,7 @@ def main() -> None:
     from models import get_model
     interface, pre = get_model("llava", {"model_name": "tiny", "tiny_size": "bench", "device": args.device})
     n_params = sum(p.numel() for p in interface.model.parameters())
-    cands = [WORDS[i % len(WORDS)] for i in range(args.candidates)]
+    cands = [CANDIDATE_WORDS[i % len(CANDIDATE_WORDS)] for i in range(args.candidates)]
     print(f"model: random LLaVA, {n_params / 1e6:.1f}M params, device {interface.device}; "
           f"{args.images} images/prompt, K={len(cands)} candidates "
           f"({min(len(interface.candidate_ids('x:', c)) for c in cands)}-"
@@ -59,7 +50,7 @@ def main() -> None:
     naive_t, prefix_t, max_diff = [], [], 0.0
     for k in range(args.samples + 1):
         s = {"sample_id": f"bench{k}", "formulation": "SingleChoice", "inference_method": "likelihood",
-             "images": [_image(10 * k + i) for i in range(args.images)],
+             "images": [random_image(10 * k + i) for i in range(args.images)],
              "instruct": "Look at the images and choose the best answer.",
              "question": f"Question {k}: which image shows the red object left of the triangle?", "history": []}
         prompt = pre(s)

@@ -18,27 +18,20 @@ import time
 from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_inputs import CANDIDATE_WORDS, random_image  # noqa: E402
 
 import torch  # noqa: E402
-from PIL import Image  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 FAMILIES = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "idefics3", "internvl",
             "blip2", "instructblip", "paligemma", "mllama"]
-WORDS = ["yes", "no", "red", "green", "blue square", "a yellow circle on the left", "(A)", "(B) two",
-         "three cats and a dog", "the second image", "none of the above options", "purple star",
-         "left of the triangle", "it is the same colour as the first object in the scene"]
-
-
-def _image(seed: int) -> Image.Image:
-    g = torch.Generator().manual_seed(seed)
-    return Image.fromarray((torch.rand(48, 64, 3, generator=g) * 255).to(torch.uint8).numpy())
 
 
 def _sample(i: int) -> Dict:
     return {"sample_id": f"b{i}", "formulation": "SingleChoice", "inference_method": "likelihood",
-            "images": [_image(10 * i), _image(10 * i + 1)], "instruct": "Answer the question.",
+            "images": [random_image(10 * i, (64, 48)), random_image(10 * i + 1, (64, 48))],
+            "instruct": "Answer the question.",
             "question": f"Which of the two images shows a red circle? ({i})", "history": []}
 
 
@@ -70,10 +63,10 @@ def bench_family(family: str, size: str, reps: int) -> Dict[str, float]:
         def lik() -> None:
             for start in range(0, 8, bs):
                 interface.raw_batch_predict(images[start:start + bs], prompts[start:start + bs],
-                                            [WORDS[:4]] * len(prompts[start:start + bs]))
+                                            [CANDIDATE_WORDS[:4]] * len(prompts[start:start + bs]))
         out[f"lik_bs{bs}"] = 8 / _best(lik, reps)
     for k in (2, 14):
-        cands = WORDS[:k]
+        cands = CANDIDATE_WORDS[:k]
         naive = _best(lambda: interface.score_full_sequence(images[0], prompts[0], cands), reps)
         prefix = _best(lambda: interface.raw_predict(images[0], prompts[0], cands), reps)
         out[f"prefix_ratio_K{k}"] = naive / prefix
