@@ -225,7 +225,6 @@ ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON") or os.path.join(
 def test_export_loads_in_original_package(tmp_path):
     """The exported set drives the original package (run in its own venv) end to end."""
     import subprocess
-    import sys as _sys
     procedural_set().export(str(tmp_path / "stim"), "train")
     code = ("import sys, iwisdm; env = iwisdm.make(env_id='ShapeNet', dataset_fp=sys.argv[1]); "
             "print(sorted(env.stim_data.attr_with_mapping['category'].values())); "

@@ -22,7 +22,7 @@ def write_mmdu(root):
     for c in range(6):
         convs = []
         for t in range(5):
-            q = (f"Image1: <ImageHere>. Image2: <ImageHere>. What differs between Image1 and Image2?"
+            q = ("Image1: <ImageHere>. Image2: <ImageHere>. What differs between Image1 and Image2?"
                  if t == 0 else f"Tell me more about detail {t} of the pictures.")
             convs += [{"from": "user", "value": q}, {"from": "assistant", "value": f"Reference {c}-{t}."}]
         chats.append({"id": f"chat{c}", "image": [f"p{c % 4}.png", f"p{(c + 1) % 4}.png"], "conversations": convs})

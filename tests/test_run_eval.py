@@ -1,7 +1,6 @@
 """run_eval end to end: outputs, resume, torchrun equivalence, offline re-scoring, bad input."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 

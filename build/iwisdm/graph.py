@@ -13,9 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import networkx as nx
 
-from build.iwisdm.operators import (BOOL, CONNECTIVITY, CONST, CONST_ATTRS, OPERATORS, And, Get, GetCategory,
-                                    GetIdentity, GetLocation, IsSame, Logic, NotSame, Operator, Or, Select,
-                                    Switch, min_depths, walk)
+from build.iwisdm.operators import (CONNECTIVITY, CONST, CONST_ATTRS, OPERATORS, Get, GetCategory, GetIdentity,
+                                    GetLocation, IsSame, NotSame, Operator, Select, Switch, min_depths, walk)
 from utils.errors import ReformError, input_error
 
 logger = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from build.iwisdm.graph import AutoTask, Task, TaskSpace, dms
-from build.iwisdm.stimuli import LOCATIONS, StimulusSet
+from build.iwisdm.stimuli import StimulusSet
 from build.iwisdm.trial import Trial, TrialGenerator
 from utils.errors import ReformError, unknown_name
 

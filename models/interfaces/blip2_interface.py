@@ -24,7 +24,7 @@ Every prompt needs at least one image (the model always encodes pixel values).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 import torch
 from PIL import Image

@@ -12,7 +12,7 @@ rendered prompt with image placeholders removed), one ``qformer_input_ids`` row 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import torch
 
