@@ -54,6 +54,29 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
+def allow_video_processors_without_torchvision() -> None:
+    """Let processors that carry a video processor (Qwen2-VL, LLaVA-OneVision, InternVL)
+    be built and loaded when ``torchvision`` is absent.
+
+    Why: transformers only exports ``VideoProcessorMixin`` when torchvision is installed, so
+    such processors fail their class check even for image-only use. With the name exported,
+    a checkpoint whose video processor is the plain mixin (our tiny ones) loads; a real
+    checkpoint's torchvision video processor still needs ``pip install torchvision``.
+    No-op when torchvision is installed.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    import transformers
+    from transformers import processing_utils
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    for module in (transformers, processing_utils.transformers_module):
+        if not hasattr(module, "VideoProcessorMixin"):
+            setattr(module, "VideoProcessorMixin", VideoProcessorMixin)
+
+
 def _is_path_like(name: str) -> bool:
     """A name the user meant as a filesystem path (not an ``org/model`` hub id)."""
     return (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\"))
@@ -134,6 +157,7 @@ class HFBaseInterface(BaseInterface):
         """Load config, processor and model, offline; check the checkpoint's family."""
         from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
+        allow_video_processors_without_torchvision()
         trust = bool(self.config.get("trust_remote_code", False))
         try:
             hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
@@ -237,8 +261,11 @@ class HFBaseInterface(BaseInterface):
         kwargs: Dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
         if images:
             kwargs["images"] = images
-        enc = self.processor(**kwargs)
-        out: Dict[str, torch.Tensor] = {}
+        return self.to_model_inputs(self.processor(**kwargs))
+
+    def to_model_inputs(self, enc: Any) -> Dict[str, Any]:
+        """Processor outputs as a dict on the model's device, floating tensors in its dtype."""
+        out: Dict[str, Any] = {}
         for k, v in enc.items():
             if isinstance(v, torch.Tensor):
                 v = v.to(self.device)

@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict
 
 import torch
 
+from models.hf_base import allow_video_processors_without_torchvision
+
 logger = logging.getLogger(__name__)
 
 #: text-model shapes per size (families map these onto their own config names)
@@ -82,29 +84,6 @@ def chat_template_preprocessor(interface: Any, config: Dict[str, Any]) -> Any:
     prefix = config.get("response_prefix")
     interface.chat_response_prefix = prefix or None
     return ChatTemplateProcessor(system_msg=config.get("system_msg", ""), response_prefix=prefix)
-
-
-def allow_video_processors_without_torchvision() -> None:
-    """Let processors that carry a video processor (Qwen2-VL, LLaVA-OneVision, InternVL)
-    be built and loaded when ``torchvision`` is absent.
-
-    Why: transformers only exports ``VideoProcessorMixin`` when torchvision is installed, so
-    such processors fail their class check even for image-only use. With the name exported,
-    a checkpoint whose video processor is the plain mixin (our tiny ones) loads; a real
-    checkpoint's torchvision video processor still needs ``pip install torchvision``.
-    No-op when torchvision is installed.
-    """
-    import importlib.util
-
-    if importlib.util.find_spec("torchvision") is not None:
-        return
-    import transformers
-    from transformers import processing_utils
-    from transformers.video_processing_utils import VideoProcessorMixin
-
-    for module in (transformers, processing_utils.transformers_module):
-        if not hasattr(module, "VideoProcessorMixin"):
-            setattr(module, "VideoProcessorMixin", VideoProcessorMixin)
 
 
 def image_only_video_processor() -> Any:

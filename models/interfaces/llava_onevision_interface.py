@@ -13,9 +13,8 @@ from typing import Any, Dict
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
-from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, allow_video_processors_without_torchvision,
-                             chat_template_preprocessor, image_only_video_processor, save_checkpoint,
-                             seeded_model, tiny_text_config)
+from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, image_only_video_processor,
+                             save_checkpoint, seeded_model, tiny_text_config)
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +33,6 @@ class LlavaOnevisionInterface(HFBaseInterface):
 
     family = "llava_onevision"
     model_types = ("llava_onevision",)
-
-    def __init__(self, config: Dict[str, Any] = None) -> None:
-        allow_video_processors_without_torchvision()
-        super().__init__(config)
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
         return chat_template_preprocessor(self, config)

@@ -70,14 +70,7 @@ class MllamaInterface(HFBaseInterface):
                                   "add_special_tokens": False}
         if images:
             kwargs["images"] = nested
-        enc = self.processor(**kwargs)
-        out: Dict[str, torch.Tensor] = {}
-        for key, v in enc.items():
-            if isinstance(v, torch.Tensor):
-                v = v.to(self.device)
-                if v.is_floating_point():
-                    v = v.to(self.dtype)
-            out[key] = v
+        out = self.to_model_inputs(self.processor(**kwargs))
         xmask = out.get("cross_attention_mask")
         self._last_xmask = xmask[:, -1:] if xmask is not None else None
         return out

@@ -21,9 +21,8 @@ from typing import Any, Dict
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
-from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, allow_video_processors_without_torchvision,
-                             chat_template_preprocessor, image_only_video_processor, save_checkpoint,
-                             seeded_model)
+from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, image_only_video_processor,
+                             save_checkpoint, seeded_model)
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +47,6 @@ class Qwen2VLInterface(HFBaseInterface):
     #: candidates must continue from the prefix's M-RoPE offset (``rope_deltas``), which the
     #: model applies only when it derives positions itself: never pack with explicit positions
     likelihood_strategy = "expand"
-
-    def __init__(self, config: Dict[str, Any] = None) -> None:
-        allow_video_processors_without_torchvision()
-        super().__init__(config)
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
         return chat_template_preprocessor(self, config)
