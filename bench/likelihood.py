@@ -19,7 +19,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_inputs import CANDIDATE_WORDS, random_image  # noqa: E402
+from bench_inputs import CANDIDATE_WORDS  # noqa: E402
+from utils.images import noise_image  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -50,7 +51,7 @@ def main() -> None:
     naive_t, prefix_t, max_diff = [], [], 0.0
     for k in range(args.samples + 1):
         s = {"sample_id": f"bench{k}", "formulation": "SingleChoice", "inference_method": "likelihood",
-             "images": [random_image(10 * k + i) for i in range(args.images)],
+             "images": [noise_image(10 * k + i, (128, 96)) for i in range(args.images)],
              "instruct": "Look at the images and choose the best answer.",
              "question": f"Question {k}: which image shows the red object left of the triangle?", "history": []}
         prompt = pre(s)

@@ -18,7 +18,8 @@ import time
 from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_inputs import CANDIDATE_WORDS, random_image  # noqa: E402
+from bench_inputs import CANDIDATE_WORDS  # noqa: E402
+from utils.images import noise_image  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -30,7 +31,7 @@ FAMILIES = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "idefics3", "i
 
 def _sample(i: int) -> Dict:
     return {"sample_id": f"b{i}", "formulation": "SingleChoice", "inference_method": "likelihood",
-            "images": [random_image(10 * i, (64, 48)), random_image(10 * i + 1, (64, 48))],
+            "images": [noise_image(10 * i, (64, 48)), noise_image(10 * i + 1, (64, 48))],
             "instruct": "Answer the question.",
             "question": f"Which of the two images shows a red circle? ({i})", "history": []}
 

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 import torch
-from PIL import Image
 
 from build.schema import IMAGE_TOKEN
 from utils.errors import ReformError
+from utils.images import noise_image
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +19,9 @@ def llava(cache_dir):
     return get_model("llava", {"model_name": "tiny", "device": "cpu"})
 
 
-def _img(seed: int, size=(40, 30)) -> Image.Image:
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(size[1], size[0], 3, generator=g) * 255).to(torch.uint8).numpy()
-    return Image.fromarray(arr)
-
-
 def _sample(n_images: int, question: str, sid: str = "s0", history=None) -> dict:
     return {"sample_id": sid, "formulation": "SingleChoice", "inference_method": "likelihood",
-            "images": [_img(100 + i) for i in range(n_images)], "instruct": "Answer the question.",
+            "images": [noise_image(100 + i) for i in range(n_images)], "instruct": "Answer the question.",
             "question": question, "history": history or []}
 
 
@@ -211,7 +205,7 @@ def test_half_evaluation_uses_bf16_on_cpu(llava, cache_dir):
     assert half.model.dtype == torch.bfloat16
     fp32, _ = llava
     sample = {"sample_id": "h", "formulation": "Generation", "inference_method": "likelihood",
-              "images": [_img(3)], "instruct": "", "question": "Is there a cat?", "history": []}
+              "images": [noise_image(3)], "instruct": "", "question": "Is there a cat?", "history": []}
     cands = ["yes", "no", "a red circle"]
     a = fp32.raw_predict(sample["images"], pre(sample), cands)
     b = half.raw_predict(sample["images"], pre(sample), cands)

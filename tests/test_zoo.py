@@ -16,9 +16,9 @@ import os
 
 import pytest
 import torch
-from PIL import Image
 
 from build.schema import IMAGE_TOKEN
+from utils.images import noise_image
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)
 FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2", "instructblip",
@@ -42,15 +42,9 @@ def zoo(request, cache_dir):
     return (fam, *_LOADED[fam])
 
 
-def _img(seed: int, size=(40, 30)) -> Image.Image:
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(size[1], size[0], 3, generator=g) * 255).to(torch.uint8).numpy()
-    return Image.fromarray(arr)
-
-
 def _sample(n_images: int, question: str, sid: str = "s0", history=None) -> dict:
     return {"sample_id": sid, "formulation": "SingleChoice", "inference_method": "likelihood",
-            "images": [_img(100 + i, (40 + 8 * i, 30)) for i in range(n_images)],
+            "images": [noise_image(100 + i, (40 + 8 * i, 30)) for i in range(n_images)],
             "instruct": "Answer the question.", "question": question, "history": history or []}
 
 
@@ -93,7 +87,7 @@ def test_greedy_same_at_batch_1_and_4(zoo):
 def test_ten_image_prompt(zoo):
     fam, interface, pre = zoo
     s = _sample(10, "Which of the ten images shows a star?")
-    s["images"] = [_img(200 + i, (32, 32)) for i in range(10)]
+    s["images"] = [noise_image(200 + i, (32, 32)) for i in range(10)]
     prompt = pre(s)
     scores = interface.raw_predict(s["images"], prompt, ["yes", "(J)"])
     assert len(scores) == 2 and all(c.num_tokens >= 1 for c in scores)
@@ -209,7 +203,7 @@ def test_mllama_candidates_use_the_cross_attention_mask(cache_dir):
     history = [{"from": "human", "value": f"{IMAGE_TOKEN}What is in the first image?"},
                {"from": "assistant", "value": "A red circle."}]
     s = _sample(2, f"{IMAGE_TOKEN}And in the second one?", history=history)
-    s["images"][1] = _img(7, (32, 32))  # one tile of two: the second tile is padding
+    s["images"][1] = noise_image(7, (32, 32))  # one tile of two: the second tile is padding
     prompt = pre(s)
     xmask = interface._encode([interface.render(prompt)], s["images"])["cross_attention_mask"]
     assert xmask[0, -1].tolist() == [[0, 0], [1, 0]]  # last token: second image, its one tile
