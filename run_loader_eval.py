@@ -85,15 +85,22 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
                 eval_stability: bool = False, likelihood_reduction: str = "sum",
                 dataset_name: Optional[str] = None, output_dir: Optional[str] = None,
                 metric_options: Optional[Dict[str, Any]] = None, write: bool = True,
-                quiet: bool = False) -> Dict[str, Any]:
-    """Python API: score ``prediction_file`` and return the results dict (as written to results.json)."""
+                quiet: bool = False, export_mme_results: Optional[str] = None) -> Dict[str, Any]:
+    """Python API: score ``prediction_file`` and return the results dict (as written to results.json).
+
+    ``export_mme_results``: also write the records in the official MME tool's results format there.
+    """
     import build  # noqa: F401  (registers builders for dataset-name lookups)
     records = load_records(prediction_file, dataset_name)
     if not records:
         raise ReformError(f"{prediction_file}: holds no prediction records")
-    return score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
-                         prediction_file=prediction_file, output_dir=output_dir,
-                         metric_options=metric_options, write=write, quiet=quiet)
+    result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
+                           prediction_file=prediction_file, output_dir=output_dir,
+                           metric_options=metric_options, write=write, quiet=quiet)
+    if export_mme_results:
+        from metrics.mme import write_official_results
+        write_official_results(records, export_mme_results, likelihood_reduction=likelihood_reduction)
+    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,11 +127,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         loader_eval(args.prediction_file, args.formulation, args.infer_method, args.eval_stability,
-                    args.likelihood_reduction, args.dataset_name, args.output_dir, metric_options_from(args))
-        if args.export_mme_results:
-            from metrics.mme import write_official_results
-            write_official_results(load_records(args.prediction_file, args.dataset_name), args.export_mme_results,
-                                   likelihood_reduction=args.likelihood_reduction)
+                    args.likelihood_reduction, args.dataset_name, args.output_dir, metric_options_from(args),
+                    export_mme_results=args.export_mme_results)
     except ReformError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
