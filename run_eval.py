@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from utils.errors import ReformError
+from utils.options import metric_options, parse_kv
 
 logger = logging.getLogger("run_eval")
 
@@ -28,7 +30,8 @@ logger = logging.getLogger("run_eval")
 OUTPUT_ARGS = ("model", "model_name", "model_type", "dataset_name", "formulation", "dataset_duplication",
                "in_context_sample", "random_instruct", "shuffle_options", "option_mark", "infer_method",
                "half_evaluation", "temperature", "max_new_tokens", "dataset_subsample", "seed", "history",
-               "num_samples", "instructions_at_end", "skip_corrupt", "dataset_option", "model_option")
+               "num_samples", "instructions_at_end", "skip_corrupt", "dataset_option", "model_option",
+               "save_images")
 
 
 def str2bool(v: Any) -> bool:
@@ -52,9 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra model config entry (repeatable)")
     g.add_argument("--half_evaluation", action="store_true", help="fp16 on GPU (bf16 on CPU)")
     g = p.add_argument_group("data")
-    g.add_argument("--dataset_name", required=True, help="benchmark: iWISDM, MME, MMMT-IF")
-    g.add_argument("--formulation", default=None, help="SingleChoice or Generation (default: the benchmark's first)")
-    g.add_argument("--dataset_config", default=None, help="YAML dataset config")
+    g.add_argument("--dataset_name", required=True,
+                   help=f"benchmark (case-insensitive): {', '.join(dataset_names())}")
+    g.add_argument("--formulation", default=None,
+                   help="SingleChoice or Generation, case-insensitive (default: the benchmark's first)")
+    g.add_argument("--dataset_config", default=None,
+                   help="YAML dataset config: a path, or the name of a shipped one "
+                        f"({', '.join(shipped_config_names())})")
     g.add_argument("--dataset_option", action="append", default=[], metavar="KEY=VALUE",
                    help="builder option overriding the config (repeatable; values parsed as YAML)")
     g.add_argument("--dataset_duplication", type=int, default=1, help="copies of each sample (instability)")
@@ -65,13 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shuffle_options", type=str2bool, nargs="?", const=True, default=True,
                    help="shuffle options per duplicate")
     g.add_argument("--option_mark", default="upper", choices=["upper", "lower", "number", "random"])
-    g.add_argument("--dataset_subsample", type=int, default=None, help="keep a seeded subset of N base items")
+    g.add_argument("--dataset_subsample", type=int, default=None,
+                   help="keep a seeded subset of N whole groups: MME images (both questions), MMMT-IF chats "
+                        "(all turns), iWISDM trials, custom items")
     g.add_argument("--history", default="model", choices=["model", "reference"],
                    help="multi-turn history: the model's own answers or the reference answers")
     g.add_argument("--instructions_at_end", action="store_true",
                    help="MMMT-IF ablation: repeat all given instructions at the end of the input")
     g.add_argument("--skip_corrupt", action="store_true",
-                   help="skip (and count in results) images that cannot be decoded instead of failing")
+                   help="skip (and count in results) images that cannot be decoded instead of failing "
+                        "(builders that read image files: custom, MME, MMMT-IF)")
+    g.add_argument("--save_images", action="store_true",
+                   help="write each sample's in-memory images (iWISDM frames) once under OUTPUT_DIR/images/ and "
+                        "record every image's path, relative to the output directory, in the prediction records")
     g = p.add_argument_group("inference")
     g.add_argument("--infer_method", default="generation", choices=["generation", "likelihood"])
     g.add_argument("--per_gpu_eval_batch_size", type=int, default=1)
@@ -92,22 +105,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MME answer parsing rule (default: official)")
     g.add_argument("--export_mme_results", default=None, metavar="DIR",
                    help="MME: also write the predictions in the official eval tool's results format")
+    g.add_argument("-v", "--verbose", action="store_true", help="more console output (library logs, loading bars)")
     return p
 
 
-def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
-    import yaml
-    out: Dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ReformError(f"{flag} expects KEY=VALUE, got '{item}'")
-        k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
-    return out
+def dataset_names() -> List[str]:
+    """Every registered dataset name (for --help)."""
+    from build.registry import BUILDERS
+    import build  # noqa: F401  (registers the builders)
+    return sorted(BUILDERS)
+
+
+def shipped_config_names() -> List[str]:
+    from build.registry import shipped_configs
+    return sorted(shipped_configs())
+
+
+def _check_number(args: argparse.Namespace, name: str, minimum: float, integer: bool = True) -> None:
+    v = getattr(args, name)
+    if v is None:
+        return
+    if not math.isfinite(v) or v < minimum:
+        raise ReformError(f"--{name} must be a {'whole ' if integer else 'finite '}number >= "
+                          f"{int(minimum) if integer else minimum}, got {v}")
 
 
 def validate_args(args: argparse.Namespace) -> None:
+    """Names and values, checked before anything is built, loaded or written."""
     from build.registry import get_builder_class
     from build.schema import FORMULATIONS
     from models import available_models
@@ -118,22 +142,47 @@ def validate_args(args: argparse.Namespace) -> None:
     args.dataset_name = cls.name
     if args.formulation is None:
         args.formulation = cls.formulations[0]
-    if args.formulation not in FORMULATIONS:
+    by_lower = {f.lower(): f for f in FORMULATIONS}
+    if str(args.formulation).lower() not in by_lower:
         raise unknown_name("formulation", args.formulation, FORMULATIONS)
-    for name in ("dataset_duplication", "per_gpu_eval_batch_size", "num_samples"):
-        if getattr(args, name) < 1:
-            raise ReformError(f"--{name} must be >= 1")
+    args.formulation = by_lower[str(args.formulation).lower()]
+    for name in ("dataset_duplication", "per_gpu_eval_batch_size", "num_samples", "dataset_subsample",
+                 "max_new_tokens"):
+        _check_number(args, name, 1)
+    _check_number(args, "num_workers", 0)
+    _check_number(args, "temperature", 0.0, integer=False)
     if getattr(args, "export_mme_results", None) and cls.name != "MME":
         raise ReformError("--export_mme_results needs --dataset_name MME")
     if args.num_samples > 1 and args.infer_method != "generation":
         raise ReformError("--num_samples > 1 needs --infer_method generation")
+    if args.eval_stability and args.dataset_duplication < 2:
+        raise ReformError("--eval_stability needs --dataset_duplication >= 2: instability is measured across "
+                          "duplicates of a sample, and with one copy it would read 0")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise ReformError(f"{args.output_dir}: --output_dir exists and is not a directory")
 
 
-def output_identity(args: argparse.Namespace, config_content: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
-    """(hash, identity dict) of everything that changes the predictions."""
+def prepare_output_dir(path: str) -> None:
+    """Create the output directory and check it is writable, before any work is done."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ReformError(f"{path}: cannot create --output_dir ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ReformError(f"{path}: --output_dir is not writable")
+
+
+def output_identity(args: argparse.Namespace, config_content: Dict[str, Any],
+                    data_fingerprint: str = "") -> Tuple[str, Dict[str, Any]]:
+    """(hash, identity dict) of everything that changes the predictions: the arguments, the
+    dataset config's content and a fingerprint of the built samples and their images.
+    Credentials are left out (a new API key must not start a new run)."""
     import hashlib
-    ident = {k: getattr(args, k) for k in OUTPUT_ARGS}
+    from utils.secrets import drop_secrets
+    ident = {k: getattr(args, k, None) for k in OUTPUT_ARGS}
     ident["dataset_config_content"] = config_content
+    ident["data_fingerprint"] = data_fingerprint
+    ident = drop_secrets(ident)
     blob = json.dumps(ident, sort_keys=True, default=str).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:12], ident
 
@@ -144,7 +193,28 @@ def prediction_path(args: argparse.Namespace, digest: str) -> str:
     return os.path.join(args.output_dir, name)
 
 
-def setup_logging(output_dir: str, is_main: bool) -> None:
+def model_label(args: argparse.Namespace) -> str:
+    """How records and comparison tables name the model: family, plus checkpoint where given."""
+    if not args.model_name:
+        return str(args.model)
+    return f"{args.model}:{os.path.basename(str(args.model_name).rstrip('/')) or args.model_name}"
+
+
+class _RedactFilter(logging.Filter):
+    """Credentials never reach a log line (console or log.txt)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from utils.secrets import redact_text
+        msg = record.getMessage()
+        clean = redact_text(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None:
+    """Console: this program's INFO lines on rank 0 (library chatter only with -v); log.txt: all."""
+    logging.raiseExceptions = False  # a full disk must not print a traceback per log line
     root = logging.getLogger()
     root.setLevel(logging.INFO if is_main else logging.WARNING)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -153,15 +223,38 @@ def setup_logging(output_dir: str, is_main: bool) -> None:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)
         root.addHandler(sh)
+    for h in root.handlers:
+        if not any(isinstance(f, _RedactFilter) for f in h.filters):
+            h.addFilter(_RedactFilter())
     for h in [h for h in root.handlers if getattr(h, "_reform_log", False)]:
         root.removeHandler(h)
         h.close()
+    quiet_libraries(verbose)
     if is_main:
-        os.makedirs(output_dir, exist_ok=True)
-        fh = logging.FileHandler(os.path.join(output_dir, "log.txt"), encoding="utf-8")
+        try:
+            fh = logging.FileHandler(os.path.join(output_dir, "log.txt"), encoding="utf-8")
+        except OSError as e:
+            raise ReformError(f"{os.path.join(output_dir, 'log.txt')}: cannot write the log ({e.strerror or e})") from None
         fh.setFormatter(fmt)
+        fh.addFilter(_RedactFilter())
         fh._reform_log = True  # type: ignore[attr-defined]
         root.addHandler(fh)
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """No weight-loading bars or library warnings on the console unless -v."""
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("transformers", "accelerate", "datasets", "huggingface_hub", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import transformers
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def order_for_rank(groups: List[List[int]], rank: int, world: int) -> List[int]:
@@ -197,9 +290,96 @@ def fill_history(sample: Dict[str, Any], mode: str, done: Dict[Tuple[str, int], 
     return sample
 
 
+class _ItemError:
+    """A sample that failed to load in a DataLoader worker, carried to the main process as a
+    value so the error stays one line (a worker's exception would arrive with a traceback)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class _SafeItems:
+    """Dataset wrapper for run_eval: project errors become ``_ItemError`` values."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: int) -> Any:
+        try:
+            return self.dataset[idx]
+        except ReformError as e:
+            return _ItemError(str(e))
+
+
+def _collate(batch: List[Any]) -> List[Any]:
+    for item in batch:
+        if isinstance(item, _ItemError):
+            raise ReformError(item.message)
+    return list(batch)
+
+
+def die_with_parent(_worker_id: int = 0) -> None:
+    """DataLoader worker init: the worker is killed when the run's process dies (even by -9)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() == 1:  # the parent is already gone
+            os._exit(1)
+
+
+def save_sample_images(sample: Dict[str, Any], output_dir: str) -> List[str]:
+    """Each in-memory image written once as ``images/<pixel hash>.png``; file images keep their
+    file. Returns every image's path relative to the output directory."""
+    import hashlib
+    out = []
+    for im in sample.get("images", []):
+        if isinstance(im, str):
+            out.append(os.path.relpath(os.path.abspath(im), os.path.abspath(output_dir)))
+            continue
+        digest = hashlib.blake2b(im.tobytes(), digest_size=12).hexdigest()
+        rel = os.path.join("images", f"{digest}.png")
+        path = os.path.join(output_dir, rel)
+        if not os.path.exists(path):
+            from utils.predictions import temp_prefix
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = os.path.join(os.path.dirname(path), temp_prefix(path) + str(os.getpid()) + ".png")
+            try:
+                im.save(tmp, format="PNG")
+                os.replace(tmp, path)
+            except OSError as e:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise ReformError(f"{path}: cannot save image ({e.strerror or e})") from None
+        out.append(rel)
+    return out
+
+
+def model_config(args: argparse.Namespace, device: str) -> Dict[str, Any]:
+    """The config handed to the model factory; ``--model_option`` keys checked by name."""
+    from models import check_model_options
+    options = parse_kv(args.model_option, "--model_option")
+    check_model_options(args.model, options)
+    return {"model_name": args.model_name, "model_type": args.model_type,
+            "half_evaluation": args.half_evaluation, "device": device,
+            "inference_method": args.infer_method, "seed": args.seed,
+            "batch_size": args.per_gpu_eval_batch_size, **options}
+
+
 def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], builder: Any, dinfo: Any,
-                  shard_dir: str, timing: Dict[str, float]) -> None:
-    """Run this rank's unfinished samples, appending records to its shard."""
+                  shard_dir: str, timing: Dict[str, float], run_id: Optional[str] = None,
+                  prior: Optional[Dict[Tuple[str, int], Dict[str, Any]]] = None,
+                  digests: Optional[List[str]] = None) -> None:
+    """Run this rank's unfinished samples, appending records to its shard.
+
+    ``prior``: records already done (a partial prediction file), never run again.
+    """
     import torch
     from torch.utils.data import DataLoader, Subset
 
@@ -215,7 +395,8 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
             if name.endswith(".jsonl"):
                 trim_torn_line(os.path.join(shard_dir, name))
     barrier(dinfo)
-    done = read_shard_dir(shard_dir)
+    done = dict(prior or {})
+    done.update(read_shard_dir(shard_dir, run_id))
     groups: Dict[str, List[int]] = {}
     for i, s in enumerate(samples):
         if (s["sample_id"], s["dup_index"]) not in done:
@@ -228,23 +409,35 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     if not todo:
         return
 
-    model_cfg = {"model_name": args.model_name, "model_type": args.model_type,
-                 "half_evaluation": args.half_evaluation, "device": default_device(dinfo),
-                 "inference_method": args.infer_method, "seed": args.seed,
-                 "batch_size": args.per_gpu_eval_batch_size, **parse_kv(args.model_option, "--model_option")}
+    model_cfg = model_config(args, default_device(dinfo))
     t0 = time.perf_counter()
     interface, preprocessor = get_model(args.model, model_cfg)
     timing["model_load_s"] = time.perf_counter() - t0
     gen_kwargs: Dict[str, Any] = {"temperature": args.temperature}
     if args.max_new_tokens is not None:
         gen_kwargs["max_new_tokens"] = args.max_new_tokens
+    index_of = {id(s): i for i, s in enumerate(samples)}
+    sample_sha = {(s["sample_id"], s["dup_index"]): digests[index_of[id(s)]][:16]
+                  for s in samples} if digests else {}
+    label = model_label(args)
 
-    dataset = ReformDataset(samples, builder)
+    dataset = _SafeItems(ReformDataset(samples, builder))
     loader = DataLoader(Subset(dataset, todo), batch_size=args.per_gpu_eval_batch_size, shuffle=False,
-                        num_workers=args.num_workers, collate_fn=list)
+                        num_workers=args.num_workers, collate_fn=_collate,
+                        worker_init_fn=die_with_parent if args.num_workers > 0 else None)
     from tqdm import tqdm
     bar = tqdm(total=len(todo), disable=not dinfo.is_main, desc=f"rank0 {args.dataset_name}", unit="sample")
-    writer = ShardWriter(os.path.join(shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"))
+    writer = ShardWriter(os.path.join(shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), run_id)
+
+    def finish(s: Dict[str, Any], rec: Dict[str, Any]) -> Dict[str, Any]:
+        rec["model"] = label
+        key = (s["sample_id"], s["dup_index"])
+        if key in sample_sha:
+            rec["sample_sha"] = sample_sha[key]
+        if args.save_images:
+            rec["image_paths"] = save_sample_images(s, args.output_dir)
+        return rec
+
     try:
         for batch in loader:
             batch = [fill_history(s, args.history, done) for s in batch]
@@ -260,14 +453,15 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
                 timing["forward_s"] += time.perf_counter() - t1
                 for k, (s, pr) in enumerate(zip(batch, prompts)):
                     outs = [r[k] for r in runs]
-                    records.append(make_record(s, outs[0], pr, predictions=outs if args.num_samples > 1 else None))
+                    records.append(finish(s, make_record(s, outs[0], pr,
+                                                         predictions=outs if args.num_samples > 1 else None)))
             else:
                 with torch.inference_mode():
                     scores = interface.forward("likelihood", batch, prompts)
                 timing["forward_s"] += time.perf_counter() - t1
                 for s, pr, sc in zip(batch, prompts, scores):
                     pred = argmax(reduce_scores([x[0] for x in sc], [x[1] for x in sc], args.likelihood_reduction))
-                    records.append(make_record(s, pred, pr, scores=sc))
+                    records.append(finish(s, make_record(s, pred, pr, scores=sc)))
             writer.write(records)
             for r in records:
                 done[(r["sample_id"], r["dup_index"])] = r
@@ -277,10 +471,12 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
         bar.close()
 
 
-def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str) -> List[Dict[str, Any]]:
+def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str, run_id: Optional[str] = None,
+                 prior: Optional[Dict[Tuple[str, int], Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """Rank 0: one record per sample, in dataset order, written atomically; shards removed."""
     from utils.predictions import read_shard_dir, write_json_atomic
-    done = read_shard_dir(shard_dir)
+    done = dict(prior or {})
+    done.update(read_shard_dir(shard_dir, run_id))
     missing = [(s["sample_id"], s["dup_index"]) for s in samples if (s["sample_id"], s["dup_index"]) not in done]
     if missing:
         raise ReformError(f"{len(missing)} samples have no prediction after all ranks finished "
@@ -291,8 +487,40 @@ def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str) 
     return records
 
 
+def check_existing(pred_file: str, samples: List[Dict[str, Any]], digests: List[str], run_id: str
+                   ) -> Tuple[Dict[Tuple[str, int], Dict[str, Any]], bool]:
+    """Records of an existing prediction file checked against the current samples.
+
+    Returns (records by key, complete). A record of another sample set (other ids, answers,
+    options, or a changed sample fingerprint) stops the run with what differs and what to do.
+    """
+    from utils.predictions import read_predictions, record_key
+    records = read_predictions(pred_file)
+    want = {(s["sample_id"], s["dup_index"]): (s, d) for s, d in zip(samples, digests)}
+    fix = ("pass --overwrite to discard it and run again, or use another --output_dir to keep it")
+    by_key: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    for i, rec in enumerate(records):
+        key = record_key(rec)
+        where = f"{pred_file}: record {i} (sample {key[0]!r}, duplicate {key[1]})"
+        if key in by_key:
+            raise ReformError(f"{where}: appears twice; {fix}")
+        if key not in want:
+            raise ReformError(f"{where}: is not in the current dataset build (the data changed?); {fix}")
+        sample, digest = want[key]
+        if rec.get("run_id") not in (None, run_id):
+            raise ReformError(f"{where}: was made by another run ({rec.get('run_id')}); {fix}")
+        if "sample_sha" in rec and rec["sample_sha"] != digest[:16]:
+            raise ReformError(f"{where}: its sample changed since it was predicted (question, options, answer, "
+                              f"images or metadata); {fix}")
+        for field in ("answer", "answer_options", "question"):
+            if field in sample and field in rec and rec[field] != sample[field]:
+                raise ReformError(f"{where}: field '{field}' differs from the current sample; {fix}")
+        by_key[key] = rec
+    return by_key, len(by_key) == len(want)
+
+
 def environment_info() -> Dict[str, Any]:
-    """Package versions and git revision for results.json."""
+    """Package versions and git revision for the results file."""
     import platform
     import subprocess
     from importlib import metadata
@@ -313,86 +541,133 @@ def environment_info() -> Dict[str, Any]:
     return {"versions": versions, "git_revision": rev, "git_dirty": dirty}
 
 
-def score_and_report(records: List[Dict[str, Any]], args: argparse.Namespace, pred_file: str,
-                     extra: Dict[str, Any]) -> Dict[str, Any]:
-    """Score through the shared metric path, print the table, write results.json/results.md."""
-    from run_loader_eval import score_records
-    return score_records(records, formulation=args.formulation, infer_method=args.infer_method,
-                         eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,
-                         prediction_file=pred_file, output_dir=args.output_dir,
-                         metric_options=metric_options_from(args), extra=extra)
-
-
 def metric_options_from(args: argparse.Namespace) -> Dict[str, Any]:
     """--metric_option pairs plus the named metric flags (--mme_parse)."""
-    options = parse_kv(args.metric_option, "--metric_option")
-    if getattr(args, "mme_parse", None):
-        options["mme_parse"] = args.mme_parse
-    return options
+    return metric_options(args.metric_option, getattr(args, "mme_parse", None))
 
 
 def run(args: argparse.Namespace) -> int:
     from build import build_dataset
-    from build.registry import load_config
+    from build.registry import load_config, resolve_config
+    from metrics import check_metric_options, metric_for
     from utils.distributed import barrier, init_distributed, shutdown
-    from utils.predictions import read_predictions
+    from utils.fingerprint import samples_fingerprint
+    from utils.predictions import remove_stale_temps
+    from utils.reporting.scoring import append_run_index, results_paths, score_records, export_results
+    from utils.runlock import RunLock
+    from utils.secrets import redact
 
     dinfo = init_distributed()
-    setup_logging(args.output_dir, dinfo.is_main)
     validate_args(args)
-    config_content, _ = load_config(args.dataset_config)
+    if dinfo.is_main:
+        prepare_output_dir(args.output_dir)
+    barrier(dinfo)
+    setup_logging(args.output_dir, dinfo.is_main, getattr(args, "verbose", False))
+    config_path = resolve_config(args.dataset_config, args.dataset_name)
+    config_content, _ = load_config(config_path)
     builder_options = parse_kv(args.dataset_option, "--dataset_option")
     if args.instructions_at_end:
         builder_options["instructions_at_end"] = True
     if args.skip_corrupt:
         builder_options["skip_corrupt"] = True
-    digest, ident = output_identity(args, config_content)
-    pred_file = prediction_path(args, digest)
-    shard_dir = os.path.join(args.output_dir, f".shards_{digest}")
+    metric_options = metric_options_from(args)
+    check_metric_options(metric_for(args.dataset_name, args.formulation), metric_options)
+    from models import check_model_options
+    check_model_options(args.model, parse_kv(args.model_option, "--model_option"))
     timing = {"forward_s": 0.0}
     t_start = time.perf_counter()
 
-    samples, builder = build_dataset(args.dataset_name, args.formulation, args.dataset_config,
+    samples, builder = build_dataset(args.dataset_name, args.formulation, config_path,
                                      inference_method=args.infer_method, in_context_sample=args.in_context_sample,
                                      random_instruct=args.random_instruct, data_duplication=args.dataset_duplication,
                                      shuffle_options=args.shuffle_options, option_mark=args.option_mark,
                                      seed=args.seed, subsample=args.dataset_subsample, **builder_options)
+    fingerprint, digests = samples_fingerprint(samples)
+    digest, ident = output_identity(args, config_content, fingerprint)
+    pred_file = prediction_path(args, digest)
+    shard_dir = os.path.join(args.output_dir, f".shards_{digest}")
     timing["build_s"] = time.perf_counter() - t_start
     if dinfo.is_main:
         logger.info("command: %s", " ".join(sys.argv))
-        logger.info("prediction file: %s", pred_file)
+        logger.info("run identity %s (data fingerprint %s); prediction file: %s", digest, fingerprint[:12], pred_file)
+        if args.dataset_subsample:
+            logger.info("--dataset_subsample %d: whole groups drawn (%d samples)", args.dataset_subsample, len(samples))
 
-    if os.path.exists(pred_file) and not args.overwrite:
-        if dinfo.is_main:
-            logger.warning("%s exists: not re-running (pass --overwrite to discard it)", pred_file)
-        records = read_predictions(pred_file) if dinfo.is_main else []
-    else:
-        if args.overwrite:
-            if dinfo.is_main:
-                shutil.rmtree(shard_dir, ignore_errors=True)
-            barrier(dinfo)
-        run_inference(args, samples, builder, dinfo, shard_dir, timing)
-        barrier(dinfo)
-        records = merge_shards(samples, shard_dir, pred_file) if dinfo.is_main else []
-        if dinfo.is_main:
-            logger.info("wrote %d records to %s", len(records), pred_file)
-    timing["total_s"] = time.perf_counter() - t_start
+    lock = RunLock(args.output_dir, digest)
     if dinfo.is_main:
-        extra = {"config": {**vars(args), "identity_hash": digest}, "seed": args.seed,
-                 "prediction_file": os.path.abspath(pred_file), "build_log": list(builder.build_log),
-                 "build_info": dict(getattr(builder, "build_info", {}) or {}),
-                 "timing": timing, "world_size": dinfo.world_size, **environment_info()}
-        if args.export_mme_results:
-            from metrics.mme import write_official_results
-            write_official_results(records, args.export_mme_results, likelihood_reduction=args.likelihood_reduction)
-            logger.info("wrote MME official-format results to %s", args.export_mme_results)
-        if args.do_eval:
-            score_and_report(records, args, pred_file, extra)
+        lock.acquire()
+    try:
+        prior: Dict[Tuple[str, int], Dict[str, Any]] = {}
+        complete = False
+        if dinfo.is_main:
+            for path in (pred_file, *results_paths(pred_file).values()):
+                if isinstance(path, str) and path.endswith((".json", ".md")):
+                    remove_stale_temps(path)
+            if args.overwrite:
+                shutil.rmtree(shard_dir, ignore_errors=True)
+                for path in (pred_file,):
+                    if os.path.exists(path):
+                        os.unlink(path)
+        barrier(dinfo)
+        if os.path.exists(pred_file):
+            prior, complete = check_existing(pred_file, samples, digests, digest)
+        if complete:
+            records = [prior[(s["sample_id"], s["dup_index"])] for s in samples]
+            if dinfo.is_main:
+                logger.info("%s holds every sample's prediction for this run identity: reused "
+                            "(pass --overwrite to run again)", pred_file)
         else:
-            from utils.predictions import write_json_atomic
-            write_json_atomic(os.path.join(args.output_dir, "results.json"), extra)
+            if prior and dinfo.is_main:
+                logger.warning("%s holds %d of %d predictions: completing it", pred_file, len(prior), len(samples))
+            run_inference(args, samples, builder, dinfo, shard_dir, timing, run_id=digest, prior=prior,
+                          digests=digests)
+            barrier(dinfo)
+            records = merge_shards(samples, shard_dir, pred_file, digest, prior) if dinfo.is_main else []
+            if dinfo.is_main:
+                logger.info("wrote %d records to %s", len(records), pred_file)
+        timing["total_s"] = time.perf_counter() - t_start
+        if dinfo.is_main:
+            extra = {"config": redact({**vars(args), "identity_hash": digest}), "run_id": digest,
+                     "data_fingerprint": fingerprint, "seed": args.seed,
+                     "prediction_file": os.path.abspath(pred_file), "build_log": list(builder.build_log),
+                     "build_info": dict(getattr(builder, "build_info", {}) or {}),
+                     "timing": timing, "world_size": dinfo.world_size, **environment_info()}
+            if args.export_mme_results:
+                export_results(records, "MME", args.export_mme_results, likelihood_reduction=args.likelihood_reduction)
+                logger.info("wrote MME official-format results to %s", args.export_mme_results)
+            if args.do_eval:
+                result = score_records(records, formulation=args.formulation, infer_method=args.infer_method,
+                                       eval_stability=args.eval_stability,
+                                       likelihood_reduction=args.likelihood_reduction, prediction_file=pred_file,
+                                       output_dir=args.output_dir, metric_options=metric_options, extra=extra,
+                                       tool="run_eval")
+                report = write_single_report(result, records, pred_file, args.output_dir)
+                logger.info("results: %s%s", result["results_files"]["json"],
+                            f"; report: {report}" if report else "")
+            else:
+                from utils.predictions import write_json_atomic
+                paths = results_paths(pred_file, args.output_dir)
+                write_json_atomic(paths["run"], extra)
+                append_run_index(args.output_dir, {"tool": "run_eval", "prediction_file": os.path.abspath(pred_file),
+                                                   "run_info": paths["run"], "run_id": digest})
+                print(f"predictions: {pred_file}\nto score them: python run_loader_eval.py --prediction_file "
+                      f"{pred_file}  (or re-run this command with --do_eval)")
+    finally:
+        lock.release()
     shutdown(dinfo)
     return 0
+
+
+def write_single_report(result: Dict[str, Any], records: List[Dict[str, Any]], pred_file: str,
+                        output_dir: str) -> Optional[str]:
+    """The HTML report of one run, ``<stem>.report.html`` beside its results."""
+    try:
+        from utils.reporting.compare import write_run_report
+    except ImportError:
+        return None
+    from utils.reporting.scoring import run_name
+    run = {"name": run_name(records, pred_file), "records": records, "result": result}
+    return write_run_report(run, output_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -400,9 +675,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return run(args)
     except ReformError as e:
-        print(f"error: {e}", file=sys.stderr)
-        logging.getLogger("run_eval").error("%s", e)
-        return e.exit_code
+        return report_error(e)
+    except Exception as e:  # noqa: BLE001  (only a peer's failure seen through the process group)
+        import torch.distributed as dist
+        if os.environ.get("WORLD_SIZE", "1") != "1" and isinstance(e, (dist.DistError, RuntimeError)) \
+                and not isinstance(e, ReformError):
+            # another rank failed and printed its one-line error; this rank stops quietly
+            logger.debug("stopped after a peer failed: %s", e)
+            return 1
+        raise
+
+
+def report_error(e: ReformError) -> int:
+    """The error once, as the last line on stderr (the log file gets it too); the exit status."""
+    from utils.secrets import redact_text
+    message = redact_text(" ".join(str(e).split()))
+    for h in logging.getLogger().handlers:
+        if getattr(h, "_reform_log", False):
+            h.emit(logging.LogRecord("run_eval", logging.ERROR, __file__, 0, message, None, None))
+    rank = os.environ.get("RANK")
+    prefix = f"error (rank {rank}): " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "error: "
+    sys.stderr.flush()
+    print(prefix + message, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # torchrun's failure summary then shows this line instead of a traceback hint
+        try:
+            with open(error_file, "w", encoding="utf-8") as f:
+                json.dump({"message": {"message": prefix + message, "extraInfo": {
+                    "py_callstack": prefix + message, "timestamp": str(int(time.time()))}}}, f)
+        except OSError:
+            pass
+    return e.exit_code
 
 
 def cli() -> None:

@@ -3,7 +3,7 @@
 Workload: the 'bench' size random LLaVA (built offline once, before timing) on 64 generated
 iWISDM 'low' trials, SingleChoice, generation with 8 new tokens, batch size 4, one process.
 run_eval records ``forward_s`` (time inside ``interface.forward``, which includes the
-processor's image/text encoding), ``model_load_s`` and ``total_s`` in results.json.
+processor's image/text encoding), ``model_load_s`` and ``total_s`` in the run's results file.
 
     overhead_share = (total_s - model_load_s - forward_s) / (total_s - model_load_s)
 
@@ -35,7 +35,9 @@ def main() -> None:
                     "--formulation", "SingleChoice", "--infer_method", infer, "--dataset_subsample", "64",
                     "--per_gpu_eval_batch_size", "4", "--output_dir", out, "--do_eval", *extra]
             assert run_eval.main(args) == 0
-            t = json.load(open(os.path.join(out, "results.json")))["timing"]
+            from utils.reporting.scoring import results_paths
+            pred = [f for f in os.listdir(out) if f.startswith("iWISDM_") and f.count(".") == 1][0]
+            t = json.load(open(results_paths(os.path.join(out, pred))["json"]))["timing"]
         harness = t["total_s"] - t["model_load_s"]
         share = (harness - t["forward_s"]) / harness
         rows.append((infer, t["total_s"], t["model_load_s"], t["forward_s"], share))

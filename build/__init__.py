@@ -15,7 +15,6 @@ from build.reformulation import Reformulator
 from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder
 from build.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
-from utils.predictions import image_ids
 from utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
@@ -34,10 +33,10 @@ __all__ = ["BUILDERS", "Builder", "ReformDataset", "build_dataset", "load_reform
            "register_builder", "IMAGE_TOKEN", "Sample"]
 
 
-def _load_image(image: Any) -> Any:
+def _load_image(image: Any, record: Any = None) -> Any:
     if isinstance(image, str):
         from utils.images import open_image
-        return open_image(image)
+        return open_image(image, record=record)
     return image
 
 
@@ -59,10 +58,11 @@ class ReformDataset(Dataset):
         return len(self.samples)
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
+        from utils.predictions import image_ids
         sample = dict(self.samples[idx])
         sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:
-            sample["images"] = [_load_image(im) for im in sample["images"]]
+            sample["images"] = [_load_image(im, sample["sample_id"]) for im in sample["images"]]
         if self.preprocessor is not None:
             sample["prompt"] = self.preprocessor(sample)
         return sample
@@ -80,7 +80,9 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
     """Build the unified samples; returns ``(samples, builder)``.
 
     ``dataset_config`` is a YAML path or a dict; ``builder_options`` override its keys.
-    ``subsample`` keeps a seeded random subset of that many base items (dataset order kept).
+    ``subsample`` keeps a seeded random subset of that many *groups* (``Builder.subsample_key``:
+    an MME image with both questions, an MMMT-IF chat with all its turns, an iWISDM trial);
+    dataset order is kept.
     """
     cls = get_builder_class(dataset_name)
     if formulation not in FORMULATIONS:
@@ -94,9 +96,10 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
         cfg, cfg_path = load_config(dataset_config)
     builder = cls(cfg, cfg_path, **builder_options)
     items = builder.build_items(formulation, inference_method, seed)
-    if subsample is not None and 0 < subsample < len(items):
-        keep = sorted(rng_for(seed, cls.name, "subsample").sample(range(len(items)), subsample))
-        items = [items[i] for i in keep]
+    if subsample is not None:
+        if isinstance(subsample, bool) or not isinstance(subsample, int) or subsample < 1:
+            raise ReformError(f"subsample must be a whole number >= 1, got {subsample!r}")
+        items = subsample_groups(items, builder, subsample, seed)
     seen = set()
     for i, it in enumerate(items):
         sid = str(it["sample_id"])
@@ -112,6 +115,21 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
     for line in builder.build_log:
         logger.info("%s build: %s", cls.name, line)
     return samples, builder
+
+
+def subsample_groups(items: List[Dict[str, Any]], builder: Builder, n: int, seed: int) -> List[Dict[str, Any]]:
+    """A seeded subset of ``n`` whole groups (all items of a drawn group kept, dataset order kept)."""
+    keys: List[str] = []
+    seen = set()
+    for it in items:
+        k = builder.subsample_key(it)
+        if k not in seen:
+            seen.add(k)
+            keys.append(k)
+    if n >= len(keys):
+        return items
+    chosen = set(rng_for(seed, builder.name, "subsample").sample(keys, n))
+    return [it for it in items if builder.subsample_key(it) in chosen]
 
 
 def load_reform_dataset(dataset_name: str, formulation: str, dataset_config: Union[str, Dict[str, Any], None] = None,

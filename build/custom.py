@@ -2,8 +2,9 @@
 
 Each line: ``{"sample_id": str, "images": [paths], "question": str, "answer_options": [str],
 "answer": int}`` for SingleChoice, or ``"answer": str`` (optional ``"candidates"``) for
-Generation; optional ``"meta"``. Image paths are relative to the JSONL file. Config keys:
-``data_file`` (required).
+Generation; optional ``"meta"`` (an object). Image paths are relative to the JSONL file.
+Config keys: ``data_file`` (required), ``skip_corrupt`` (skip and count items whose images do
+not decode, instead of failing).
 """
 from __future__ import annotations
 
@@ -12,42 +13,74 @@ import os
 from typing import Any, Dict, List
 
 from build.registry import Builder, register_builder
-from utils.errors import input_error
+from utils.errors import ReformError, input_error
+from utils.predictions import loads_json, read_text_file
 
 
 @register_builder("custom")
 class CustomBuilder(Builder):
     """Reads user-supplied items; every field is checked with file/line/field errors."""
 
+    option_names = ("data_file", "skip_corrupt")
+
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
-        path = self.resolve_path(self.require("data_file"))
+        data_file = self.require("data_file")
+        if not isinstance(data_file, str):
+            raise input_error("must be a path", file=self.config_path or "<options>", field="data_file")
+        path = self.resolve_path(data_file)
         if not os.path.isfile(path):
             raise input_error("data file not found", file=path)
         base = os.path.dirname(path)
         items = []
-        with open(path, "r", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise input_error(f"malformed JSON ({e.msg})", file=path, record=f"line {lineno}") from None
-                items.append(self._item(rec, formulation, path, lineno, base))
+        for lineno, line in enumerate(read_text_file(path, "data file").splitlines(), 1):
+            if not line.strip():
+                continue
+            rec = loads_json(line, path, f"line {lineno}")
+            items.append(self._item(rec, formulation, path, lineno, base))
+        if self.config.get("skip_corrupt"):
+            items = self._skip_corrupt(items)
         return items
 
+    def _skip_corrupt(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Drop items with an image that does not decode; the count goes to results."""
+        from utils.images import open_image
+        kept, skipped = [], []
+        for it in items:
+            try:
+                for im in it["images"]:
+                    open_image(im, record=it["sample_id"])
+                kept.append(it)
+            except ReformError:
+                skipped.append(it["sample_id"])
+        self.build_info = {"skipped_corrupt_images": len(skipped), "skipped_corrupt": skipped}
+        if skipped:
+            self.build_log.append(f"skipped {len(skipped)} item(s) with undecodable images: {skipped[:10]}")
+        return kept
+
     @staticmethod
-    def _item(rec: Dict[str, Any], formulation: str, path: str, lineno: int, base: str) -> Dict[str, Any]:
+    def _item(rec: Any, formulation: str, path: str, lineno: int, base: str) -> Dict[str, Any]:
         where = f"line {lineno}"
+        if not isinstance(rec, dict):
+            raise input_error(f"an item must be a JSON object, got {json.dumps(rec)[:40]}", file=path, record=where)
         for key in ("sample_id", "question", "answer"):
             if key not in rec:
                 raise input_error("missing", file=path, record=where, field=key)
-        item = {"sample_id": str(rec["sample_id"]), "question": str(rec["question"]),
-                "images": [p if os.path.isabs(p) else os.path.join(base, p) for p in rec.get("images", [])],
-                "meta": dict(rec.get("meta", {}))}
+        if not isinstance(rec["sample_id"], (str, int)) or isinstance(rec["sample_id"], bool):
+            raise input_error("must be a string", file=path, record=where, field="sample_id")
+        if not isinstance(rec["question"], str):
+            raise input_error("must be a string", file=path, record=where, field="question")
+        images = rec.get("images", [])
+        if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
+            raise input_error("must be a list of image paths (strings)", file=path, record=where, field="images")
+        meta = rec.get("meta", {})
+        if not isinstance(meta, dict):
+            raise input_error("must be an object", file=path, record=where, field="meta")
+        item = {"sample_id": str(rec["sample_id"]), "question": rec["question"],
+                "images": [p if os.path.isabs(p) else os.path.join(base, p) for p in images],
+                "meta": dict(meta)}
         if formulation == "SingleChoice":
             opts = rec.get("answer_options")
-            if not isinstance(opts, list) or len(opts) < 2:
+            if not isinstance(opts, list) or len(opts) < 2 or not all(isinstance(o, (str, int, float)) for o in opts):
                 raise input_error("needs a list of at least 2 options", file=path, record=where, field="answer_options")
             ans = rec["answer"]
             if not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts):
@@ -56,9 +89,15 @@ class CustomBuilder(Builder):
             item["answer_options"] = [str(o) for o in opts]
             item["answer"] = ans
         else:
+            if not isinstance(rec["answer"], (str, int, float)) or isinstance(rec["answer"], bool):
+                raise input_error("must be a string", file=path, record=where, field="answer")
             item["answer"] = str(rec["answer"])
             if "candidates" in rec:
-                item["candidates"] = [str(c) for c in rec["candidates"]]
+                cands = rec["candidates"]
+                if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int, float)) for c in cands):
+                    raise input_error("must be a non-empty list of strings", file=path, record=where,
+                                      field="candidates")
+                item["candidates"] = [str(c) for c in cands]
                 if item["answer"] in item["candidates"]:
                     item["answer_index"] = item["candidates"].index(item["answer"])
         return item

@@ -230,6 +230,12 @@ class MMEBuilder(Builder):
     #: Generation first: the official protocol is the default formulation
     formulations = ("Generation", "SingleChoice")
     default_metric = {"Generation": "mme", "SingleChoice": "mme"}
+    option_names = ("root", "parquet", "subtasks", "prompt", "check_counts", "verify_images", "skip_corrupt",
+                    "image_cache_dir")
+
+    def group_key(self, sample: Dict[str, Any]) -> str:
+        """An image with its two questions is one unit (acc+ needs both; subsets keep pairs)."""
+        return "/".join(str(p) for p in sample["meta"]["image_key"])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -324,6 +324,9 @@ class MMMTIFBuilder(Builder):
 
     formulations = ("Generation",)
     default_metric = {"Generation": "pif"}
+    option_names = ("source", "release_csv", "mmdu_json", "image_folder", "max_images", "max_turns",
+                    "check_images", "skip_bad_chats", "skip_unmatched", "instructions_at_end", "num_chats",
+                    "injection", "images")
 
     def group_key(self, sample: Dict[str, Any]) -> str:
         """A chat is the unit of sharding: its turns run in order on one rank."""

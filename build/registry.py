@@ -37,6 +37,36 @@ def get_builder_class(name: str) -> Type["Builder"]:
     raise unknown_name("dataset", name, BUILDERS)
 
 
+def shipped_config_dir() -> str:
+    """``configs/datasets`` of this installation (package data with ``pip install .``)."""
+    import configs
+    return os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "datasets")
+
+
+def shipped_configs() -> Dict[str, str]:
+    """Name -> path of every dataset config shipped with the project."""
+    d = shipped_config_dir()
+    if not os.path.isdir(d):
+        return {}
+    return {n[:-5]: os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".yaml")}
+
+
+def resolve_config(value: Optional[str], dataset_name: Optional[str] = None) -> Optional[str]:
+    """A ``--dataset_config`` value -> a file: an existing path, or the name of a shipped config
+    (``iwisdm_high``), from any directory. A builder that needs a config says so when none is given."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        return value
+    shipped = shipped_configs()
+    name = os.path.basename(value)[:-5] if value.endswith(".yaml") else value
+    if os.sep not in value and name in shipped:
+        return shipped[name]
+    if os.path.exists(value):
+        raise input_error("dataset config is not a file", file=value)
+    raise input_error(f"dataset config not found (shipped configs: {', '.join(sorted(shipped))})", file=value)
+
+
 def load_config(path: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
     """Read a YAML dataset config; returns (config, absolute path)."""
     if path is None:
@@ -44,14 +74,30 @@ def load_config(path: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise input_error("dataset config file not found", file=path)
-    with open(path, "r", encoding="utf-8") as f:
-        try:
-            cfg = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise input_error(f"invalid YAML ({e})", file=path) from None
+    from utils.predictions import read_text_file
+    text = read_text_file(path, "dataset config")
+    try:
+        cfg = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise input_error(f"invalid YAML ({' '.join(str(e).split())})", file=path) from None
+    except RecursionError:
+        raise input_error("invalid YAML (recursive alias or nesting too deep)", file=path) from None
+    _check_acyclic(cfg, path)
     if not isinstance(cfg, dict):
         raise input_error("a dataset config must be a mapping of options", file=path)
     return cfg, path
+
+
+def _check_acyclic(obj: Any, path: str, _stack: Optional[set] = None) -> None:
+    """A YAML recursive alias (``&a [*a]``) loads as a self-containing object: refuse it."""
+    stack = _stack if _stack is not None else set()
+    if isinstance(obj, (dict, list)):
+        if id(obj) in stack:
+            raise input_error("invalid YAML (recursive alias)", file=path)
+        stack.add(id(obj))
+        for v in (obj.values() if isinstance(obj, dict) else obj):
+            _check_acyclic(v, path, stack)
+        stack.discard(id(obj))
 
 
 class Builder:
@@ -68,14 +114,41 @@ class Builder:
     formulations: ClassVar[Tuple[str, ...]] = FORMULATIONS
     #: metric used by default for each formulation (None: the generic one)
     default_metric: ClassVar[Dict[str, str]] = {}
+    #: every config key the builder reads; anything else is an error that lists these
+    #: (None: not declared, unchecked; every built-in builder declares its keys)
+    option_names: ClassVar[Optional[Tuple[str, ...]]] = None
 
     def __init__(self, config: Optional[Dict[str, Any]] = None, config_path: Optional[str] = None,
                  **options: Any) -> None:
+        self.check_option_names(config or {}, config_path or "<dataset config>")
+        self.check_option_names(options, "--dataset_option")
         self.config: Dict[str, Any] = dict(config or {})
         self.config.update({k: v for k, v in options.items() if v is not None})
         self.config_path = config_path
         #: human-readable notes about the build (irregularities, skipped items); logged by run_eval
         self.build_log: List[str] = []
+
+    @classmethod
+    def check_option_names(cls, options: Dict[str, Any], where: str) -> None:
+        """Unknown keys (a typo such as ``n_trial``) are errors, never silently ignored."""
+        if cls.option_names is None:
+            return
+        unknown = sorted(str(k) for k in options if k not in cls.option_names)
+        if unknown:
+            owners = [b.name for b in BUILDERS.values() if b is not cls and b.option_names
+                      and all(k in b.option_names for k in options)]
+            if owners and where != "--dataset_option":
+                raise ReformError(f"{where}: this is a {owners[0]} dataset config, not one for {cls.name} "
+                                  f"(options {', '.join(repr(u) for u in unknown)} are {owners[0]}'s); pass a "
+                                  f"{cls.name} config to --dataset_config")
+            raise ReformError(f"{where}: unknown {cls.name} option{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(repr(u) for u in unknown)}; valid options: "
+                              f"{', '.join(sorted(cls.option_names))}")
+
+    def subsample_key(self, item: Dict[str, Any]) -> str:
+        """The unit ``--dataset_subsample`` draws: a whole group (an MME image with both of its
+        questions, an MMMT-IF chat with all turns), so the benchmark's structure survives."""
+        return self.group_key(item)
 
     def resolve_path(self, value: str) -> str:
         """Paths in configs are relative to the config file, or absolute."""
@@ -87,8 +160,13 @@ class Builder:
     def require(self, key: str) -> Any:
         """A config value that must be present."""
         if key not in self.config or self.config[key] is None:
-            raise input_error(f"the {self.name} builder needs option '{key}'",
-                              file=self.config_path or "<options>", field=key)
+            if self.config_path is None:
+                mine = [n for n in shipped_configs() if n.replace("_", "").startswith(
+                    self.name.lower().replace("-", "").replace("_", ""))]
+                raise ReformError(f"--dataset_config is missing: the {self.name} builder needs option '{key}' "
+                                  f"from a dataset config (a YAML path, or a shipped name: "
+                                  f"{', '.join(mine) or ', '.join(shipped_configs())})")
+            raise input_error(f"the {self.name} builder needs option '{key}'", file=self.config_path, field=key)
         return self.config[key]
 
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:

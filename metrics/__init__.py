@@ -47,6 +47,28 @@ def get_metric(name: str) -> Callable[..., Dict[str, Any]]:
     return METRICS[name]
 
 
+#: keyword arguments every metric receives from the scoring path (not user options)
+STANDARD_ARGS = ("records", "formulation", "infer_method", "eval_stability", "likelihood_reduction", "file")
+
+
+def check_metric_options(name: str, options: Dict[str, Any]) -> None:
+    """``--metric_option`` keys must be parameters of the metric, and values of the default's type."""
+    import inspect
+    params = {p.name: p for p in inspect.signature(get_metric(name)).parameters.values()
+              if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+    valid = {k: p for k, p in params.items() if k not in STANDARD_ARGS}
+    for key, value in options.items():
+        if key not in valid:
+            raise ReformError(f"--metric_option: unknown option '{key}' for metric '{name}'; valid options: "
+                              f"{', '.join(sorted(valid)) or 'none'}")
+        default = valid[key].default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ReformError(f"--metric_option {key}: expected true or false, got {value!r}")
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ReformError(f"--metric_option {key}: expected a number, got {value!r}")
+
+
 def metric_for(benchmark: Optional[str], formulation: str) -> str:
     """The metric name that scores ``benchmark`` under ``formulation``."""
     if benchmark and formulation in BENCHMARK_METRICS.get(benchmark, {}):
@@ -66,6 +88,7 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
     if len(benchmarks) > 1:
         raise ReformError(f"prediction records mix benchmarks {benchmarks}; score them separately")
     name = metric or metric_for(benchmarks[0] if benchmarks else None, formulation)
+    check_metric_options(name, {k: v for k, v in options.items() if k not in STANDARD_ARGS})
     result = get_metric(name)(records, formulation=formulation, infer_method=infer_method,
                               eval_stability=eval_stability, likelihood_reduction=likelihood_reduction,
                               **options)

@@ -28,7 +28,7 @@ from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonic
 from metrics import register_metric
 from metrics.single_choice import check_record, instability, likelihood_choice, score_single_choice
 from utils.errors import ReformError, input_error
-from utils.predictions import register_prediction_dir_reader
+from utils.predictions import register_prediction_dir_reader, register_results_exporter
 
 logger = logging.getLogger(__name__)
 
@@ -345,3 +345,4 @@ def write_official_results(records: List[Dict[str, Any]], results_dir: str, dup_
 
 
 register_prediction_dir_reader("MME", read_official_results)
+register_results_exporter("MME", write_official_results)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from utils.errors import unknown_name
+from utils.errors import ReformError, unknown_name
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 
@@ -44,6 +44,31 @@ def _load_all() -> None:
 def available_models() -> list:
     _load_all()
     return sorted(MODELS)
+
+
+#: config keys run_eval itself sets (not ``--model_option`` keys, but never an error)
+RUN_CONFIG_KEYS = ("model_name", "model_type", "half_evaluation", "device", "inference_method", "seed", "batch_size")
+
+
+def model_option_names(name: str) -> Tuple[str, ...]:
+    """Every ``--model_option`` key the family ``name`` reads (collected over its class hierarchy)."""
+    _load_all()
+    if name not in MODELS:
+        raise unknown_name("model", name, MODELS)
+    names: set = set()
+    for cls in getattr(MODELS[name], "__mro__", ()):
+        names.update(getattr(cls, "option_names", ()) if "option_names" in vars(cls) else ())
+    return tuple(sorted(names))
+
+
+def check_model_options(name: str, options: Dict[str, Any]) -> None:
+    """Unknown ``--model_option`` keys (``dtyp=bfloat16``) are errors that list the valid keys."""
+    valid = set(model_option_names(name)) | set(RUN_CONFIG_KEYS)
+    unknown = sorted(k for k in options if k not in valid)
+    if unknown:
+        raise ReformError(f"--model_option: unknown option{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(repr(k) for k in unknown)} for model '{name}'; valid options: "
+                          f"{', '.join(model_option_names(name))}")
 
 
 def get_model(name: str, config: Optional[Dict[str, Any]] = None) -> Tuple[Any, Callable]:

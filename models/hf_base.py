@@ -102,6 +102,9 @@ class HFBaseInterface(BaseInterface):
     #: positions; needs a family whose text model takes plain position_ids and custom
     #: 4D masks). Config ``likelihood_strategy`` overrides.
     likelihood_strategy: str = "expand"
+    option_names = ("dtype", "trust_remote_code", "attn_implementation", "candidate_batch_size",
+                    "likelihood_strategy", "tiny_size", "device_map", "max_memory", "gpus_per_rank", "tp_plan",
+                    "offload_folder")
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)

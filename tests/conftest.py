@@ -59,3 +59,27 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture
 def custom_cfg(tmp_path):
     return write_custom_dataset(str(tmp_path / "data"))
+
+
+def prediction_files(out) -> list:
+    """The prediction files in an output directory (not their results, per-sample or run files)."""
+    return sorted(os.path.join(str(out), f) for f in os.listdir(out)
+                  if f.endswith(".json") and not f.startswith(".")
+                  and not f.endswith((".results.json", ".per_sample.json", ".run.json")))
+
+
+def results_of(pred: str, tag: str = "") -> dict:
+    """The results run_eval (or, with ``tag``, run_loader_eval) wrote for a prediction file."""
+    stem = pred[:-5] if pred.endswith(".json") else pred
+    with open(f"{stem}{'.' + tag if tag else ''}.results.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def only_results(directory) -> dict:
+    """The one results file in ``directory`` (``*.results.json``, else a run without --do_eval's
+    ``*.run.json``); fails when there is none or more than one."""
+    names = sorted(os.listdir(directory))
+    found = [n for n in names if n.endswith(".results.json")] or [n for n in names if n.endswith(".run.json")]
+    assert len(found) == 1, names
+    with open(os.path.join(str(directory), found[0]), encoding="utf-8") as f:
+        return json.load(f)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+from tests.conftest import prediction_files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,13 +81,13 @@ def test_kill_two_ranks_then_resume(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "killed"
     partial = run_and_kill_midway(torchrun_cmd(out), out, 4, env)
-    assert not glob.glob(os.path.join(out, "iWISDM_*.json")), "the run finished before the kill"
+    assert not prediction_files(out), "the run finished before the kill"
     assert 4 <= partial < 60, partial  # killed midway, with work already on disk
     again = subprocess.run(torchrun_cmd(out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "already done" in again.stderr
-    ref_file = glob.glob(os.path.join(reference, "iWISDM_*.json"))
-    new_file = glob.glob(os.path.join(out, "iWISDM_*.json"))
+    ref_file = prediction_files(reference)
+    new_file = prediction_files(out)
     assert len(ref_file) == len(new_file) == 1
     assert os.path.basename(ref_file[0]) == os.path.basename(new_file[0])
     ref, new = json.load(open(ref_file[0])), json.load(open(new_file[0]))

@@ -11,6 +11,7 @@ import run_eval
 import run_loader_eval
 from build.mme import write_placeholder_release
 from metrics.mme import read_official_results
+from tests.conftest import only_results, prediction_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUESTIONS = os.path.join(os.path.dirname(ROOT), "shared", "data", "mme")
@@ -31,9 +32,9 @@ def mme_cfg(tmp_path_factory):
 
 
 def _pred_file(out):
-    files = [f for f in os.listdir(out) if f.startswith("MME_") and f.endswith(".json")]
+    files = [f for f in prediction_files(out) if os.path.basename(f).startswith("MME_")]
     assert len(files) == 1, files
-    return os.path.join(out, files[0])
+    return files[0]
 
 
 def _scores(metrics):
@@ -46,7 +47,7 @@ def test_run_eval_export_and_loader_round_trip(mme_cfg, tmp_path):
             "--dataset_config", mme_cfg, "--output_dir", str(out), "--seed", "2", "--do_eval",
             "--export_mme_results", str(exp)]
     assert run_eval.main(args) == 0
-    res = json.load(open(out / "results.json"))
+    res = only_results(out)
     m = res["metrics"]
     assert res["metric"] == "mme" and m["parse_rule"] == "official"
     assert {s: v["num_questions"] for s, v in m["subtasks"].items()} == {"existence": 60, "OCR": 40,
@@ -59,7 +60,7 @@ def test_run_eval_export_and_loader_round_trip(mme_cfg, tmp_path):
     assert len(read_official_results(str(exp))) == 140
     # the official folder, scored offline, gives the same scores; results.json lands beside it
     assert run_loader_eval.main(["--prediction_file", str(exp), "--dataset_name", "MME"]) == 0
-    back = json.load(open(tmp_path / "results.json"))
+    back = only_results(tmp_path)
     assert _scores(back["metrics"]) == _scores(m)
     assert back["metrics"]["perception_score"] == pytest.approx(m["perception_score"])
     assert back["metrics"]["cognition_score"] == pytest.approx(m["cognition_score"])
@@ -67,7 +68,7 @@ def test_run_eval_export_and_loader_round_trip(mme_cfg, tmp_path):
     assert run_loader_eval.main(["--prediction_file", _pred_file(out), "--mme_parse", "word",
                                  "--output_dir", str(tmp_path / "re"), "--export_mme_results",
                                  str(tmp_path / "official2")]) == 0
-    again = json.load(open(tmp_path / "re" / "results.json"))
+    again = only_results(tmp_path / "re")
     assert again["metrics"]["parse_rule"] == "word" and _scores(again["metrics"]) == _scores(m)
     assert open(tmp_path / "official2" / "OCR.txt").read() == open(exp / "OCR.txt").read()
 
@@ -90,7 +91,7 @@ def test_loader_errors_and_skip_corrupt(mme_cfg, tmp_path, capsys):
         assert run_eval.main(base) == 2
         assert "0002.jpg: image cannot be decoded" in capsys.readouterr().err
         assert run_eval.main(base + ["--skip_corrupt", "--do_eval"]) == 0
-        res = json.load(open(tmp_path / "o" / "results.json"))
+        res = only_results(tmp_path / "o")
         assert res["build_info"] == {"skipped_corrupt_images": 1, "skipped_corrupt": ["OCR/0002.jpg"]}
         assert res["metrics"]["subtasks"]["OCR"]["num_questions"] == 38
         assert res["metrics"]["subtasks_incomplete"] == ["OCR"]
@@ -105,10 +106,13 @@ def test_tiny_llava_end_to_end(mme_cfg, tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "out"
     args = ["--model", "llava", "--model_name", "tiny", "--dataset_name", "MME", "--dataset_config", mme_cfg,
-            "--dataset_option", "subtasks=[OCR]", "--dataset_subsample", "8", "--max_new_tokens", "3",
+            "--dataset_option", "subtasks=[OCR]", "--dataset_subsample", "4", "--max_new_tokens", "3",
             "--output_dir", str(out), "--do_eval", "--export_mme_results", str(tmp_path / "official")]
     assert run_eval.main(args) == 0
-    res = json.load(open(out / "results.json"))
+    res = only_results(out)
     m = res["metrics"]["subtasks"]["OCR"]
     assert m["num_questions"] == 8 and 0.0 <= m["score"] <= 200.0
     assert m["TP"] + m["FN"] + m["TN"] + m["FP"] + m["other_num"] == 8
+    # --dataset_subsample draws whole images: 4 images with both of their questions
+    images = [tuple(r["meta"]["image_key"]) for r in json.load(open(_pred_file(out)))]
+    assert len(set(images)) == 4 and all(images.count(k) == 2 for k in images)

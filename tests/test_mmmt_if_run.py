@@ -1,5 +1,4 @@
 """MMMT-IF through run_eval: own answers as history, N=4 samples, 2 ranks, kill and resume."""
-import glob
 import json
 import os
 import subprocess
@@ -7,6 +6,7 @@ import sys
 
 from PIL import Image
 
+from tests.conftest import only_results, prediction_files
 from tests.test_kill_resume import run_and_kill_midway
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "run_eval.py"), *run_args(cfg, single)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    records = json.load(open(glob.glob(os.path.join(single, "MMMT-IF_*.json"))[0]))
+    records = json.load(open(prediction_files(single)[0]))
     assert len(records) == 30
     by_id = {r["sample_id"]: r for r in records}
     for r in records:
@@ -58,7 +58,7 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
             assert t["value"] == by_id[t["source_sample_id"]]["prediction"]
             assert not t["value"].startswith("Reference")
     assert any(len(set(r["predictions"])) > 1 for r in records)  # sampling at temperature 1
-    res = json.load(open(single / "results.json"))["metrics"]
+    res = only_results(single)["metrics"]
     for key in ("pif", "pif_4_1", "pif_4_2", "pif_4_3", "pif_4_4", "pif_iqr_4"):
         assert key in res, key
     assert res["pif_4_1"] >= res["pif_4_2"] >= res["pif_4_3"] >= res["pif_4_4"]
@@ -67,10 +67,10 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "run_eval.py"), *run_args(cfg, out)]
     partial = run_and_kill_midway(cmd, out, 4, env)
-    assert not glob.glob(os.path.join(out, "MMMT-IF_*.json")), "the run finished before the kill"
+    assert not prediction_files(out), "the run finished before the kill"
     assert 4 <= partial < 30
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    resumed = json.load(open(glob.glob(os.path.join(out, "MMMT-IF_*.json"))[0]))
+    resumed = json.load(open(prediction_files(out)[0]))
     assert resumed == records
-    assert json.load(open(out / "results.json"))["metrics"]["pif"] == res["pif"]
+    assert only_results(out)["metrics"]["pif"] == res["pif"]

@@ -8,6 +8,7 @@ import pytest
 
 import run_eval
 from run_loader_eval import loader_eval
+from tests.conftest import prediction_files, results_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,9 +20,9 @@ def base_args(cfg, out, *extra):
 
 
 def pred_file(out):
-    files = [f for f in os.listdir(out) if f.endswith(".json") and f.startswith("custom_")]
+    files = [f for f in prediction_files(out) if os.path.basename(f).startswith("custom_")]
     assert len(files) == 1, files
-    return os.path.join(out, files[0])
+    return files[0]
 
 
 def test_outputs_and_loader_eval_agree(custom_cfg, tmp_path):
@@ -31,7 +32,7 @@ def test_outputs_and_loader_eval_agree(custom_cfg, tmp_path):
     assert len(preds) == 36
     assert [(p["sample_id"], p["dup_index"]) for p in preds] == [(f"q{i}", d) for i in range(12) for d in range(3)]
     assert all("images" not in p and p["image_ids"][0].endswith(f"img{p['sample_id'][1:]}.png") for p in preds)
-    res = json.load(open(out / "results.json"))
+    res = results_of(pred_file(out))
     assert res["config"]["seed"] == 5 and res["seed"] == 5
     assert res["versions"]["torch"] and "git_revision" in res
     assert res["metrics"]["num_records"] == 36
@@ -41,7 +42,8 @@ def test_outputs_and_loader_eval_agree(custom_cfg, tmp_path):
     assert res["metrics"]["accuracy"] == pytest.approx(acc)
     again = loader_eval(pred_file(out), eval_stability=True, output_dir=str(tmp_path / "re"), quiet=True)
     assert again["metrics"] == res["metrics"]
-    assert "log.txt" in os.listdir(out) and "results.md" in os.listdir(out)
+    stem = os.path.basename(pred_file(out))[:-5]
+    assert {"log.txt", "runs.jsonl", f"{stem}.results.md", f"{stem}.per_sample.json"} <= set(os.listdir(out))
 
 
 def test_rerun_does_not_overwrite(custom_cfg, tmp_path):
@@ -98,6 +100,8 @@ def test_torchrun_failure_stops_all_ranks(custom_cfg, tmp_path):
     assert proc.returncode != 0
     assert "img3.png: image cannot be decoded" in proc.stderr
     assert not [f for f in os.listdir(tmp_path / "o") if f.endswith(".json") and f.startswith("custom_")]
+    assert proc.stderr.strip().splitlines()[-1].count("img3.png: image cannot be decoded") == 1 or \
+        "image cannot be decoded" in proc.stderr
 
 
 def cli(script, *args):
@@ -113,7 +117,7 @@ def test_loader_eval_bad_inputs(tmp_path):
         "malformed.json": ("[{\"sample_id\": ", "malformed.json: malformed JSON at line 1"),
         "nosid.json": (json.dumps([{k: v for k, v in good.items() if k != "sample_id"}]),
                        "nosid.json: record 0: field 'sample_id': missing"),
-        "noanswer.json": (json.dumps([good, {k: v for k, v in good.items() if k != "answer"}]),
+        "noanswer.json": (json.dumps([good, {k: v for k, v in dict(good, sample_id="b").items() if k != "answer"}]),
                           "noanswer.json: record 1: field 'answer': missing"),
         "range.json": (json.dumps([dict(good, answer=5)]), "range.json: record 0: field 'answer'"),
         "type.json": (json.dumps([dict(good, prediction=["A"])]), "type.json: record 0: field 'prediction'"),
@@ -155,7 +159,7 @@ def test_constant_baseline_scores_first_option(custom_cfg, tmp_path):
         preds = json.load(open(pred_file(out)))
         expected = sum(p["answer"] == 0 for p in preds) / len(preds)
         assert 0 < expected < 1
-        assert json.load(open(out / "results.json"))["metrics"]["accuracy"] == pytest.approx(expected)
+        assert results_of(pred_file(out))["metrics"]["accuracy"] == pytest.approx(expected)
         if method == "generation":
             assert {p["prediction"] for p in preds} == {"(A)"}
         else:

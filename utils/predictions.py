@@ -15,7 +15,6 @@ import os
 import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from build.schema import HEAVY_KEYS
 from utils.errors import ReformError, input_error
 
 RecordKey = Tuple[str, int]
@@ -25,8 +24,17 @@ RecordKey = Tuple[str, int]
 PREDICTION_DIR_READERS: Dict[str, Callable[[str], List[Dict[str, Any]]]] = {}
 
 
+#: benchmark -> writer(records, directory, **options): the benchmark's own results format
+#: (e.g. the official MME tool's), registered by its metric module.
+RESULTS_EXPORTERS: Dict[str, Callable[..., None]] = {}
+
+
 def register_prediction_dir_reader(benchmark: str, reader: Callable[[str], List[Dict[str, Any]]]) -> None:
     PREDICTION_DIR_READERS[benchmark] = reader
+
+
+def register_results_exporter(benchmark: str, writer: Callable[..., None]) -> None:
+    RESULTS_EXPORTERS[benchmark] = writer
 
 
 def record_key(rec: Dict[str, Any]) -> RecordKey:
@@ -47,13 +55,27 @@ def image_ids(sample: Dict[str, Any]) -> List[str]:
     return out
 
 
+def answer_text(sample: Dict[str, Any]) -> Optional[str]:
+    """The correct answer as text: the option at ``answer`` (SingleChoice) or the reference."""
+    ans = sample.get("answer")
+    opts = sample.get("answer_options")
+    if isinstance(opts, list) and isinstance(ans, int) and not isinstance(ans, bool) and 0 <= ans < len(opts):
+        return str(opts[ans])
+    return ans if isinstance(ans, str) else None
+
+
 def make_record(sample: Dict[str, Any], prediction: Any, prompt: Any = None,
                 scores: Optional[List[Tuple[float, int]]] = None,
                 predictions: Optional[List[str]] = None) -> Dict[str, Any]:
     """A JSON-ready prediction record for one sample."""
+    from build.schema import HEAVY_KEYS
     rec = {k: v for k, v in sample.items() if k not in HEAVY_KEYS and k != "prompt"}
     rec["image_ids"] = sample.get("image_ids") or image_ids(sample)
+    text = answer_text(sample)
+    if text is not None:
+        rec["answer_text"] = text
     if prompt is not None:
+        rec["prompt"] = prompt
         rec["prompt_sha"] = prompt_hash(prompt)
     rec["prediction"] = prediction
     if predictions is not None:
@@ -68,25 +90,90 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
-def write_json_atomic(path: str, obj: Any, indent: Optional[int] = 1) -> None:
-    """Write JSON so the file is either the old content or the complete new content."""
+TMP_PREFIX = ".tmp-"
+
+
+def temp_prefix(path: str) -> str:
+    """Prefix of the temporary files that an atomic write of ``path`` creates beside it."""
+    return f"{TMP_PREFIX}{os.path.basename(path)}-"
+
+
+def remove_stale_temps(path: str) -> int:
+    """Remove temporary files left by an interrupted atomic write of ``path``; returns the count."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    n = 0
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.startswith(temp_prefix(path)):
+                os.unlink(os.path.join(directory, name))
+                n += 1
+    return n
+
+
+def _write_atomic(path: str, write: Callable[[Any], None]) -> None:
+    """The file at ``path`` is either the old content or the complete new content; an I/O
+    failure (full disk, read-only directory) leaves no temporary file and raises one line."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=False, indent=indent)
-            f.write("\n")
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise ReformError(f"{path}: cannot write ({e.strerror or e}); nothing was changed") from None
     except BaseException:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str, obj: Any, indent: Optional[int] = 1) -> None:
+    """Write JSON atomically (see ``_write_atomic``)."""
+    def write(f: Any) -> None:
+        json.dump(obj, f, ensure_ascii=False, indent=indent)
+        f.write("\n")
+    _write_atomic(path, write)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write a text file atomically (see ``_write_atomic``)."""
+    _write_atomic(path, lambda f: f.write(text))
+
+
+def read_text_file(path: str, what: str = "file") -> str:
+    """The UTF-8 text of ``path``; a file that is not UTF-8 is one clear error naming it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except IsADirectoryError:
+        raise input_error(f"{what} is a directory", file=path) from None
+    except OSError as e:
+        raise input_error(f"cannot read {what} ({e.strerror or e})", file=path) from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise input_error(f"{what} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line})", file=path) from None
+
+
+def loads_json(text: str, path: str, where: Optional[str] = None) -> Any:
+    """``json.loads`` whose failures (malformed, too deeply nested) are one line naming the place."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        loc = f"line {e.lineno} column {e.colno}" if where is None else where
+        raise input_error(f"malformed JSON at {loc}: {e.msg}", file=path) from None
+    except RecursionError:
+        raise input_error(f"JSON nested too deeply{' at ' + where if where else ''}", file=path) from None
 
 
 def read_predictions(path: str) -> List[Dict[str, Any]]:
@@ -96,24 +183,16 @@ def read_predictions(path: str) -> List[Dict[str, Any]]:
                           f"directory can be read ({', '.join(sorted(PREDICTION_DIR_READERS)) or 'none'})", file=path)
     if not os.path.isfile(path):
         raise input_error("prediction file not found", file=path)
-    with open(path, "r", encoding="utf-8") as f:
-        text = f.read()
+    text = read_text_file(path, "prediction file")
     stripped = text.lstrip()
     if stripped.startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise input_error(f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}", file=path) from None
+        data = loads_json(text, path)
     else:
         data = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                data.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise input_error(f"malformed JSON on line {lineno}: {e.msg}", file=path,
-                                  record=len(data)) from None
+            data.append(loads_json(line, path, f"line {lineno}"))
     if not isinstance(data, list):
         raise input_error("expected a JSON array of prediction records", file=path)
     for i, rec in enumerate(data):
@@ -125,19 +204,36 @@ def read_predictions(path: str) -> List[Dict[str, Any]]:
 
 
 class ShardWriter:
-    """Appends records to one JSONL shard, flushing after each batch."""
+    """Appends records to one JSONL shard, flushing after each batch.
 
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    Every line carries the run identity (``run_id``), so a line from another run copied into
+    the shard directory is refused at merge. The file is created at the first write: a run
+    that fails before producing a record leaves no empty shard.
+    """
+
+    def __init__(self, path: str, run_id: Optional[str] = None) -> None:
         self.path = path
-        self._f = open(path, "a", encoding="utf-8")
+        self.run_id = run_id
+        self._f: Optional[Any] = None
 
     def write(self, records: Iterable[Dict[str, Any]]) -> None:
-        self._f.write("".join(dumps(r) + "\n" for r in records))
-        self._f.flush()
+        lines = "".join(dumps({**r, "run_id": self.run_id} if self.run_id else r) + "\n" for r in records)
+        if not lines:
+            return
+        try:
+            if self._f is None:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                self._f = open(self.path, "a", encoding="utf-8")
+            self._f.write(lines)
+            self._f.flush()
+        except OSError as e:
+            raise ReformError(f"{self.path}: cannot write predictions ({e.strerror or e}); the records "
+                              "written before are kept, re-run the same command to continue") from None
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -154,8 +250,12 @@ def trim_torn_line(path: str) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def read_shard_dir(directory: str) -> Dict[RecordKey, Dict[str, Any]]:
-    """All complete records in a shard directory, first occurrence of each key kept."""
+def read_shard_dir(directory: str, run_id: Optional[str] = None) -> Dict[RecordKey, Dict[str, Any]]:
+    """All complete records in a shard directory, first occurrence of each key kept.
+
+    With ``run_id``, a line of another run (or without an identity) is an error naming the
+    shard file and line: shards of other arguments are never merged.
+    """
     done: Dict[RecordKey, Dict[str, Any]] = {}
     if not os.path.isdir(directory):
         return done
@@ -163,14 +263,23 @@ def read_shard_dir(directory: str) -> Dict[RecordKey, Dict[str, Any]]:
         if not name.endswith(".jsonl"):
             continue
         path = os.path.join(directory, name)
-        with open(path, "r", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.endswith("\n"):
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.endswith(b"\n"):
                     break  # torn by a kill; the sample will be redone
+                fix = "delete that shard file (or pass --overwrite) and re-run"
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ReformError(f"{path}: line {lineno}: corrupt shard record ({e.msg}); "
-                                      "delete the shard directory or pass --overwrite") from None
+                    rec = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise ReformError(f"{path}: line {lineno}: shard line is not UTF-8; {fix}") from None
+                except (json.JSONDecodeError, RecursionError) as e:
+                    raise ReformError(f"{path}: line {lineno}: corrupt shard record "
+                                      f"({getattr(e, 'msg', 'nested too deeply')}); {fix}") from None
+                if not isinstance(rec, dict) or "sample_id" not in rec:
+                    raise ReformError(f"{path}: line {lineno}: not a prediction record; {fix}")
+                if run_id is not None and rec.get("run_id") != run_id:
+                    raise ReformError(f"{path}: line {lineno}: record of another run (run_id "
+                                      f"{rec.get('run_id')!r}, this run is {run_id!r}); shards of other "
+                                      f"arguments or data are never merged; {fix}")
                 done.setdefault(record_key(rec), rec)
     return done

@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
@@ -34,6 +34,9 @@ class BaseInterface:
     name: str = ""
     #: False for black-box models (APIs): likelihood raises a clear error
     supports_likelihood: bool = True
+    #: ``--model_option`` keys this class reads (a subclass adds its own; ``models.model_option_names``
+    #: collects them over the class hierarchy, and any other key is an error listing them)
+    option_names: Tuple[str, ...] = ("preprocessor", "system_msg", "response_prefix", "roles", "max_new_tokens")
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})

@@ -138,6 +138,9 @@ def to_openai_messages(prompt: Any, image_urls: List[str]) -> List[Dict[str, Any
 class OpenAIAPIInterface(BaseInterface):
     """Client for an OpenAI-compatible ``/chat/completions`` endpoint; generation only."""
 
+    option_names = ("base_url", "api_key", "timeout", "max_retries", "max_concurrency", "backoff_base",
+                    "backoff_max", "image_format", "extra_body")
+
     supports_likelihood = False
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:

@@ -1,0 +1,358 @@
+"""The one scoring path: validate records, score them, and write results named after their file.
+
+``run_eval --do_eval`` and ``run_loader_eval`` both end here, so the two always agree.
+Results belong to their prediction file, never to the directory:
+
+* ``<stem>.results.json``  metrics, the full configuration, seeds, versions, timing
+* ``<stem>.results.md``    the printed tables
+* ``<stem>.per_sample.json`` every verdict with its extracted answer
+
+``run_loader_eval`` adds a tag (``<stem>.scored-<options hash>``) so re-scoring a file with
+other options never replaces the results ``run_eval`` wrote. Every write is appended as one
+line to ``runs.jsonl`` in the directory: an index that is never rewritten.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from utils.errors import ReformError, input_error
+from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
+from utils.predictions import record_key, write_json_atomic, write_text_atomic
+
+logger = logging.getLogger(__name__)
+
+RUN_INDEX = "runs.jsonl"
+
+
+# --------------------------------------------------------------------------- validation
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def validate_records(records: List[Dict[str, Any]], file: Optional[str] = None) -> None:
+    """Refuse records that would score silently wrong: duplicated keys, mixed formulations or
+    methods, malformed or non-finite candidate scores, answers outside the options."""
+    seen: Dict[Any, int] = {}
+    kinds: Dict[str, Dict[str, int]] = {"formulation": {}, "inference_method": {}}
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise input_error("a prediction record must be a JSON object", file=file, record=i)
+        if "sample_id" not in rec:
+            raise input_error("missing", file=file, record=i, field="sample_id")
+        if not isinstance(rec["sample_id"], (str, int)) or isinstance(rec["sample_id"], bool):
+            raise input_error("must be a string", file=file, record=i, field="sample_id")
+        dup = rec.get("dup_index", 0)
+        if not isinstance(dup, int) or isinstance(dup, bool) or dup < 0:
+            raise input_error(f"must be a non-negative integer, got {dup!r}", file=file, record=i, field="dup_index")
+        key = record_key(rec)
+        if key in seen:
+            raise input_error(f"duplicate record for sample {key[0]!r} duplicate {key[1]} (first at record "
+                              f"{seen[key]}); a sample must be scored once", file=file, record=i, field="sample_id")
+        seen[key] = i
+        for name in kinds:
+            if rec.get(name) is not None:
+                kinds[name].setdefault(str(rec[name]), i)
+        if "meta" in rec and not isinstance(rec["meta"], dict):
+            raise input_error(f"must be an object, got {type(rec['meta']).__name__}", file=file, record=i, field="meta")
+        if rec.get("skipped"):
+            continue
+        opts = rec.get("answer_options")
+        if opts is not None:
+            if not isinstance(opts, list) or not all(isinstance(o, (str, int, float)) for o in opts):
+                raise input_error("must be a list of option texts", file=file, record=i, field="answer_options")
+            if "answer" not in rec:
+                raise input_error("missing", file=file, record=i, field="answer")
+            ans = rec.get("answer")
+            if rec.get("formulation") == "SingleChoice" and (
+                    not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts)):
+                raise input_error(f"must be an option index in 0..{len(opts) - 1}, got {ans!r}",
+                                  file=file, record=i, field="answer")
+        if "candidate_logprobs" in rec or "candidate_num_tokens" in rec:
+            _check_scores(rec, i, file)
+    for name, values in kinds.items():
+        if len(values) > 1:
+            (a, ia), (b, ib) = sorted(values.items(), key=lambda kv: kv[1])[:2]
+            raise input_error(f"records mix {name}s ({a!r} at record {ia}, {b!r} at record {ib}); "
+                              "score each kind separately", file=file, record=ib, field=name)
+
+
+def _check_scores(rec: Dict[str, Any], i: int, file: Optional[str]) -> None:
+    lp, nt = rec.get("candidate_logprobs"), rec.get("candidate_num_tokens")
+    if not isinstance(lp, list) or not lp:
+        raise input_error("must be a non-empty list of numbers", file=file, record=i, field="candidate_logprobs")
+    for v in lp:
+        if not _is_number(v) or not math.isfinite(v):
+            raise input_error(f"holds {v!r}; every candidate score must be a finite number", file=file,
+                              record=i, field="candidate_logprobs")
+    if not isinstance(nt, list) or len(nt) != len(lp) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in nt):
+        raise input_error(f"must be a list of {len(lp)} token counts (one per candidate score)", file=file,
+                          record=i, field="candidate_num_tokens")
+    options = rec.get("answer_options") if rec.get("formulation") != "Generation" else rec.get("candidates")
+    if options is None:
+        options = rec.get("candidates") or rec.get("answer_options")
+    if isinstance(options, list) and len(options) != len(lp):
+        raise input_error(f"has {len(lp)} scores for {len(options)} options", file=file, record=i,
+                          field="candidate_logprobs")
+    pred = rec.get("prediction")
+    if _is_number(pred) and isinstance(options, list) and not (isinstance(pred, int) and 0 <= pred < len(options)):
+        raise input_error(f"index {pred!r} is outside the {len(options)} options", file=file, record=i,
+                          field="prediction")
+
+
+# --------------------------------------------------------------------------- results files
+def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: Optional[str] = None) -> Dict[str, str]:
+    """Where the results of ``prediction_file`` go (named after it, never shared)."""
+    base = os.path.basename(os.path.normpath(prediction_file))
+    for ext in (".jsonl", ".json", ".csv"):
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+            break
+    if tag:
+        base = f"{base}.{tag}"
+    directory = output_dir or os.path.dirname(os.path.abspath(os.path.normpath(prediction_file)))
+    return {"json": os.path.join(directory, f"{base}.results.json"),
+            "md": os.path.join(directory, f"{base}.results.md"),
+            "per_sample": os.path.join(directory, f"{base}.per_sample.json"),
+            "run": os.path.join(directory, f"{base}.run.json"),
+            "dir": directory, "stem": base}
+
+
+def options_tag(**options: Any) -> str:
+    """``scored-<hash>`` of the scoring options, for results written by ``run_loader_eval``."""
+    blob = json.dumps(options, sort_keys=True, default=str).encode("utf-8")
+    return "scored-" + hashlib.sha256(blob).hexdigest()[:8]
+
+
+def append_run_index(directory: str, entry: Dict[str, Any]) -> None:
+    """Append one line to the directory's run index (O_APPEND: concurrent writers never interleave)."""
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **entry}
+    line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    fd = os.open(os.path.join(directory, RUN_INDEX), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """The scalar top-level metrics (what the index and comparison tables show)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+# --------------------------------------------------------------------------- scoring
+def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: str) -> str:
+    if given:
+        return given
+    values = {r.get(key) for r in records if r.get(key)}
+    if len(values) == 1:
+        return values.pop()
+    raise ReformError(f"cannot tell {flag} from the records ({sorted(map(str, values)) or 'none given'}); pass {flag}")
+
+
+def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = None,
+                  infer_method: Optional[str] = None, eval_stability: bool = False,
+                  likelihood_reduction: str = "sum", prediction_file: Optional[str] = None,
+                  output_dir: Optional[str] = None, metric_options: Optional[Dict[str, Any]] = None,
+                  extra: Optional[Dict[str, Any]] = None, metric: Optional[str] = None,
+                  write: bool = True, quiet: bool = False, tag: Optional[str] = None,
+                  tool: str = "library") -> Dict[str, Any]:
+    """Validate, score, print the tables and (``write``) write the results named after the file."""
+    from metrics import evaluate
+    from utils.report import metrics_report
+
+    validate_records(records, prediction_file)
+    formulation = _infer(records, "formulation", formulation, "--formulation")
+    infer_method = _infer(records, "inference_method", infer_method, "--infer_method")
+    result = evaluate(records, formulation, infer_method, eval_stability=eval_stability,
+                      likelihood_reduction=likelihood_reduction, metric=metric,
+                      file=prediction_file, **(metric_options or {}))
+    summary: Dict[str, Any] = {
+        "metrics": result["metrics"], "metric": result["metric"], "formulation": formulation,
+        "infer_method": infer_method, "likelihood_reduction": likelihood_reduction,
+        "eval_stability": eval_stability, "metric_options": dict(metric_options or {}),
+        "prediction_file": os.path.abspath(prediction_file) if prediction_file else None,
+        "num_records": len(records)}
+    if extra:
+        summary = {**extra, **summary}
+    report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
+    if not quiet:
+        print(report)
+    if write:
+        paths = results_paths(prediction_file or "results", output_dir, tag)
+        os.makedirs(paths["dir"], exist_ok=True)
+        summary["results_files"] = {k: paths[k] for k in ("json", "md", "per_sample")}
+        write_json_atomic(paths["json"], summary)
+        write_text_atomic(paths["md"], report)
+        write_json_atomic(paths["per_sample"], result.get("per_sample", []), indent=None)
+        append_run_index(paths["dir"], {"tool": tool, "prediction_file": summary["prediction_file"],
+                                        "results": paths["json"], "run_id": summary.get("run_id"),
+                                        "metric": result["metric"], "headline": headline(result["metrics"])})
+    summary["tables"] = result.get("tables", {})
+    summary["per_sample"] = result.get("per_sample", [])
+    return summary
+
+
+# --------------------------------------------------------------------------- files -> records
+def expand_prediction_files(paths: Sequence[str]) -> List[str]:
+    """Files, directories of prediction files, and globs -> prediction files, in order.
+
+    A directory that a benchmark's reader understands (official MME results) stays one entry;
+    otherwise it contributes its ``*.json``/``*.jsonl`` prediction files (results files skipped).
+    """
+    out: List[str] = []
+    for p in paths:
+        matches = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
+        if not matches:
+            raise input_error("matches no file", file=p)
+        for m in matches:
+            if os.path.isdir(m) and not _is_results_dir(m):
+                found = [os.path.join(m, n) for n in sorted(os.listdir(m))
+                         if n.endswith((".json", ".jsonl")) and not n.startswith(".")
+                         and not n.endswith((".results.json", ".per_sample.json", ".run.json"))
+                         and n not in ("comparison.json",)]
+                if not found:
+                    raise input_error("holds no prediction files", file=m)
+                out.extend(found)
+            else:
+                out.append(m)
+    return out
+
+
+def _is_results_dir(path: str) -> bool:
+    """A directory in a benchmark's own results format (no JSON prediction files in it)."""
+    return not any(n.endswith((".json", ".jsonl")) for n in os.listdir(path))
+
+
+def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Records from a file, or from a results directory read by the benchmark's registered reader."""
+    from utils.predictions import PREDICTION_DIR_READERS, read_predictions
+    if os.path.isdir(prediction_file) and dataset_name:
+        import metrics  # noqa: F401  (metric modules register directory readers)
+        from build.registry import get_builder_class
+        name = get_builder_class(dataset_name).name
+        if name not in PREDICTION_DIR_READERS:
+            raise ReformError(f"{prediction_file}: is a directory, and {name} has no results-directory reader")
+        return PREDICTION_DIR_READERS[name](prediction_file)
+    return read_predictions(prediction_file)
+
+
+def export_results(records: List[Dict[str, Any]], benchmark: str, directory: str, **options: Any) -> None:
+    """Write records in a benchmark's own results format (registered by its metric module)."""
+    import metrics  # noqa: F401  (metric modules register exporters)
+    from utils.predictions import RESULTS_EXPORTERS
+    if benchmark not in RESULTS_EXPORTERS:
+        raise ReformError(f"{benchmark} has no official results format to export "
+                          f"(available: {', '.join(sorted(RESULTS_EXPORTERS)) or 'none'})")
+    RESULTS_EXPORTERS[benchmark](records, directory, **options)
+
+
+def run_name(records: List[Dict[str, Any]], prediction_file: str) -> str:
+    """The label of a run in comparisons: the model named in its records, else the file stem."""
+    models = sorted({str(r["model"]) for r in records if r.get("model")})
+    stem = results_paths(prediction_file)["stem"]
+    return models[0] if len(models) == 1 else stem
+
+
+def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_method: Optional[str] = None,
+                eval_stability: bool = False, likelihood_reduction: str = "sum",
+                dataset_name: Optional[str] = None, output_dir: Optional[str] = None,
+                metric_options: Optional[Dict[str, Any]] = None, write: bool = True,
+                quiet: bool = False, export_mme_results: Optional[str] = None) -> Dict[str, Any]:
+    """Python API: score one prediction file; returns the results dict (as written to its results file).
+
+    Results are written as ``<stem>.scored-<hash>.results.json`` (never replacing run_eval's).
+    ``export_mme_results``: also write the records in the official MME tool's results format there.
+    """
+    import build  # noqa: F401  (registers builders for dataset-name lookups)
+    records = load_records(prediction_file, dataset_name)
+    if not records:
+        raise ReformError(f"{prediction_file}: holds no prediction records")
+    tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
+                      likelihood_reduction=likelihood_reduction, metric_options=metric_options)
+    result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
+                           prediction_file=prediction_file, output_dir=output_dir,
+                           metric_options=metric_options, write=write, quiet=quiet, tag=tag,
+                           tool="run_loader_eval")
+    result["records"] = records
+    if export_mme_results:
+        export_results(records, "MME", export_mme_results, likelihood_reduction=likelihood_reduction)
+    return result
+
+
+def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infer_method: Optional[str] = None,
+                   eval_stability: bool = False, likelihood_reduction: str = "sum",
+                   dataset_name: Optional[str] = None, output_dir: Optional[str] = None,
+                   metric_options: Optional[Dict[str, Any]] = None, export_mme_results: Optional[str] = None,
+                   seed: int = 0, n_boot: int = 1000, quiet: bool = False) -> Dict[str, Any]:
+    """Score every prediction file (each gets its own results); with several runs, compare them.
+
+    A file that holds several models' records (the MMMT-IF release CSV) is split into one run
+    per model. Returns ``{"runs": [...], "comparison": ... or None}``.
+    """
+    files = expand_prediction_files(paths)
+    runs: List[Dict[str, Any]] = []
+    for path in files:
+        import build  # noqa: F401  (registers builders for dataset-name lookups)
+        records = load_records(path, dataset_name)
+        if not records:
+            raise ReformError(f"{path}: holds no prediction records")
+        groups = split_by_model(records)
+        tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
+                          likelihood_reduction=likelihood_reduction, metric_options=metric_options)
+        for model, recs in groups.items():
+            sub_tag = tag if len(groups) == 1 else f"{tag}.{_slug(model)}"
+            result = score_records(recs, formulation, infer_method, eval_stability, likelihood_reduction,
+                                   prediction_file=path, output_dir=output_dir if len(files) == 1 else None,
+                                   metric_options=metric_options, quiet=quiet or len(files) > 1 or len(groups) > 1,
+                                   tag=sub_tag, tool="run_loader_eval")
+            runs.append({"name": model if len(groups) > 1 else run_name(recs, path), "records": recs,
+                         "result": result})
+        if export_mme_results:
+            export_results(records, "MME", export_mme_results, likelihood_reduction=likelihood_reduction)
+    _unique_names(runs)
+    comparison = None
+    if len(runs) > 1:
+        from utils.reporting.compare import compare_runs
+        out = output_dir or _common_dir(files)
+        comparison = compare_runs(runs, out, seed=seed, n_boot=n_boot)
+        if not quiet:
+            print(comparison.get("markdown", "") if isinstance(comparison, dict) else "")
+            print(f"comparison of {len(runs)} runs written to {out}")
+    elif not quiet:
+        print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
+    return {"runs": runs, "comparison": comparison}
+
+
+def split_by_model(records: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Records grouped by their ``model`` field (one group when it is absent or single)."""
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(str(r.get("model") or ""), []).append(r)
+    return groups if len(groups) > 1 else {next(iter(groups)): records}
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:40]
+
+
+def _unique_names(runs: List[Dict[str, Any]]) -> None:
+    """Two runs of one model (other seeds, say) get their file stems as names."""
+    counts: Dict[str, int] = {}
+    for r in runs:
+        counts[r["name"]] = counts.get(r["name"], 0) + 1
+    for r in runs:
+        if counts[r["name"]] > 1 and r["result"].get("prediction_file"):
+            r["name"] = f"{r['name']} ({results_paths(r['result']['prediction_file'])['stem']})"
+
+
+def _common_dir(files: Sequence[str]) -> str:
+    dirs = [os.path.dirname(os.path.abspath(os.path.normpath(f))) for f in files]
+    return os.path.commonpath(dirs) if dirs else "."

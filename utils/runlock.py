@@ -1,0 +1,102 @@
+"""One run per run identity at a time: an ``O_EXCL`` lock file holding host, pid and start time.
+
+Two copies of one command in one output directory would append to the same shards and race
+on the merge. The second copy exits 2 naming the process that holds the run. A lock left by a
+process that is gone (killed with -9) is detected on the same host and taken over.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any, Dict, Optional
+
+from utils.errors import ReformError
+
+
+def _proc_start(pid: int) -> Optional[str]:
+    """The kernel's start time of ``pid`` (guards against pid reuse), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "r", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(info: Dict[str, Any]) -> bool:
+    pid = int(info.get("pid", -1))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    start = info.get("start")
+    return start is None or _proc_start(pid) in (None, start)
+
+
+class RunLock:
+    """Context manager: hold ``<output_dir>/.lock-<run_id>`` for the duration of a run."""
+
+    def __init__(self, output_dir: str, run_id: str) -> None:
+        self.path = os.path.join(output_dir, f".lock-{run_id}")
+        self.held = False
+
+    def acquire(self) -> None:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "start": _proc_start(os.getpid()),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read()
+                if holder is None and self._age() < 5.0:
+                    time.sleep(0.5)  # another process is between creating and writing the lock
+                    holder = self._read()
+                if holder is None or (holder.get("host") == me["host"] and not _alive(holder)):
+                    try:
+                        os.unlink(self.path)  # stale: its process is gone
+                    except FileNotFoundError:
+                        pass
+                    continue
+                raise ReformError(
+                    f"{self.path}: this run (same command and data) is already running in process "
+                    f"{holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}; wait for it "
+                    "to finish, or remove the lock file if that process is gone")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(me, f)
+            self.held = True
+            return
+        raise ReformError(f"{self.path}: could not take the run lock")
+
+    def _age(self) -> float:
+        try:
+            return time.time() - os.stat(self.path).st_mtime
+        except OSError:
+            return float("inf")
+
+    def _read(self) -> Optional[Dict[str, Any]]:
+        try:
+            with open(self.path, "r", encoding="utf-8") as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            return None  # unreadable or half-written by a killed process: stale
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.held = False
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
