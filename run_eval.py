@@ -222,7 +222,11 @@ def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None
                for h in root.handlers):
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)
+        sh._reform_console = True  # type: ignore[attr-defined]
         root.addHandler(sh)
+    for h in root.handlers:
+        if getattr(h, "_reform_console", False):
+            h.setLevel(logging.INFO if verbose else logging.WARNING)
     for h in root.handlers:
         if not any(isinstance(f, _RedactFilter) for f in h.filters):
             h.addFilter(_RedactFilter())
@@ -426,7 +430,8 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
                         num_workers=args.num_workers, collate_fn=_collate,
                         worker_init_fn=die_with_parent if args.num_workers > 0 else None)
     from tqdm import tqdm
-    bar = tqdm(total=len(todo), disable=not dinfo.is_main, desc=f"rank0 {args.dataset_name}", unit="sample")
+    show = dinfo.is_main and (sys.stderr.isatty() or getattr(args, "verbose", False))
+    bar = tqdm(total=len(todo), disable=not show, desc=f"rank0 {args.dataset_name}", unit="sample")
     writer = ShardWriter(os.path.join(shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), run_id)
 
     def finish(s: Dict[str, Any], rec: Dict[str, Any]) -> Dict[str, Any]:
