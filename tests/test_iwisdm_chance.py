@@ -161,7 +161,7 @@ def test_unknown_feature_and_option_names_declared():
     import re
     import build.iwisdm.builder as mod
     src = inspect.getsource(mod)
-    read = set(re.findall(r'(?:config\.get\(|config\[|require\()"(\w+)"', src))
+    read = set(re.findall(r'(?:config\.get\(|config\[|require\(|_opt\()"(\w+)"', src))
     assert read == set(IWISDMBuilder.option_names) == {
         "preset", "n_trials", "seed", "stim_dir", "stim_split", "allow_pickle", "n_distractors", "fixation",
         "n_delay", "n_frames", "features", "n_examples", "trial_dir", "options"}

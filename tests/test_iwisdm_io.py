@@ -23,6 +23,7 @@ from build.iwisdm import generate_trials, read_trials, write_trials
 from build.iwisdm.instructions import InstructionError, InstructionParser, evaluate_instruction
 from build.iwisdm.io import is_original_dir, original_task_info
 from build.iwisdm.stimuli import DirectoryStimuli, ProceduralStimuli, procedural_set
+from tests.test_iwisdm import ORIG_PYTHON  # the venv bench/iwisdm_gen.py creates (or IWISDM_ORIG_PYTHON)
 from utils.errors import ReformError
 from utils.images import open_image
 
@@ -262,9 +263,6 @@ def test_json_metadata_reads_like_csv(tmp_path):
 
 
 # -- trials made by the original iwisdm 0.1.3 -----------------------------------------------------
-#: the venv bench/iwisdm_gen.py creates (or one named by IWISDM_ORIG_PYTHON)
-ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON") or os.path.join(
-    os.path.expanduser(os.environ.get("REFORM_CACHE") or "~/.cache/reform_eval"), "iwisdm_orig_venv", "bin", "python")
 
 #: runs in the original's venv: the benchmark configs of bench/iwisdm_gen.py, its acceptance rule,
 #: fixation cues, a distractor on every second trial; each trial written by the original's write_trial

@@ -148,6 +148,11 @@ class IWISDMBuilder(Builder):
                 raise input_error(f"unknown feature {f!r}; valid: {', '.join(GETTER_OF)}", file=where,
                                   field="features")
 
+    def _opt(self, key: str, default: Any) -> Any:
+        """A config value; absent or null (``key:`` with no value in YAML) means the default."""
+        v = self.config.get(key)
+        return default if v is None else v
+
     def _presets(self) -> List[str]:
         p = self.config.get("preset")
         return [] if p is None else ([p] if isinstance(p, str) else list(p))
@@ -156,7 +161,7 @@ class IWISDMBuilder(Builder):
         stim_dir = self.config.get("stim_dir")
         if stim_dir not in (None, "", "procedural", "builtin"):
             stim_dir = self.resolve_path(stim_dir)
-        return load_stimuli(stim_dir, self.config.get("stim_split"), bool(self.config.get("allow_pickle", False)))
+        return load_stimuli(stim_dir, self.config.get("stim_split"), self._opt("allow_pickle", False))
 
     def _trial_sets(self, seed: int, stim: StimulusSet) -> List[Tuple[str, List[Tuple[str, Any, Trial, Optional[List[str]]]]]]:
         """(preset name, rows) per preset: generated in memory, or one set read from ``trial_dir``."""
@@ -170,10 +175,10 @@ class IWISDMBuilder(Builder):
         self.require("preset")
         out = []
         for preset in self._presets():
-            trials = generate_trials(preset, self.config.get("n_trials", 100), self.config.get("seed", seed), stim,
+            trials = generate_trials(preset, self._opt("n_trials", 100), self._opt("seed", seed), stim,
                                      n_delay=self.config.get("n_delay"),
-                                     n_distractors=self.config.get("n_distractors", 0),
-                                     fixation=self.config.get("fixation", False),
+                                     n_distractors=self._opt("n_distractors", 0),
+                                     fixation=self._opt("fixation", False),
                                      features=self.config.get("features"), n_frames=self.config.get("n_frames"))
             out.append((preset, [(tid, task, tr, None) for tid, task, tr in trials]))
         return out
@@ -181,9 +186,9 @@ class IWISDMBuilder(Builder):
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
         self._check_options()
         stim = self._stim()
-        offer = self.config.get("options", "applicable")
+        offer = self._opt("options", "applicable")
         parser = InstructionParser(stim.categories)
-        examples, example_images = self._examples(stim, self.config.get("n_examples", 0))
+        examples, example_images = self._examples(stim, self._opt("n_examples", 0))
         items = []
         for preset_name, rows in self._trial_sets(seed, stim):
             preset = PRESETS.get(preset_name)
