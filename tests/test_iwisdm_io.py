@@ -369,3 +369,33 @@ def test_trials_made_by_the_original_import_with_its_answers(tmp_path):
                                                                            for o in b["objects"]]
         s, _ = build_dataset("iWISDM", "SingleChoice", {"trial_dir": d, "preset": preset}, seed=0)
         assert [x["answer_options"][x["answer"]] for x in s] == [t.answer for _, t, _ in rows]
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda r: r.update(frames="abc"), r"trial\.json: field 'frames': must be a list, got str"),
+    (lambda r: r.update(meta="x"), r"trial\.json: field 'meta': must be an object"),
+    (lambda r: r["frames"][0][0].pop("category"), r"trial\.json: record frame 0: field 'category'"),
+    (lambda r: r["frames"][0][0].update(identity="3"), r"record frame 0: field 'identity'"),
+    (lambda r: r["frames"][0][0].update(location="middle"), r"record frame 0: field 'location'.*'middle'"),
+    (lambda r: r["frames"].__setitem__(1, "x"), r"record frame 1: field 'frames'"),
+    (lambda r: r.update(actions=[None]), r"field 'actions': must hold one answer"),
+    (lambda r: r.update(response_type="colour"), r"field 'response_type'"),
+    (lambda r: r.pop("answer"), r"field 'answer': missing"),
+])
+def test_own_layout_wrong_types_are_one_line_errors(tmp_path, edit, match):
+    trials = generate_trials("dms_location", 1, 0, STIM)
+    write_trials(str(tmp_path), trials, STIM)
+    path = tmp_path / trials[0][0] / "trial.json"
+    rec = json.loads(path.read_text())
+    edit(rec)
+    path.write_text(json.dumps(rec))
+    with pytest.raises(ReformError, match=match) as e:
+        build_dataset("iWISDM", "SingleChoice", {"trial_dir": str(tmp_path)})
+    assert "\n" not in str(e.value)
+
+
+def test_own_layout_index_names_only_trial_folders(tmp_path):
+    write_trials(str(tmp_path), generate_trials("dms_location", 1, 0, STIM), STIM)
+    (tmp_path / "index.json").write_text(json.dumps({"trials": ["../elsewhere"]}))
+    with pytest.raises(ReformError, match=r"index\.json: field 'trials'"):
+        read_trials(str(tmp_path))

@@ -122,8 +122,10 @@ def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
         raise input_error("neither index.json (trials written by write_trials) nor trial_<k>/frames/task_info.json "
                           "folders (the original iwisdm's trials)", file=trial_dir, field="trial_dir")
     index = _load_json(ipath, None, "trial_dir")
-    if not isinstance(index, dict) or not isinstance(index.get("trials", []), list):
-        raise input_error("index.json must be an object with a list 'trials'", file=ipath, field="trials")
+    if not isinstance(index, dict) or not isinstance(index.get("trials", []), list) or \
+            not all(isinstance(t, str) and t and os.sep not in t and t not in (".", "..") for t in index.get("trials", [])):
+        raise input_error("index.json must be an object whose 'trials' lists trial folder names", file=ipath,
+                          field="trials")
     out = []
     for i, tid in enumerate(index.get("trials", [])):
         tpath = os.path.join(trial_dir, str(tid), TRIAL_JSON)
@@ -132,16 +134,47 @@ def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
         rec = _load_json(tpath, None, None)
         if not isinstance(rec, dict):
             raise input_error("a trial file must hold a JSON object", file=tpath)
-        for key in ("instruction", "frames", "actions", "answer", "response_type"):
-            if key not in rec:
-                raise input_error("missing", file=tpath, field=key)
-        trial = Trial.from_dict(rec)
+        trial = Trial.from_dict(check_trial_record(rec, tpath))
         paths = [os.path.join(trial_dir, str(tid), f"frame_{k:02d}.png") for k in range(len(trial.frames))]
         for p in paths:
             if not os.path.isfile(p):
                 raise input_error("frame image missing", file=p, field="frames")
         out.append((str(tid), trial, paths))
     return index, out
+
+
+OBJECT_KEYS = {"category": str, "identity": int, "view": int, "location": str}
+RESPONSE_TYPES = ("bool", "location", "category")
+
+
+def check_trial_record(rec: Dict[str, Any], path: str) -> Dict[str, Any]:
+    """Types of one ``trial.json`` (one line naming file, frame record and field on a mismatch)."""
+    for key, kind in (("instruction", str), ("frames", list), ("actions", list), ("answer", str),
+                      ("response_type", str)):
+        if key not in rec:
+            raise input_error("missing", file=path, field=key)
+        if not isinstance(rec[key], kind):
+            raise input_error(f"must be a {kind.__name__}, got {type(rec[key]).__name__}", file=path, field=key)
+    if not isinstance(rec.get("meta", {}), dict):
+        raise input_error(f"must be an object, got {type(rec['meta']).__name__}", file=path, field="meta")
+    if rec["response_type"] not in RESPONSE_TYPES:
+        raise input_error(f"must be one of {', '.join(RESPONSE_TYPES)}, got {rec['response_type']!r}", file=path,
+                          field="response_type")
+    if len(rec["actions"]) != len(rec["frames"]) or not all(a is None or isinstance(a, str) for a in rec["actions"]):
+        raise input_error(f"must hold one answer string or null per frame ({len(rec['frames'])})", file=path,
+                          field="actions")
+    for i, objs in enumerate(rec["frames"]):
+        if not isinstance(objs, list) or not all(isinstance(o, dict) for o in objs):
+            raise input_error("a frame must be a list of objects", file=path, record=f"frame {i}", field="frames")
+        for o in objs:
+            for key, kind in OBJECT_KEYS.items():
+                if not isinstance(o.get(key), kind) or isinstance(o.get(key), bool):
+                    raise input_error(f"object needs {key} ({kind.__name__}), got {o.get(key)!r}", file=path,
+                                      record=f"frame {i}", field=key)
+            if o["location"] not in LOCATIONS:
+                raise input_error(f"unknown location {o['location']!r}", file=path, record=f"frame {i}",
+                                  field="location")
+    return rec
 
 
 def _load_json(path: str, record: Any, field: Optional[str]) -> Any:
