@@ -399,3 +399,18 @@ def test_own_layout_index_names_only_trial_folders(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"trials": ["../elsewhere"]}))
     with pytest.raises(ReformError, match=r"index\.json: field 'trials'"):
         read_trials(str(tmp_path))
+
+
+def test_read_set_vocabulary_covers_every_answer_its_questions_allow(tmp_path):
+    """No trial answers with a location, but one question could: the locations are offered."""
+    info = {"epochs": 2, "instruction": "observe object 1, observe object 2, if category of object 2 equals "
+                                        "category of object 1, then location of object 2? else location of "
+                                        "object 1 equals top left?",
+            "objects": [_obj(1, 0, 7, 0, 2, space=[0, 0]), _obj(2, 1, 3, 3, 0, space=[1, 0])],
+            "answers": ["null", "true"]}
+    root = write_fixture(tmp_path / "orig", {"trial_0": FIXTURE["trial_0"], "trial_1": info})
+    s, _ = build_dataset("iWISDM", "SingleChoice", {"trial_dir": root}, seed=0, shuffle_options=False)
+    assert s[0]["answer_options"] == ["true", "false"]
+    assert s[1]["answer_options"] == ["true", "false", "bottom right", "bottom left", "top left", "top right"]
+    assert s[1]["answer_options"][s[1]["answer"]] == "true" and s[1]["meta"]["chance"] == 1 / 6
+    assert s[1]["meta"]["answer_vocabulary"] == s[1]["answer_options"]

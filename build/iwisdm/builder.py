@@ -192,14 +192,18 @@ class IWISDMBuilder(Builder):
         items = []
         for preset_name, rows in self._trial_sets(seed, stim):
             preset = PRESETS.get(preset_name)
-            vocab = answer_vocabulary(preset, stim) if preset else self._vocab_from(rows, stim)
+            types = {tid: self._types(tid, trial, parser) for tid, _, trial, _ in rows}
+            vocab = answer_vocabulary(preset, stim) if preset else self._vocab_from(rows, types, stim)
             single = bool(rows) and all(len(r[2].frames) == 1 for r in rows)
             description = describe(stim, vocab, single)
             for tid, task, trial, paths in rows:
                 if trial.answer not in vocab:
                     raise input_error(f"answer {trial.answer!r} is not in the answer vocabulary", record=tid,
                                       field="answer")
-                offered = list(vocab) if offer == "all" else self._applicable(tid, trial, vocab, parser)
+                offered = list(vocab) if offer == "all" else [v for v in vocab if answer_type(v) in types[tid]]
+                if trial.answer not in offered:
+                    raise input_error(f"answer {trial.answer!r} is not among the answers its instruction allows "
+                                      f"({', '.join(types[tid])})", record=tid, field="answer")
                 images: List[Any] = list(paths) if paths is not None else trial.render(stim)
                 if formulation == "Generation":
                     question = examples + ("Now please solve the following new task...\n\n" if examples else "") + \
@@ -228,21 +232,17 @@ class IWISDMBuilder(Builder):
         return items
 
     @staticmethod
-    def _applicable(tid: str, trial: Trial, vocab: Sequence[str], parser: InstructionParser) -> List[str]:
-        """The answers a reader of the instruction knows can be due (the paper's "applicable actions")."""
+    def _types(tid: str, trial: Trial, parser: InstructionParser) -> List[str]:
+        """Response types the trial's question allows (``answer_types``), as a one-line error if unreadable."""
         try:
-            types = answer_types(trial.instruction, parser)
+            return answer_types(trial.instruction, parser)
         except InstructionError as e:
             raise input_error(f"instruction cannot be read: {e}", record=tid, field="instruction") from None
-        offered = [v for v in vocab if answer_type(v) in types]
-        if trial.answer not in offered:
-            raise input_error(f"answer {trial.answer!r} is not among the answers its instruction allows "
-                              f"({', '.join(types)})", record=tid, field="answer")
-        return offered
 
     @staticmethod
-    def _vocab_from(rows: Sequence[Tuple], stim: StimulusSet) -> List[str]:
-        types = {r[2].response_type for r in rows}
+    def _vocab_from(rows: Sequence[Tuple], allowed: Dict[str, List[str]], stim: StimulusSet) -> List[str]:
+        """A read trial set's vocabulary: every answer its questions allow (and every answer given)."""
+        types = {r[2].response_type for r in rows} | {t for ts in allowed.values() for t in ts}
         vocab = ["true", "false"]
         if "location" in types:
             vocab += ["bottom right", "bottom left", "top left", "top right"]
