@@ -136,7 +136,8 @@ def test_preset_list_gives_one_row_per_complexity():
     ("n_trials", "10", "a positive integer"), ("n_trials", 0, "a positive integer"),
     ("n_trials", True, "a positive integer"), ("preset", 5, "a preset name"), ("preset", [], "a preset name"),
     ("features", "location", "a list"), ("features", [3], "a list"), ("fixation", "yes", "true or false"),
-    ("n_delay", [1, -2], "an integer >= 0"), ("n_distractors", 7, "an integer 0..3"), ("options", "some", "applicable or all"),
+    ("n_delay", [1, -2], "an integer >= 0"), ("n_distractors", 7, "an integer 0..3"),
+    ("options", "some", "applicable or all"),
     ("allow_pickle", "true", "true or false"), ("stim_dir", ["a"], "a path"), ("n_examples", 5, "an integer 0..3"),
     ("seed", 1.5, "an integer"),
 ])

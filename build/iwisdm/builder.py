@@ -29,6 +29,9 @@ from utils.errors import input_error
 
 logger = logging.getLogger(__name__)
 
+#: (trial id, task graph or None, trial, frame PNG paths or None: render in memory)
+Row = Tuple[str, Any, Trial, Optional[List[str]]]
+
 #: worked examples shown before the task when ``n_examples`` > 0 (fixed seeds, low complexity)
 EXAMPLE_SEED = 7919
 
@@ -163,7 +166,7 @@ class IWISDMBuilder(Builder):
             stim_dir = self.resolve_path(stim_dir)
         return load_stimuli(stim_dir, self.config.get("stim_split"), self._opt("allow_pickle", False))
 
-    def _trial_sets(self, seed: int, stim: StimulusSet) -> List[Tuple[str, List[Tuple[str, Any, Trial, Optional[List[str]]]]]]:
+    def _trial_sets(self, seed: int, stim: StimulusSet) -> List[Tuple[str, List[Row]]]:
         """(preset name, rows) per preset: generated in memory, or one set read from ``trial_dir``."""
         if self.config.get("trial_dir"):
             index, rows = read_trials(self.resolve_path(self.config["trial_dir"]), stim)

@@ -122,8 +122,9 @@ def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
         raise input_error("neither index.json (trials written by write_trials) nor trial_<k>/frames/task_info.json "
                           "folders (the original iwisdm's trials)", file=trial_dir, field="trial_dir")
     index = _load_json(ipath, None, "trial_dir")
-    if not isinstance(index, dict) or not isinstance(index.get("trials", []), list) or \
-            not all(isinstance(t, str) and t and os.sep not in t and t not in (".", "..") for t in index.get("trials", [])):
+    names = index.get("trials", []) if isinstance(index, dict) else None
+    if not isinstance(names, list) or \
+            not all(isinstance(t, str) and t and os.sep not in t and t not in (".", "..") for t in names):
         raise input_error("index.json must be an object whose 'trials' lists trial folder names", file=ipath,
                           field="trials")
     out = []
