@@ -414,3 +414,12 @@ def test_read_set_vocabulary_covers_every_answer_its_questions_allow(tmp_path):
     assert s[1]["answer_options"] == ["true", "false", "bottom right", "bottom left", "top left", "top right"]
     assert s[1]["answer_options"][s[1]["answer"]] == "true" and s[1]["meta"]["chance"] == 1 / 6
     assert s[1]["meta"]["answer_vocabulary"] == s[1]["answer_options"]
+
+
+def test_create_bench_folder_names_trial_k_without_underscore(tmp_path):
+    """The original's benchmarking/create_bench.py writes trial0, trial1, ..., trial10."""
+    infos = {f"trial{k}": FIXTURE["trial_0"] for k in (0, 2, 10)}
+    root = write_fixture(tmp_path / "bench", infos)
+    _, rows = read_trials(root)
+    assert [r[0] for r in rows] == ["trial0", "trial2", "trial10"]
+    assert all(r[1].answer == "false" for r in rows)

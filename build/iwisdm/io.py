@@ -62,7 +62,8 @@ def generate_trials(preset: str, n_trials: int, seed: int = 0, stim: Optional[St
 
 FORMATS = ("reform", "original")
 ORIGINAL_INFO = "task_info.json"
-ORIGINAL_TRIAL = re.compile(r"^trial_(\d+)$")
+#: ``trial_<k>`` (iwisdm's write_trial examples) or ``trial<k>`` (its benchmarking/create_bench.py)
+ORIGINAL_TRIAL = re.compile(r"^trial_?(\d+)$")
 #: the original's 2x2 grid: ``space`` = [column, row]; ``location`` = the cell's centre (x, y)
 GRID_CELL = {"top left": (0, 0), "top right": (1, 0), "bottom left": (0, 1), "bottom right": (1, 1)}
 CELL_LOCATION = {cell: loc for loc, cell in GRID_CELL.items()}
@@ -231,7 +232,8 @@ def read_original_trials(trial_dir: str, stim: StimulusSet
                          ) -> Tuple[Dict[str, Any], List[Tuple[str, Trial, List[str]]]]:
     """Import the original's trial folders (sorted by k); the answers are the original's own."""
     names = sorted((d for d in os.listdir(trial_dir) if ORIGINAL_TRIAL.match(d)
-                    and os.path.isdir(os.path.join(trial_dir, d))), key=lambda d: int(d.split("_")[1]))
+                    and os.path.isdir(os.path.join(trial_dir, d))),
+                   key=lambda d: (int(ORIGINAL_TRIAL.match(d).group(1)), d))
     out = []
     for name in names:
         path = os.path.join(trial_dir, name, "frames", ORIGINAL_INFO)
