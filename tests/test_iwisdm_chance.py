@@ -139,7 +139,7 @@ def test_preset_list_gives_one_row_per_complexity():
     ("n_delay", [1, -2], "an integer >= 0"), ("n_distractors", 7, "an integer 0..3"),
     ("options", "some", "applicable or all"),
     ("allow_pickle", "true", "true or false"), ("stim_dir", ["a"], "a path"), ("n_examples", 5, "an integer 0..3"),
-    ("seed", 1.5, "an integer"),
+    ("seed", 1.5, "an integer"), ("check_answers", "no", "true or false"),
 ])
 def test_wrong_typed_options_are_one_line_errors(tmp_path, key, value, form):
     cfg = {"preset": "low", "n_trials": 2, key: value}
@@ -165,4 +165,4 @@ def test_unknown_feature_and_option_names_declared():
     read = set(re.findall(r'(?:config\.get\(|config\[|require\(|_opt\()"(\w+)"', src))
     assert read == set(IWISDMBuilder.option_names) == {
         "preset", "n_trials", "seed", "stim_dir", "stim_split", "allow_pickle", "n_distractors", "fixation",
-        "n_delay", "n_frames", "features", "n_examples", "trial_dir", "options"}
+        "n_delay", "n_frames", "features", "n_examples", "trial_dir", "options", "check_answers"}

@@ -423,3 +423,21 @@ def test_create_bench_folder_names_trial_k_without_underscore(tmp_path):
     _, rows = read_trials(root)
     assert [r[0] for r in rows] == ["trial0", "trial2", "trial10"]
     assert all(r[1].answer == "false" for r in rows)
+
+
+def test_codes_named_by_the_wrong_stimulus_set_are_caught(tmp_path):
+    """Category code 1 was `tables` where the trial was made; here code 1 is `cars`: an error, not a score."""
+    ProceduralStimuli(categories=("tables", "cars"), n_identities=2).export(str(tmp_path / "other"), "train")
+    info = {"epochs": 2, "instruction": "observe object 1, delay, category of object 1 equals tables?",
+            "objects": [_obj(1, 0, 1, 0, 0, space=[0, 0])], "answers": ["null", "true"]}
+    root = write_fixture(tmp_path / "orig", {"trial_0": info})
+    cfg = {"trial_dir": root, "stim_dir": str(tmp_path / "other")}
+    with pytest.raises(ReformError, match=r"orig: record trial_0: field 'answers': 1 of 1 imported trials.*"
+                                          r"'false', the file says 'true'.*set stim_dir"):
+        build_dataset("iWISDM", "SingleChoice", cfg)
+    s, _ = build_dataset("iWISDM", "SingleChoice", dict(cfg, check_answers=False))
+    assert s[0]["answer_options"][s[0]["answer"]] == "true"
+    # named by the set the trial was made with (code 1 = tables) it reads
+    ProceduralStimuli(categories=("cars", "tables"), n_identities=2).export(str(tmp_path / "same"), "train")
+    s, _ = build_dataset("iWISDM", "SingleChoice", dict(cfg, stim_dir=str(tmp_path / "same")))
+    assert s[0]["answer_options"][s[0]["answer"]] == "true"

@@ -11,7 +11,9 @@ file is refused, since unpickling can run code), ``n_distractors`` (0), ``fixati
 ``n_delay`` (DMS presets: int or list for a sweep), ``n_frames`` (override), ``features`` (e.g.
 [location]), ``n_examples`` (worked examples in the Generation prompt, 0..3), ``trial_dir`` (read
 trials written by ``write_trials``, in our layout or the original iwisdm's), ``options``
-(``applicable``: offer the answers the question allows; ``all``: the preset's whole vocabulary).
+(``applicable``: offer the answers the question allows; ``all``: the preset's whole vocabulary),
+``check_answers`` (true: an imported original trial whose answer does not follow from its
+instruction and objects is an error).
 """
 from __future__ import annotations
 
@@ -98,6 +100,7 @@ OPTION_SPECS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "n_examples": (lambda v: _is_int(v) and 0 <= v <= 3, "an integer 0..3"),
     "trial_dir": (lambda v: isinstance(v, str), "a path"),
     "options": (lambda v: v in OPTION_SETS, " or ".join(OPTION_SETS)),
+    "check_answers": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 
@@ -174,6 +177,8 @@ class IWISDMBuilder(Builder):
             preset = str(index.get("preset") or (self._presets() or [default])[0])
             n = self.config.get("n_trials")
             rows = rows[: int(n)] if n else rows
+            if index.get("format") == "iwisdm-original" and self._opt("check_answers", True):
+                self._check_answers(self.resolve_path(self.config["trial_dir"]), rows, stim)
             return [(preset, [(tid, None, tr, paths) for tid, tr, paths in rows])]
         self.require("preset")
         out = []
@@ -233,6 +238,31 @@ class IWISDMBuilder(Builder):
                 items.append(item)
             self.build_log.append(f"{len(rows)} trials of preset '{preset_name}' with {stim.source} stimuli")
         return items
+
+    @staticmethod
+    def _check_answers(path: str, rows: Sequence[Tuple[str, Trial, List[str]]], stim: StimulusSet) -> None:
+        """Imported answers must follow from the instruction and the imported objects.
+
+        Why: the original stores integer category/object codes; named through the wrong stimulus
+        set they silently give other categories, and scores against answers no frame supports.
+        """
+        parser = InstructionParser(stim.categories)
+        bad = []
+        for tid, trial, _ in rows:
+            try:
+                got = parser.evaluate(trial.instruction, trial.frames)[-1]
+            except InstructionError as e:
+                raise input_error(f"instruction cannot be read on its frames: {e}", file=path, record=tid,
+                                  field="instruction") from None
+            if got != trial.answer:
+                bad.append((tid, got, trial.answer))
+        if bad:
+            tid, got, want = bad[0]
+            raise input_error(f"{len(bad)} of {len(rows)} imported trials have answers their instruction does not "
+                              f"give on their objects (e.g. {tid}: {got!r}, the file says {want!r}); the integer "
+                              f"codes probably name other stimuli: set stim_dir to the stimuli the trials were made "
+                              f"with (or check_answers: false to keep the file's answers)", file=path, record=tid,
+                              field="answers")
 
     @staticmethod
     def _types(tid: str, trial: Trial, parser: InstructionParser) -> List[str]:
