@@ -1,8 +1,10 @@
 """iWISDM metric: accuracy overall and broken down the way the paper analyses models.
 
-Why breakdowns carry a chance level: boolean, location and category answers have different
-guessing rates (1/2, 1/4, 1/number of categories), so a group's accuracy is only readable
-beside the accuracy a guesser who knows the response type would reach (mean of meta.chance).
+Why every breakdown carries a chance level, computed per sample: the paper defines chance as
+"randomly guessing one of the applicable actions", so a sample's chance is 1 / the number of
+answers it offers (SingleChoice: its ``answer_options``; Generation: ``meta.applicable_answers``,
+which are also its likelihood candidates). A group's chance is the mean over its samples, the
+accuracy the ``random`` baseline reaches in expectation.
 """
 from __future__ import annotations
 
@@ -28,10 +30,28 @@ BREAKDOWNS: Tuple[Tuple[str, str], ...] = (
 )
 
 
+def sample_chance(rec: Dict[str, Any], formulation: str) -> float:
+    """1 / the number of answers this sample offers (older records without them: ``meta.chance``)."""
+    meta = rec.get("meta", {}) if isinstance(rec.get("meta"), dict) else {}
+    offered = rec.get("answer_options") if formulation == "SingleChoice" else meta.get("applicable_answers")
+    if isinstance(offered, list) and offered:
+        return 1.0 / len(offered)
+    return float(meta.get("chance", 0.0))
+
+
+def _order(name: str):
+    """Complexity rows in the presets' order (low, medium, high, ...), other keys sorted."""
+    from build.iwisdm.presets import PRESETS
+    rank = {p: i for i, p in enumerate(PRESETS)}
+    if name == "complexity":
+        return lambda k: (rank.get(str(k), len(rank)), str(k))
+    return lambda k: (str(type(k)), k)
+
+
 def _group_table(title: str, groups: Dict[Any, List[Tuple[bool, float]]]) -> Tuple[Dict[str, Any], str]:
     rows = {}
     table_rows = []
-    for key in sorted(groups, key=lambda k: (str(type(k)), k)):
+    for key in sorted(groups, key=_order(title)):
         vals = groups[key]
         acc = sum(c for c, _ in vals) / len(vals)
         chance = sum(ch for _, ch in vals) / len(vals)
@@ -51,7 +71,9 @@ def iwisdm_metric(records: List[Dict[str, Any]], formulation: str = "Generation"
         per_sample = score_generation_match(records, infer_method, likelihood_reduction, file,
                                             vocabulary_key="answer_vocabulary")
     metrics = accuracy_summary(per_sample, infer_method, eval_stability)
-    chances = [float(r.get("meta", {}).get("chance", 0.0)) for r in records]
+    chances = [sample_chance(r, formulation) for r in records]
+    for ps, ch in zip(per_sample, chances):
+        ps["chance"] = ch
     metrics["chance"] = sum(chances) / len(chances) if chances else 0.0
     tables: Dict[str, str] = {}
     by: Dict[str, Any] = {}

@@ -275,7 +275,7 @@ def test_builder_formulations_and_prompt():
     assert x["candidates"] == ["true", "false"] and x["answer"] in ("true", "false")
     s2, _ = build_dataset("iWISDM", "Generation", "configs/datasets/iwisdm_low.yaml", n_trials=4, n_examples=2)
     assert [y["question"] for y in s2] == [y["question"] for y in s]
-    s, _ = build_dataset("iWISDM", "SingleChoice", "configs/datasets/iwisdm_high.yaml", n_trials=4)
+    s, _ = build_dataset("iWISDM", "SingleChoice", "configs/datasets/iwisdm_high.yaml", n_trials=4, options="all")
     assert len(s[0]["answer_options"]) == 14 and "Options: (A)" in s[0]["question_with_option"]
     s, _ = build_dataset("iWISDM", "Generation", "configs/datasets/iwisdm_dms_location_delays.yaml", n_trials=60)
     assert {y["meta"]["n_delay"] for y in s} == {0, 1, 2, 3, 4, 5}
@@ -290,7 +290,9 @@ def test_metric_breakdowns_with_chance():
     assert res["metric"] == "iwisdm" and res["metrics"]["accuracy"] == 1.0
     by = res["metrics"]["by"]
     assert set(by["response_type"]) == {"bool", "location", "category"}
-    assert by["response_type"]["location"]["chance"] == 0.25 and by["response_type"]["category"]["chance"] == 0.125
+    for rt in ("location", "category"):  # per-sample chance: 1 / the answers the question allows
+        grp = [1 / len(r["meta"]["applicable_answers"]) for r in recs if r["meta"]["response_type"] == rt]
+        assert by["response_type"][rt]["chance"] == pytest.approx(sum(grp) / len(grp))
     assert set(by) >= {"complexity", "features", "n_and", "n_or", "n_switch", "n_delay", "n_stimuli"}
     assert "iWISDM accuracy by n_delay" in res["tables"]
     for r in recs:

@@ -10,12 +10,13 @@ quadrant (112x112). Rendered stimuli are cached, frames are composed by one past
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import os
 import pickle
 from functools import lru_cache
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from PIL import Image, ImageDraw
 
@@ -52,6 +53,16 @@ class StimulusSet:
     def stimulus(self, category: str, identity: int, view: int) -> Image.Image:
         """The object image resized to one quadrant (RGB, QUAD x QUAD)."""
         raise NotImplementedError
+
+    def codes(self, category: str, identity: int, view: int) -> Tuple[int, int, int]:
+        """The original format's integer codes (ctg_mod, obj_mod, ang_mod) of a stimulus."""
+        return self.categories.index(category), int(identity), int(view)
+
+    def from_codes(self, ctg: int, obj: int, ang: int) -> Optional[Tuple[str, int, int]]:
+        """(category name, identity, view) of the original's integer codes; None if not in this set."""
+        if 0 <= ctg < len(self.categories) and 0 <= obj < self.n_identities and 0 <= ang < self.n_views:
+            return self.categories[ctg], int(obj), int(ang)
+        return None
 
     def compose(self, objects: Sequence[Dict], fixation: bool = False) -> Image.Image:
         """One frame: a black canvas with each object pasted into its quadrant.
@@ -217,15 +228,58 @@ def procedural_set() -> ProceduralStimuli:
 # ---------------------------------------------------------------------------------------------
 # Importer for the original iWISDM directory format
 # ---------------------------------------------------------------------------------------------
-def _read_meta(path: str) -> List[Dict]:
+#: metadata file types read by default; ``*.pkl`` only with ``allow_pickle`` (a pickle can run code)
+META_SAFE_EXT = (".csv", ".json")
+META_PICKLE_EXT = ".pkl"
+
+
+def _rows_from_json(obj: Any, path: str) -> Tuple[List[Dict], List[str]]:
+    """Rows of a JSON metadata table: a list of row objects, or pandas' ``to_json()`` column form."""
+    if isinstance(obj, list) and all(isinstance(r, dict) for r in obj):
+        return obj, sorted({str(k) for r in obj for k in r})
+    if isinstance(obj, dict) and obj and all(isinstance(v, (dict, list)) for v in obj.values()):
+        cols = [str(c) for c in obj]
+        first = obj[cols[0]]
+        keys = list(first) if isinstance(first, dict) else list(range(len(first)))
+        rows = []
+        for key in keys:
+            row: Dict[str, Any] = {} if "ref" in cols else {"ref": key}
+            for c in cols:
+                col = obj[c]
+                try:
+                    row[c] = col[key]
+                except (KeyError, IndexError, TypeError):
+                    raise input_error(f"column '{c}' has no value for row {key!r}", file=path, field=c) from None
+            rows.append(row)
+        return rows, sorted(set(cols) | {"ref"})
+    raise input_error("JSON metadata must be a list of row objects or a mapping column -> {row: value}", file=path)
+
+
+def _read_meta(path: str, allow_pickle: bool = False) -> List[Dict]:
+    """Rows of a metadata table (CSV, JSON; a pandas pickle only when ``allow_pickle``)."""
     if path.endswith(".csv"):
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            cols = reader.fieldnames or []
-            rows = list(reader)
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                cols = list(reader.fieldnames or [])
+                rows = list(reader)
+        except UnicodeDecodeError as e:
+            raise input_error(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
+    elif path.endswith(".json"):
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                obj = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise input_error(f"invalid JSON metadata ({type(e).__name__}: {e})", file=path) from None
+        rows, cols = _rows_from_json(obj, path)
+    elif not allow_pickle:
+        raise input_error("refusing to unpickle a metadata file: loading a pickle can run arbitrary code. "
+                          "Convert it to CSV or JSON (ref, ctg_mod, obj_mod, ang_mod, ctg), or set "
+                          "'allow_pickle: true' in the dataset config if you trust the file (unsafe)",
+                          file=path, field="allow_pickle")
     else:
         with open(path, "rb") as f:
-            obj = pickle.load(f)  # noqa: S301 - a user-provided local metadata file
+            obj = pickle.load(f)  # noqa: S301 - only with allow_pickle: true (documented as unsafe)
         if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
             cols = [str(c) for c in obj.columns]
             if "ref" not in cols:
@@ -248,12 +302,12 @@ class DirectoryStimuli(StimulusSet):
     """Stimuli in the original iWISDM layout.
 
     ``root`` holds split folders (or is one split); each split holds a metadata table
-    (``*.csv`` or a pandas ``*.pkl``) with columns ``ctg_mod``, ``obj_mod``, ``ang_mod``
-    (integer codes), optional ``ctg`` (category name) and optional ``ref`` (the image folder;
-    default: the row index), and one ``<ref>/image.png`` per row.
+    (``*.csv``, ``*.json``, or a pandas ``*.pkl`` read only with ``allow_pickle``) with columns
+    ``ctg_mod``, ``obj_mod``, ``ang_mod`` (integer codes), optional ``ctg`` (category name) and
+    optional ``ref`` (the image folder; default: the row index), and one ``<ref>/image.png`` per row.
     """
 
-    def __init__(self, root: str, split: Optional[str] = None) -> None:
+    def __init__(self, root: str, split: Optional[str] = None, allow_pickle: bool = False) -> None:
         root = os.path.abspath(os.path.expanduser(root))
         if not os.path.isdir(root):
             raise input_error("stimulus directory not found", file=root, field="stim_dir")
@@ -262,20 +316,20 @@ class DirectoryStimuli(StimulusSet):
             subs = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
                           and self._meta_files(os.path.join(root, d)))
             if not subs:
-                raise input_error("no metadata file (*.csv or *.pkl with ctg_mod, obj_mod, ang_mod) "
+                raise input_error("no metadata file (*.csv, *.json or *.pkl with ctg_mod, obj_mod, ang_mod) "
                                   "in the directory or its split folders", file=root, field="stim_dir")
             split_dir = os.path.join(root, subs[0])
         metas = self._meta_files(split_dir)
         if not metas:
-            raise input_error("no metadata file (*.csv or *.pkl)", file=split_dir, field="stim_dir")
+            raise input_error("no metadata file (*.csv, *.json or *.pkl)", file=split_dir, field="stim_dir")
         meta_path = metas[0]
-        rows = _read_meta(meta_path)
+        rows = _read_meta(meta_path, allow_pickle)
         names: Dict[int, str] = {}
         table: Dict[Tuple[int, int, int], str] = {}
         for i, row in enumerate(rows):
             try:
                 c, o, a = int(row["ctg_mod"]), int(row["obj_mod"]), int(row["ang_mod"])
-            except (TypeError, ValueError):
+            except (KeyError, TypeError, ValueError):
                 raise input_error("ctg_mod/obj_mod/ang_mod must be integers", file=meta_path,
                                   record=i, field="ctg_mod") from None
             ref = str(row.get("ref", i)) if row.get("ref", "") != "" else str(i)
@@ -304,8 +358,19 @@ class DirectoryStimuli(StimulusSet):
 
     @staticmethod
     def _meta_files(d: str) -> List[str]:
-        return sorted(os.path.join(d, f) for f in os.listdir(d)
-                      if f.endswith((".csv", ".pkl")) and os.path.isfile(os.path.join(d, f)))
+        """Metadata tables of a split folder, CSV/JSON before pickles (a pickle is read only if it is all there is)."""
+        found = [f for f in os.listdir(d) if f.endswith(META_SAFE_EXT + (META_PICKLE_EXT,))
+                 and os.path.isfile(os.path.join(d, f))]
+        return [os.path.join(d, f) for f in sorted(found, key=lambda f: (f.endswith(META_PICKLE_EXT), f))]
+
+    def codes(self, category: str, identity: int, view: int) -> Tuple[int, int, int]:
+        return self._ctg_code[category], self._objs[identity], self._angs[view]
+
+    def from_codes(self, ctg: int, obj: int, ang: int) -> Optional[Tuple[str, int, int]]:
+        names = {code: name for name, code in self._ctg_code.items()}
+        if ctg in names and obj in self._objs and ang in self._angs:
+            return names[ctg], self._objs.index(obj), self._angs.index(ang)
+        return None
 
     def stimulus(self, category: str, identity: int, view: int) -> Image.Image:
         key = (category, identity, view)
@@ -318,8 +383,9 @@ class DirectoryStimuli(StimulusSet):
         return im
 
 
-def load_stimuli(stim_dir: Optional[str] = None, split: Optional[str] = None) -> StimulusSet:
+def load_stimuli(stim_dir: Optional[str] = None, split: Optional[str] = None,
+                 allow_pickle: bool = False) -> StimulusSet:
     """The procedural set (``stim_dir`` None/'procedural') or an imported directory."""
     if stim_dir in (None, "", "procedural", "builtin"):
         return procedural_set()
-    return DirectoryStimuli(str(stim_dir), split)
+    return DirectoryStimuli(str(stim_dir), split, allow_pickle=allow_pickle)
