@@ -83,3 +83,7 @@ def only_results(directory) -> dict:
     assert len(found) == 1, names
     with open(os.path.join(str(directory), found[0]), encoding="utf-8") as f:
         return json.load(f)
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: takes over ~20 s; `bash commands/test.sh -m 'not slow'` is the quick subset")
