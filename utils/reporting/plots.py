@@ -180,6 +180,7 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
         lo = [max(v - (m["headline"][k]["low"] if m["headline"][k]["low"] is not None else v), 0) for k, v in zip(ks, vals)]
         hi = [max((m["headline"][k]["high"] if m["headline"][k]["high"] is not None else v) - v, 0) for k, v in zip(ks, vals)]
         ax.errorbar(xs, vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=name)
+        ax.set_xticks(xs)
     n = ks[-1].split("_")[1]
     ax.set_xlabel("K (at least K of N responses follow every instruction)")
     ax.set_ylabel(f"PIF-{n}-K")
