@@ -115,6 +115,16 @@ def _prompt_text(rec: Dict[str, Any]) -> Any:
     return prompt
 
 
+def _response(p: Dict[str, Any], rec: Dict[str, Any]) -> Any:
+    """The response as text; a likelihood pick says which candidate won."""
+    pred = p.get("prediction", rec.get("prediction"))
+    if isinstance(pred, int) and not isinstance(pred, bool):
+        cands = rec.get("candidates") or rec.get("answer_options") or []
+        text = f" ({cands[pred]})" if 0 <= pred < len(cands) else ""
+        return f"candidate {pred}{text}, by likelihood"
+    return pred
+
+
 def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
                 max_thumb_bytes: int = MAX_THUMB_BYTES) -> Dict[str, Any]:
     """The browser's data: models, interned strings, samples (with thumbnails) and verdicts."""
@@ -150,7 +160,7 @@ def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
             extracted = p.get("chosen_text") if p.get("chosen_text") is not None else p.get("extracted")
             if family == "mme":
                 extracted = p.get("parsed")
-            results.append([mi, sample_index[key], strings(_prompt_text(rec)), strings(p.get("prediction")),
+            results.append([mi, sample_index[key], strings(_prompt_text(rec)), strings(_response(p, rec)),
                             strings(extracted), verdict(p, family),
                             round(float(p["pif"]), 4) if family == "pif" else None, checks])
     return {"models": [r["name"] for r in runs], "family": family,
@@ -186,13 +196,17 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
     """The whole page as a string."""
     data = sample_data(comp, runs, max_thumb_bytes)
     title = f"{comp['benchmark'] or 'Benchmark'} report: {', '.join(m['name'] for m in comp['models'])}"
-    tbls = "".join(_table_html(t, h, r) for t, h, r in tables(comp))
+    all_tables = tables(comp)
+    summary = [t for t in all_tables if t[0].startswith(("Headline", "Paired"))]
+    tbls = "".join(_table_html(t, h, r) for t, h, r in summary)
+    breakdowns = "".join(_table_html(*t) for t in all_tables if t not in summary)
     plots = "".join(_plot_html(p) for p in plot_files if p.endswith(".png"))
     note = ""
     if data["thumbs_skipped"]:
         note = f"<p class='note'>{data['thumbs_skipped']} image(s) not embedded (thumbnail size cap reached).</p>"
     return (_TEMPLATE.replace("{{TITLE}}", html.escape(title)).replace("{{CI}}", html.escape(comp["ci"]))
-            .replace("{{TABLES}}", tbls).replace("{{PLOTS}}", plots or "<p>No plots.</p>")
+            .replace("{{TABLES}}", tbls).replace("{{BREAKDOWNS}}", breakdowns or "<p>None.</p>")
+            .replace("{{PLOTS}}", plots or "<p>No plots.</p>")
             .replace("{{NOTE}}", note).replace("{{DATA}}", _safe_json(data)))
 
 
@@ -219,7 +233,7 @@ main{padding:10px 20px}.tbl{display:inline-block;vertical-align:top;margin:0 18p
 .report-table th,.report-table td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
 .report-table th{background:#eceff1}.report-table td:first-child,.report-table th:first-child{text-align:left}
 .plots{display:flex;flex-wrap:wrap;gap:10px}.plot{margin:0;background:#fff;border:1px solid #ddd;padding:4px}
-.plot img{max-width:560px;display:block}.plot figcaption{font-size:11px;color:#666}
+.plot img{max-width:520px;display:block}nav{margin:8px 0;font-size:13px}.plot figcaption{font-size:11px;color:#666}
 #filters{display:flex;flex-wrap:wrap;gap:8px;align-items:center;background:#fff;border:1px solid #ddd;padding:8px;
 position:sticky;top:0;z-index:2}#filters label{font-size:12px;color:#555}
 .chips button{border:1px solid #90a4ae;background:#fff;border-radius:12px;padding:2px 9px;margin:1px;cursor:pointer}
@@ -238,8 +252,11 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f5f5f5;padding:5px;ma
 </style></head><body>
 <header><h1>{{TITLE}}</h1><div>Confidence intervals: {{CI}}</div></header>
 <main>
-<h2 id="tables">Tables</h2>{{TABLES}}
+<nav><a href="#summary">Summary</a> · <a href="#plots">Plots</a> · <a href="#breakdowns">Breakdowns</a> ·
+<a href="#samples">Samples</a></nav>
+<h2 id="summary">Summary</h2>{{TABLES}}
 <h2 id="plots">Plots</h2><div class="plots">{{PLOTS}}</div>
+<h2 id="breakdowns">Breakdowns</h2>{{BREAKDOWNS}}
 <h2 id="samples">Samples</h2>{{NOTE}}
 <div id="filters">
  <span><label>model</label> <span class="chips" id="f-model"></span></span>
@@ -297,7 +314,9 @@ function card(ri){var r=D.results[ri],s=D.samples[r[1]],cls=r[5].replace(/ /g,"-
   el("span",{cls:"badge "+cls,text:r[5]+(r[6]!==null?" \u00b7 PIF "+r[6]:"")})]);
  D.fields.forEach(function(f,j){var v=s[4][D.field_pos[j]];if(v!==null)hd.appendChild(el("span",{text:f[1]+": "+v}));});
  var th=el("div",{cls:"thumbs"});s[5].forEach(function(t){th.appendChild(el("img",{src:D.thumbs[t],alt:"image"}));});
- var rows=[].concat(kv("question",str(s[2]),true),kv("prompt",str(r[2]),true),kv("response",str(r[3]),true),
+ var prompt=str(r[2]),pr=[el("div",{text:"prompt"}),el("div",null,[el("details",null,[
+  el("summary",{text:prompt===str(s[2])?"same as the question":prompt.length+" characters"}),el("pre",{text:prompt})])])];
+ var rows=[].concat(kv("question",str(s[2]),true),prompt?pr:[],kv("response",str(r[3]),true),
   kv("extracted",str(r[4])),kv("answer",str(s[3])));
  var grid=el("div",{cls:"kv"},rows);var kids=[hd,s[5].length?th:null,grid];
  if(r[7].length){var t=el("table",{cls:"checks"});r[7].forEach(function(c){

@@ -17,6 +17,11 @@ plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top
                      "axes.spines.right": False, "font.size": 9})
 
 
+def _legend_below(ax: Any, n: int) -> None:
+    """The legend under the axes, where it cannot hide a bar or a line."""
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2 if ax.get_xlabel() else -0.12), ncol=min(n, 4))
+
+
 def _save(fig: Any, out_dir: str, name: str) -> List[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = []
@@ -72,7 +77,7 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     series = _series(comp, breakdown, stat, groups)
     n = len(series)
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.45 * len(groups) * max(n, 2) + 1.5), 3.4))
+    fig, ax = plt.subplots(figsize=(6.4 if len(groups) * n <= 24 else 10, 3.8))
     for i, (model, vals, lo, hi) in enumerate(series):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
         ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=model, error_kw={"lw": 0.8})
@@ -87,7 +92,7 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     ax.set_title(title)
     if ylim:
         ax.set_ylim(*ylim)
-    ax.legend(fontsize=7, frameon=False, ncol=min(n + 1, 4))
+    _legend_below(ax, n + 1)
     return _save(fig, out_dir, name)
 
 
@@ -97,7 +102,7 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
     groups = _groups(comp, breakdown)
     if not groups:
         return []
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
     xs = list(range(len(groups)))
     series = _series(comp, breakdown, stat, groups)
     for i, (model, vals, lo, hi) in enumerate(series):
@@ -110,7 +115,7 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
             ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=model)
     ch = _chance(comp, breakdown, groups) if chance else None
     if ch:
-        ax.plot(xs, ch, color="black", ls="--", lw=1, marker="_", ms=30, label="chance")
+        ax.plot(xs, ch, color="black", ls="--", lw=1, marker="_", ms=14, label="chance")
     if len(xs) == 1:
         ax.set_xlim(-0.5, 0.5)
     ax.set_xticks(xs)
@@ -119,7 +124,7 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    ax.legend(fontsize=7, frameon=False)
+    _legend_below(ax, len(series) + 1)
     return _save(fig, out_dir, name)
 
 
@@ -173,7 +178,7 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
             series.append((m["name"], ks, m))
     if not series:
         return []
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for name, ks, m in series:
         xs = [int(k.split("_")[-1]) for k in ks]
         vals = [m["headline"][k]["value"] for k in ks]
@@ -186,7 +191,7 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
     ax.set_ylabel(f"PIF-{n}-K")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"PIF-{n}-K")
-    ax.legend(fontsize=7, frameon=False)
+    _legend_below(ax, len(series))
     return _save(fig, out_dir, "pif_n_k")
 
 
