@@ -182,3 +182,29 @@ def test_bad_runs_say_why():
         build_comparison([a, run("b", mme_records())])
     with pytest.raises(ReformError, match="no runs"):
         build_comparison([])
+
+
+def test_single_run_report_and_thumbnail_cap(tmp_path):
+    from PIL import Image
+
+    from utils.reporting.compare import write_run_report
+    from utils.reporting.html import sample_data
+    recs = mme_records(images=4)
+    for r in recs:  # absolute image paths, as the MME builder records them
+        path = tmp_path / "img" / r["meta"]["subtask"] / r["meta"]["image"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            Image.new("RGB", (300, 200), (200, 10, 10)).save(path, format="JPEG")
+        r["image_ids"] = [str(path)]
+    one = run("solo", recs)
+    comp = write_run_report(one, str(tmp_path / "out"))
+    assert comp["paired_tests"] == [] and [m["name"] for m in comp["models"]] == ["solo"]
+    assert "Paired tests" not in open(tmp_path / "out" / "comparison.md").read()
+    data = sample_data(comp, [one])
+    assert len(data["thumbs"]) == 12 and data["thumbs_skipped"] == 0  # 3 subtasks x 4 images, once each
+    assert [len(s[5]) for s in data["samples"]] == [1] * 24
+    assert data["samples"][0][5] == data["samples"][1][5]  # both questions show the same image
+    capped = sample_data(comp, [one], max_thumb_bytes=1)
+    assert len(capped["thumbs"]) == 1 and capped["thumbs_skipped"] == 11
+    html = open(tmp_path / "out" / "report.html").read()
+    assert html.count("data:image/jpeg;base64,") == 12
