@@ -7,7 +7,7 @@ dataset is the real question lists laid out with placeholder images (build.mme's
 is ``compare_runs``: cluster bootstrap (1,000 resamples), paired tests, plots, thumbnails and
 report.html.
 
-Usage: ``python bench/report.py [--questions DIR] [--n_boot 1000]``; prints
+Usage: ``python bench/report.py [--questions DIR] [--n_boot 1000] [--keep DIR]``; prints
 ``report_seconds=<s>``.
 """
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--questions", default=default_questions(), help="folder of the official <subtask>.txt lists")
     ap.add_argument("--n_boot", type=int, default=1000)
+    ap.add_argument("--keep", default=None, metavar="DIR", help="also copy the report folder here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from utils.reporting.compare import compare_runs
@@ -72,6 +73,9 @@ def main() -> None:
         size = os.path.getsize(comp["files"]["report_html"])
         print(f"models={len(runs)} records_per_model={n[0]} n_boot={args.n_boot} "
               f"setup_and_scoring_seconds={t1 - t0:.2f} report_html_bytes={size}")
+        if args.keep:
+            import shutil
+            shutil.copytree(os.path.join(work, "report"), args.keep, dirs_exist_ok=True)
         print(f"report_seconds={t2 - t1:.2f}")
 
 

@@ -181,7 +181,11 @@ def _plot_html(path: str) -> str:
     with open(path, "rb") as f:
         b64 = base64.b64encode(f.read()).decode("ascii")
     name = os.path.splitext(os.path.basename(path))[0]
-    return (f'<figure class="plot"><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}">'
+    from PIL import Image
+    with Image.open(path) as im:
+        wide = im.width > 800
+    cls = "plot wide" if wide else "plot"
+    return (f'<figure class="{cls}"><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}">'
             f"<figcaption>{html.escape(name)}</figcaption></figure>")
 
 
@@ -233,7 +237,7 @@ main{padding:10px 20px}.tbl{display:inline-block;vertical-align:top;margin:0 18p
 .report-table th,.report-table td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
 .report-table th{background:#eceff1}.report-table td:first-child,.report-table th:first-child{text-align:left}
 .plots{display:flex;flex-wrap:wrap;gap:10px}.plot{margin:0;background:#fff;border:1px solid #ddd;padding:4px}
-.plot img{max-width:520px;display:block}nav{margin:8px 0;font-size:13px}.plot figcaption{font-size:11px;color:#666}
+.plot img{max-width:520px;display:block}.plot.wide img{max-width:1000px;width:100%}nav{margin:8px 0;font-size:13px}.plot figcaption{font-size:11px;color:#666}
 #filters{display:flex;flex-wrap:wrap;gap:8px;align-items:center;background:#fff;border:1px solid #ddd;padding:8px;
 position:sticky;top:0;z-index:2}#filters label{font-size:12px;color:#555}
 .chips button{border:1px solid #90a4ae;background:#fff;border-radius:12px;padding:2px 9px;margin:1px;cursor:pointer}

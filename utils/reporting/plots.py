@@ -92,7 +92,10 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     ax.set_title(title)
     if ylim:
         ax.set_ylim(*ylim)
-    _legend_below(ax, n + 1)
+    if horizontal_labels:
+        _legend_below(ax, n + 1)
+    else:  # rotated labels take the room below: legend to the right
+        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, out_dir, name)
 
 
