@@ -3,9 +3,7 @@ have known p-values, and the files hold what they claim."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 
-import numpy as np
 import pytest
 
 from metrics.mme import aggregate
@@ -70,11 +68,10 @@ def test_point_estimates_equal_the_metrics():
 def _resample(ps, W_row):
     """The per_sample list a weight row stands for: each cluster copied as often as drawn,
     copies told apart by dup_index so pairs stay pairs."""
-    out, seen = [], Counter()
+    out = []
     for p, w in zip(ps, W_row):
         for c in range(int(w)):
             out.append({**p, "dup_index": p["dup_index"] + 1000 * c})
-        seen[p["cluster"]] += 1
     return out
 
 

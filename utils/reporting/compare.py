@@ -7,7 +7,6 @@ score the same benchmark. ``compare_runs`` writes ``comparison.md``, ``compariso
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from itertools import combinations
