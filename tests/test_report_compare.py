@@ -205,3 +205,13 @@ def test_single_run_report_and_thumbnail_cap(tmp_path):
     assert len(capped["thumbs"]) == 1 and capped["thumbs_skipped"] == 11
     html = open(tmp_path / "out" / "report.html").read()
     assert html.count("data:image/jpeg;base64,") == 12
+
+
+def test_entries_without_cluster_fall_back_to_image_and_chat():
+    """per_sample files written before 'cluster' existed still resample MME pairs and chats whole."""
+    for recs in (mme_records(), mmmt_if_records()):
+        r = run("m", recs)
+        new = bootstrap(r["result"]["per_sample"], r["result"], n_boot=100, seed=2)
+        old_ps = [{k: v for k, v in p.items() if k != "cluster"} for p in r["result"]["per_sample"]]
+        old = bootstrap(old_ps, r["result"], n_boot=100, seed=2)
+        assert old == new and old["num_clusters"] in (18, 5)

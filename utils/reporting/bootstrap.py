@@ -84,6 +84,18 @@ def groups_of(per_sample: List[Dict[str, Any]], field: str) -> Dict[str, np.ndar
     return {str(lab): np.array([v == lab for v in vals]) for lab in labels}
 
 
+def cluster_of(p: Dict[str, Any]) -> str:
+    """An entry's bootstrap unit; entries written before ``cluster`` existed fall back to the
+    MME image, the MMMT-IF chat, or the sample."""
+    if p.get("cluster") is not None:
+        return str(p["cluster"])
+    if p.get("subtask") is not None and p.get("image") is not None:
+        return f"{p['subtask']}/{p['image']}"
+    if p.get("chat_id") is not None:
+        return str(p["chat_id"])
+    return str(p.get("sample_id"))
+
+
 # -- families ------------------------------------------------------------------------------
 
 #: the complexity breakdown's row order (the presets' order, not the alphabet's)
@@ -132,7 +144,7 @@ def mme_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
         acc = wmean(W, correct, mask)
         pairs: Dict[Tuple[str, int], List[int]] = defaultdict(list)
         for i in idx:
-            pairs[(str(ps[i].get("cluster")), int(ps[i].get("dup_index", 0) or 0))].append(i)
+            pairs[(cluster_of(ps[i]), int(ps[i].get("dup_index", 0) or 0))].append(i)
         complete = [v for v in pairs.values() if len(v) == 2]
         if complete:
             first = np.array([v[0] for v in complete])
@@ -199,7 +211,7 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
               key: str = "") -> Dict[str, Any]:
     """Headline metrics and breakdowns as {"value", "low", "high"} (breakdown groups add "n")."""
     family = family_of(result.get("metric"))
-    clusters = [p.get("cluster", p.get("sample_id")) for p in per_sample]
+    clusters = [cluster_of(p) for p in per_sample]
     W = cluster_weights(clusters, n_boot, seed, key, strata_of(family, per_sample))
     stats = FAMILIES[family](per_sample, W, result)
     out: Dict[str, Any] = {"family": family, "num_clusters": len(set(map(str, clusters))),

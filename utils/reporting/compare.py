@@ -28,6 +28,8 @@ HEADLINE_LABELS: Dict[str, Sequence[Tuple[str, str]]] = {
 
 def _benchmark(run: Dict[str, Any]) -> str:
     names = {str(r.get("benchmark")) for r in run.get("records") or [] if r.get("benchmark")}
+    if not names and run["result"].get("benchmark"):
+        names = {str(run["result"]["benchmark"])}
     if len(names) > 1:
         raise ReformError(f"run '{run['name']}': records mix benchmarks {sorted(names)}")
     return names.pop() if names else ""
