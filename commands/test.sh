@@ -5,6 +5,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
 source "$ROOT/commands/_setup.sh"
 cd "$ROOT"
+# the report's browser test needs headless Chromium (Debian package); skipped quietly without apt
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  { $SUDO apt-get install -y -qq chromium || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium; }; } \
+    >/dev/null 2>&1 || true
+fi
 export REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q -p no:cacheprovider tests "$@"

@@ -13,6 +13,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from metrics import register_metric
 from metrics.single_choice import accuracy_summary, score_generation_match, score_single_choice
+
+#: meta keys copied into every per_sample entry (the breakdowns and the trial's structure)
+SAMPLE_FIELDS = ("complexity", "feature_group", "response_type", "n_and", "n_or", "n_is_same", "n_not_same",
+                 "n_switch", "n_delay", "n_stimuli", "n_distractors")
 from utils.report import markdown_table
 
 #: (breakdown name, meta key) pairs reported for every run
@@ -60,6 +64,17 @@ def _group_table(title: str, groups: Dict[Any, List[Tuple[bool, float]]]) -> Tup
     return rows, markdown_table([title, "n", "accuracy", "chance"], table_rows)
 
 
+def add_sample_fields(per_sample: List[Dict[str, Any]], records: List[Dict[str, Any]],
+                      chances: List[float]) -> None:
+    """Copy the trial's breakdown fields and the chance the metric used into its per_sample
+    entry (the trial is its own cluster)."""
+    for ps, rec, ch in zip(per_sample, records, chances):
+        meta = rec.get("meta") or {}
+        for key in SAMPLE_FIELDS:
+            ps[key] = meta.get(key)
+        ps["chance"] = ch
+
+
 @register_metric("iwisdm", benchmarks={"iWISDM": ["SingleChoice", "Generation"]})
 def iwisdm_metric(records: List[Dict[str, Any]], formulation: str = "Generation",
                   infer_method: str = "generation", eval_stability: bool = False,
@@ -72,8 +87,7 @@ def iwisdm_metric(records: List[Dict[str, Any]], formulation: str = "Generation"
                                             vocabulary_key="answer_vocabulary")
     metrics = accuracy_summary(per_sample, infer_method, eval_stability)
     chances = [sample_chance(r, formulation) for r in records]
-    for ps, ch in zip(per_sample, chances):
-        ps["chance"] = ch
+    add_sample_fields(per_sample, records, chances)
     metrics["chance"] = sum(chances) / len(chances) if chances else 0.0
     tables: Dict[str, str] = {}
     by: Dict[str, Any] = {}

@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
 from metrics import register_metric
-from metrics.single_choice import check_record, instability, likelihood_choice, score_single_choice
+from metrics.single_choice import (check_record, instability, likelihood_choice, record_fields,
+                                   score_single_choice)
 from utils.errors import ReformError, input_error
 from utils.predictions import register_prediction_dir_reader, register_results_exporter
 
@@ -111,7 +112,8 @@ def _gt(rec: Dict[str, Any], idx: int, file: Optional[str]) -> str:
 
 def parse_records(records: List[Dict[str, Any]], formulation: str, infer_method: str, rule: str = "official",
                   likelihood_reduction: str = "sum", file: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Per-record verdicts with the parse outcome: {sample_id, dup_index, subtask, image, gt, parsed, correct}."""
+    """Per-record verdicts: record_fields (cluster = the image, so both questions stay together)
+    plus {extracted, subtask, category, image, question_index, gt, parsed, correct}."""
     parser = get_parser(rule)
     sc = None
     if formulation == "SingleChoice":
@@ -139,8 +141,10 @@ def parse_records(records: List[Dict[str, Any]], formulation: str, infer_method:
                                   file=file, record=i, field="prediction")
             parsed = parser(pred)
             extracted = parsed
-        out.append({"sample_id": rec["sample_id"], "dup_index": int(rec.get("dup_index", 0) or 0),
-                    "subtask": sub, "image": image, "gt": gt, "parsed": parsed, "extracted": extracted,
+        meta = rec.get("meta") or {}
+        out.append({**record_fields(rec, cluster=f"{sub}/{image}"), "extracted": extracted,
+                    "subtask": sub, "category": category_of(sub), "image": image,
+                    "question_index": meta.get("question_index"), "gt": gt, "parsed": parsed,
                     "correct": parsed == gt})
     return out
 

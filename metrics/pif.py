@@ -402,6 +402,56 @@ _PARSED_CHECKERS: Dict[str, Callable[[ParsedResponse], bool]] = {
 }
 
 
+def _first_failing(values: Sequence[Any], ok: Callable[[Any], bool]) -> Optional[int]:
+    for i, v in enumerate(values):
+        if not ok(v):
+            return i
+    return None
+
+
+def explain_instruction(response: Optional[str], instruction: str, number_words: bool = False) -> str:
+    """One line saying why the strict checker accepts or rejects ``response`` (for the report)."""
+    iid = instruction_id(instruction)
+    text = response if isinstance(response, str) else ""
+    if not text.strip():
+        return "empty response"
+    p = ParsedResponse(text, number_words)
+    sents = p.sentences
+    n = len(sents)
+    if iid.startswith("response_length"):
+        return f"{n} sentence{'s' * (n != 1)} (needs {'1-4' if iid.endswith('short') else 'at least 5'})"
+    if not sents and (iid.startswith(("start_char", "end_char", "sentence_length"))):
+        return "no sentence found"
+    if iid.startswith("start_char"):
+        letter = iid[-1].lower()
+        bad = _first_failing(sents, lambda x: _first_alnum(x).lower() == letter)
+        if bad is None:
+            return f"all {n} sentences start with {letter.upper()}"
+        return f"sentence {bad + 1} of {n} starts with {_first_alnum(sents[bad])!r}"
+    if iid.startswith("end_char"):
+        mark = "?" if iid.endswith("question") else "!"
+        bad = _first_failing(sents, lambda x: _last_mark(x) == mark)
+        if bad is None:
+            return f"all {n} sentences end with {mark}"
+        return f"sentence {bad + 1} of {n} ends with {_last_mark(sents[bad])!r}"
+    if iid.startswith("favourite_word"):
+        word = {"favourite_word_like": "like", "favourite_word_itself": "itself",
+                "favourite_word_per_se": "per se"}[iid]
+        return f"'{word}' {'found' if _PARSED_CHECKERS[iid](p) else 'not found'}"
+    if iid.startswith("sentence_length"):
+        counts = p.word_counts
+        if iid.endswith("short"):
+            return f"longest sentence has {max(counts)} words (at most 18 allowed)"
+        return f"shortest sentence has {min(counts)} words (at least 18 needed)"
+    parity = 0 if iid == "number_even" else 1
+    hits = [v for v in p.integers if v > 5 and v % 2 == parity]
+    kind = "even" if parity == 0 else "odd"
+    if hits:
+        return f"{kind} number(s) > 5: {', '.join(map(str, hits[:5]))}"
+    found = ", ".join(map(str, p.integers[:5])) or "none"
+    return f"no {kind} number > 5 (integers found: {found})"
+
+
 def _public(iid: str) -> Callable[..., bool]:
     fn = _PARSED_CHECKERS[iid]
 
@@ -552,6 +602,17 @@ def _record_instructions(rec: Dict[str, Any], i: int) -> List[str]:
         raise input_error(str(e), record=rec.get("sample_id", i), field="meta.instructions") from None
 
 
+def sample_fields(rec: Dict[str, Any], response: str) -> Dict[str, Any]:
+    """The per_sample fields shared with the accuracy metrics; the chat is the bootstrap unit
+    and the checked response is what was 'extracted'."""
+    meta = rec.get("meta") or {}
+    answer = rec.get("answer_text", rec.get("answer"))
+    return {"sample_id": rec.get("sample_id"), "dup_index": int(rec.get("dup_index", 0) or 0),
+            "cluster": str(meta.get("chat_id", rec.get("sample_id"))), "question": rec.get("question"),
+            "answer_text": None if answer is None else str(answer), "prediction": rec.get("prediction"),
+            "extracted": response}
+
+
 @register_metric("pif", benchmarks={"MMMT-IF": ["Generation"]})
 def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: Any) -> Dict[str, Any]:
     """Score MMMT-IF predictions: PIF (strict and loose), breakdowns, PIF-N-K and PIF-IQR-N.
@@ -571,8 +632,11 @@ def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: A
         pifs = [sum(f) / len(f) if f else 1.0 for f in strict]
         meta = rec.get("meta") or {}
         per_sample.append({
-            "sample_id": rec.get("sample_id"), "chat_id": meta.get("chat_id"), "turn": meta.get("turn"),
-            "instructions": ids, "followed": strict[0], "followed_loose": loose0,
+            **sample_fields(rec, responses[0]), "chat_id": meta.get("chat_id"), "turn": meta.get("turn"),
+            "num_instructions": len(ids), "instructions": ids, "followed": strict[0], "followed_loose": loose0,
+            "checks": [{"instruction": iid, "followed": ok, "followed_loose": ok_l,
+                        "reason": explain_instruction(responses[0], iid, number_words)}
+                       for iid, ok, ok_l in zip(ids, strict[0], loose0)],
             "pif": pifs[0], "pif_loose": sum(loose0) / len(loose0) if loose0 else 1.0,
             "pif_samples": pifs,
         })

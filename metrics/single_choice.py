@@ -87,9 +87,30 @@ def check_record(rec: Dict[str, Any], idx: int, fields: Sequence[str], file: Opt
             raise input_error("missing", file=file, record=idx, field=f)
 
 
+def answer_text(rec: Dict[str, Any]) -> Optional[str]:
+    """The correct answer as text: the record's ``answer_text``, the option an index names, or ``answer``."""
+    if rec.get("answer_text") is not None:
+        return str(rec["answer_text"])
+    ans, opts = rec.get("answer"), rec.get("answer_options")
+    if opts and isinstance(ans, int) and not isinstance(ans, bool) and 0 <= ans < len(opts):
+        return str(opts[ans])
+    return None if ans is None else str(ans)
+
+
+def record_fields(rec: Dict[str, Any], cluster: Any = None) -> Dict[str, Any]:
+    """The fields every per_sample entry starts with, so one table explains each verdict.
+
+    ``cluster`` is the bootstrap unit (default: the sample id, which keeps all duplicates
+    of a sample together)."""
+    return {"sample_id": rec.get("sample_id"), "dup_index": int(rec.get("dup_index", 0) or 0),
+            "cluster": str(rec.get("sample_id") if cluster is None else cluster),
+            "question": rec.get("question"), "answer_text": answer_text(rec),
+            "prediction": rec.get("prediction")}
+
+
 def score_single_choice(records: List[Dict[str, Any]], infer_method: str, likelihood_reduction: str = "sum",
                         file: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Per-record verdicts: ``{sample_id, dup_index, extracted, chosen_text, correct}``."""
+    """Per-record verdicts: record_fields plus ``{extracted, chosen_text, correct}``."""
     out = []
     for i, rec in enumerate(records):
         check_record(rec, i, ("sample_id", "answer", "prediction", "answer_options"), file)
@@ -114,8 +135,7 @@ def score_single_choice(records: List[Dict[str, Any]], infer_method: str, likeli
             marks = rec.get("option_marks") or [chr(65 + k) for k in range(len(options))]
             extracted = parse_choice(rec["prediction"], marks, options)
         out.append({
-            "sample_id": rec["sample_id"],
-            "dup_index": rec.get("dup_index", 0),
+            **record_fields(rec),
             "extracted": extracted,
             "chosen_text": options[extracted] if extracted is not None else None,
             "correct": extracted is not None and extracted == answer,
@@ -190,7 +210,7 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
             extracted = rec["prediction"]
         norm = normalize_text(extracted)
         vocab = {normalize_text(v) for v in rec.get("meta", {}).get(vocabulary_key, [])} if vocabulary_key else set()
-        out.append({"sample_id": rec["sample_id"], "dup_index": rec.get("dup_index", 0),
+        out.append({**record_fields(rec),
                     "extracted": extracted if (not vocab or norm in vocab) else None,
                     "chosen_text": norm,
                     "correct": norm == normalize_text(rec["answer"])})

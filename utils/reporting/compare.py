@@ -1,0 +1,293 @@
+"""One report for one run or many: comparison table with bootstrap CIs, paired tests, plots, HTML.
+
+A *run* is ``{"name": str, "records": [...], "result": <score_records / metrics.evaluate
+result with metrics, tables, per_sample, formulation, infer_method, ...>}``. All runs must
+score the same benchmark. ``compare_runs`` writes ``comparison.md``, ``comparison.json``,
+``plots/`` and ``report.html`` into ``output_dir``; ``write_run_report`` is the one-run case.
+"""
+from __future__ import annotations
+
+import math
+import os
+from itertools import combinations
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from utils.errors import ReformError
+from utils.reporting.bootstrap import bootstrap, family_of
+
+#: headline metrics shown per family, in order, with their labels
+HEADLINE_LABELS: Dict[str, Sequence[Tuple[str, str]]] = {
+    "accuracy": (("accuracy", "accuracy"), ("format_hit_rate", "format hit rate")),
+    "mme": (("perception_score", "perception"), ("cognition_score", "cognition"), ("total_score", "total"),
+            ("accuracy", "accuracy")),
+    "pif": (("pif", "PIF"), ("pif_loose", "PIF (loose)")),
+}
+
+
+def _benchmark(run: Dict[str, Any]) -> str:
+    names = {str(r.get("benchmark")) for r in run.get("records") or [] if r.get("benchmark")}
+    if not names and run["result"].get("benchmark"):
+        names = {str(run["result"]["benchmark"])}
+    if len(names) > 1:
+        raise ReformError(f"run '{run['name']}': records mix benchmarks {sorted(names)}")
+    return names.pop() if names else ""
+
+
+def check_runs(runs: Sequence[Dict[str, Any]]) -> Tuple[str, str]:
+    """(benchmark, metric) shared by all runs; a clear error for mixed or duplicated runs."""
+    if not runs:
+        raise ReformError("compare_runs: no runs given")
+    names = [str(r.get("name", "")) for r in runs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup or "" in names:
+        raise ReformError(f"compare_runs: every run needs a distinct name (repeated: {dup or ['<empty>']})")
+    for r in runs:
+        if not (r.get("result") or {}).get("per_sample"):
+            raise ReformError(f"run '{r['name']}': its result has no per_sample entries to compare")
+    benches = {r["name"]: _benchmark(r) for r in runs}
+    metrics = {r["name"]: str(r["result"].get("metric")) for r in runs}
+    if len(set(benches.values())) > 1:
+        raise ReformError(f"compare_runs: runs score different benchmarks {benches}; compare one benchmark at a time")
+    if len(set(metrics.values())) > 1:
+        raise ReformError(f"compare_runs: runs were scored by different metrics {metrics}")
+    return next(iter(benches.values())), next(iter(metrics.values()))
+
+
+# -- paired tests --------------------------------------------------------------------------
+
+def _paired_values(ps: List[Dict[str, Any]], field: str) -> Dict[Tuple[str, int], float]:
+    return {(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)): float(p[field]) for p in ps}
+
+
+def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> Dict[str, Any]:
+    """Exact McNemar test: a two-sided binomial test on the discordant pairs."""
+    from scipy.stats import binomtest
+    only_a = int(sum(1 for x, y in zip(a, b) if x and not y))
+    only_b = int(sum(1 for x, y in zip(a, b) if y and not x))
+    p = 1.0 if only_a + only_b == 0 else float(binomtest(only_a, only_a + only_b, 0.5).pvalue)
+    return {"test": "exact McNemar", "statistic": only_a, "only_a": only_a, "only_b": only_b, "p_value": p}
+
+
+def wilcoxon_pairs(a: Sequence[float], b: Sequence[float]) -> Dict[str, Any]:
+    """Wilcoxon signed-rank test on paired per-turn PIF (zero differences dropped, as Wilcoxon does)."""
+    from scipy.stats import wilcoxon
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    nonzero = int(np.count_nonzero(d))
+    if nonzero == 0:
+        return {"test": "Wilcoxon signed-rank", "statistic": 0.0, "nonzero_pairs": 0, "p_value": 1.0}
+    res = wilcoxon(d, zero_method="wilcox")
+    return {"test": "Wilcoxon signed-rank", "statistic": float(res.statistic), "nonzero_pairs": nonzero,
+            "p_value": float(res.pvalue)}
+
+
+def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, Any]]:
+    """Every pair of runs on the (sample_id, dup_index) entries both scored."""
+    field = "pif" if family == "pif" else "correct"
+    values = {r["name"]: _paired_values(r["result"]["per_sample"], field) for r in runs}
+    out = []
+    for ra, rb in combinations(runs, 2):
+        va, vb = values[ra["name"]], values[rb["name"]]
+        keys = sorted(set(va) & set(vb))
+        a, b = [va[k] for k in keys], [vb[k] for k in keys]
+        row: Dict[str, Any] = {"a": ra["name"], "b": rb["name"], "metric": field, "n_pairs": len(keys),
+                               "mean_a": float(np.mean(a)) if keys else None,
+                               "mean_b": float(np.mean(b)) if keys else None}
+        if not keys:
+            row.update({"test": None, "p_value": None, "statistic": None})
+        elif family == "pif":
+            row.update(wilcoxon_pairs(a, b))
+        else:
+            row.update(mcnemar([bool(x) for x in a], [bool(x) for x in b]))
+        out.append(row)
+    return out
+
+
+# -- the comparison ------------------------------------------------------------------------
+
+def instability_of(ps: List[Dict[str, Any]], family: str) -> Optional[float]:
+    """Mean answer entropy across duplicates; None when no sample has a duplicate."""
+    if family == "pif" or not any(int(p.get("dup_index", 0) or 0) > 0 for p in ps):
+        return None
+    from metrics.single_choice import instability
+    key = "parsed" if family == "mme" else "chosen_text"
+    return instability(ps, key=key)
+
+
+def _chance_rows(result: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    return (result.get("metrics") or {}).get("by") or {}
+
+
+def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int = 1000) -> Dict[str, Any]:
+    """The comparison as data (what comparison.json holds)."""
+    benchmark, metric = check_runs(runs)
+    family = family_of(metric)
+    models: List[Dict[str, Any]] = []
+    for r in runs:
+        res = r["result"]
+        ps = res["per_sample"]
+        boot = bootstrap(ps, res, n_boot=n_boot, seed=seed, key=benchmark)
+        m = res.get("metrics") or {}
+        extra: Dict[str, Any] = {}
+        if "chance" in m:
+            extra["chance"] = m["chance"]
+        inst = instability_of(ps, family)
+        if inst is not None:
+            extra["instability"] = inst
+        models.append({"name": r["name"], "prediction_file": res.get("prediction_file"),
+                       "formulation": res.get("formulation"), "infer_method": res.get("infer_method"),
+                       "num_records": len(ps), "num_clusters": boot["num_clusters"],
+                       "headline": boot["headline"], "extra": extra, "breakdowns": boot["breakdowns"],
+                       "chance_by": {name: {g: row.get("chance") for g, row in rows.items()}
+                                     for name, rows in _chance_rows(res).items()}})
+    return {"benchmark": benchmark, "metric": metric, "family": family, "seed": seed, "n_boot": n_boot,
+            "ci": f"95% percentile interval, {n_boot} cluster-bootstrap resamples (seed {seed})",
+            "models": models, "paired_tests": paired_tests(runs, family)}
+
+
+def fmt_ci(cell: Optional[Dict[str, Any]], digits: int = 3) -> str:
+    """'0.512 [0.470, 0.551]'; '-' when missing."""
+    if not cell or cell.get("value") is None:
+        return "-"
+    v = f"{cell['value']:.{digits}f}"
+    if cell.get("low") is None:
+        return v
+    return f"{v} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+
+
+def _digits(family: str, stat: str) -> int:
+    return 1 if family == "mme" and ("score" in stat) else 3
+
+
+def headline_columns(comp: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """(key, label) of the headline columns present for these runs."""
+    family = comp["family"]
+    present = {k for m in comp["models"] for k in m["headline"]}
+    cols = [(k, lab) for k, lab in HEADLINE_LABELS[family] if k in present]
+    if family == "pif":
+        cols += [(k, k.upper().replace("_", "-").replace("PIF-IQR", "PIF-IQR")) for k in sorted(present)
+                 if k.startswith("pif_") and k not in ("pif_loose",)]
+    return cols
+
+
+def breakdown_stat(comp: Dict[str, Any], name: str) -> str:
+    """The statistic a breakdown table shows."""
+    if comp["family"] == "mme":
+        return "score"
+    if comp["family"] == "pif":
+        return "followed" if name == "instruction" else "pif"
+    return "accuracy"
+
+
+def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]:
+    """(title, header, rows) for the headline, every breakdown, and the paired tests."""
+    family = comp["family"]
+    out = []
+    cols = headline_columns(comp)
+    extras = [k for k in ("chance", "instability") if any(k in m["extra"] for m in comp["models"])]
+    header = ["model", "records", "clusters"] + [lab for _, lab in cols] + extras
+    rows = []
+    for m in comp["models"]:
+        rows.append([m["name"], str(m["num_records"]), str(m["num_clusters"])]
+                    + [fmt_ci(m["headline"].get(k), _digits(family, k)) for k, _ in cols]
+                    + [f"{m['extra'][k]:.3f}" if k in m["extra"] else "-" for k in extras])
+    out.append((f"Headline metrics ({comp['ci']})", header, rows))
+    names = []
+    for m in comp["models"]:
+        names += [n for n in m["breakdowns"] if n not in names]
+    for name in names:
+        stat = breakdown_stat(comp, name)
+        groups: List[str] = []
+        for m in comp["models"]:
+            groups += [g for g in m["breakdowns"].get(name, {}) if g not in groups]
+        has_chance = any(m["chance_by"].get(name) for m in comp["models"])
+        header = [name, "n"] + (["chance"] if has_chance else []) + [m["name"] for m in comp["models"]]
+        rows = []
+        for g in groups:
+            first = next(m for m in comp["models"] if g in m["breakdowns"].get(name, {}))
+            row = [g, str(first["breakdowns"][name][g]["n"])]
+            if has_chance:
+                ch = first["chance_by"].get(name, {}).get(g)
+                row.append("-" if ch is None else f"{ch:.3f}")
+            for m in comp["models"]:
+                cell = m["breakdowns"].get(name, {}).get(g)
+                row.append(fmt_ci(cell.get(stat) if cell else None, _digits(family, stat)))
+            rows.append(row)
+        out.append((f"{stat} by {name}", header, rows))
+        if family == "mme" and name == "subtask":
+            for extra_stat in ("acc", "acc_plus"):
+                rows2 = [[g, str(next(m for m in comp["models"] if g in m["breakdowns"][name])
+                                  ["breakdowns"][name][g]["n"])]
+                         + [fmt_ci((m["breakdowns"][name].get(g) or {}).get(extra_stat)) for m in comp["models"]]
+                         for g in groups]
+                out.append((f"{extra_stat} by subtask", ["subtask", "n"] + [m["name"] for m in comp["models"]],
+                            rows2))
+    if comp["paired_tests"]:
+        header = ["model A", "model B", "test", "pairs", f"mean {comp['paired_tests'][0]['metric']} A", "mean B",
+                  "statistic", "p-value"]
+        rows = []
+        for t in comp["paired_tests"]:
+            rows.append([t["a"], t["b"], t["test"] or "-", str(t["n_pairs"]),
+                         "-" if t["mean_a"] is None else f"{t['mean_a']:.3f}",
+                         "-" if t["mean_b"] is None else f"{t['mean_b']:.3f}",
+                         "-" if t["statistic"] is None else f"{t['statistic']:g}",
+                         "-" if t["p_value"] is None else f"{t['p_value']:.4g}"])
+        out.append(("Paired tests (samples both models scored)", header, rows))
+    return out
+
+
+def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
+    """comparison.md: the tables, then the plot files."""
+    models = ", ".join(m["name"] for m in comp["models"])
+    lines = [f"# {comp['benchmark'] or 'Benchmark'} comparison ({comp['metric']})", "",
+             f"Models: {models}.", ""]
+    for title, header, rows in tables(comp):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines.append("")
+    if plots:
+        lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, np.generic):
+        return _json_safe(obj.item())
+    return obj
+
+
+def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0, n_boot: int = 1000,
+                 plots: bool = True, html: bool = True) -> Dict[str, Any]:
+    """Write comparison.md/.json, plots/ and report.html for ``runs``; return the comparison
+    (with ``files``: the paths written)."""
+    from utils.predictions import write_json_atomic
+    comp = build_comparison(runs, seed=seed, n_boot=n_boot)
+    os.makedirs(output_dir, exist_ok=True)
+    plot_files: List[str] = []
+    if plots:
+        from utils.reporting.plots import make_plots
+        plot_files = make_plots(comp, runs, os.path.join(output_dir, "plots"))
+    comp["plots"] = [os.path.relpath(p, output_dir) for p in plot_files]
+    comp = _json_safe(comp)
+    files = {"comparison_json": os.path.join(output_dir, "comparison.json"),
+             "comparison_md": os.path.join(output_dir, "comparison.md")}
+    write_json_atomic(files["comparison_json"], comp)
+    with open(files["comparison_md"], "w", encoding="utf-8") as f:
+        f.write(markdown(comp, [p for p in plot_files if p.endswith(".png")]))
+    if html:
+        from utils.reporting.html import write_html
+        files["report_html"] = write_html(comp, runs, os.path.join(output_dir, "report.html"), plot_files)
+    comp["files"] = files
+    return comp
+
+
+def write_run_report(run: Dict[str, Any], output_dir: str, seed: int = 0, n_boot: int = 1000) -> Dict[str, Any]:
+    """The same report for a single run (no paired tests)."""
+    return compare_runs([run], output_dir, seed=seed, n_boot=n_boot)

@@ -1,0 +1,234 @@
+"""Comparison plots (PNG and SVG) drawn from the comparison data, never from raw results again.
+
+Every point carries its bootstrap 95% interval (error bars or a band); iWISDM plots draw the
+chance level the metric reports for each breakdown row, so a bar is read against guessing.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top": False,
+                     "axes.spines.right": False, "font.size": 9})
+
+
+def _legend_below(ax: Any, n: int) -> None:
+    """The legend under the axes, where it cannot hide a bar or a line."""
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2 if ax.get_xlabel() else -0.12), ncol=min(n, 4))
+
+
+def _save(fig: Any, out_dir: str, name: str) -> List[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        path = os.path.join(out_dir, f"{name}.{ext}")
+        fig.savefig(path, format=ext, metadata={"Date": None} if ext == "svg" else None)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def _series(comp: Dict[str, Any], breakdown: str, stat: str, groups: Sequence[str]
+            ) -> List[Tuple[str, List[float], List[float], List[float]]]:
+    """Per model: (name, values, lower error, upper error) over ``groups`` (NaN where missing)."""
+    out = []
+    nan = float("nan")
+    for m in comp["models"]:
+        rows = m["breakdowns"].get(breakdown, {})
+        vals, lo, hi = [], [], []
+        for g in groups:
+            cell = (rows.get(g) or {}).get(stat) or {}
+            v = cell.get("value")
+            vals.append(nan if v is None else v)
+            lo.append(0.0 if v is None or cell.get("low") is None else max(v - cell["low"], 0.0))
+            hi.append(0.0 if v is None or cell.get("high") is None else max(cell["high"] - v, 0.0))
+        out.append((m["name"], vals, lo, hi))
+    return out
+
+
+def _groups(comp: Dict[str, Any], breakdown: str) -> List[str]:
+    groups: List[str] = []
+    for m in comp["models"]:
+        groups += [g for g in m["breakdowns"].get(breakdown, {}) if g not in groups]
+    return groups
+
+
+def _chance(comp: Dict[str, Any], breakdown: str, groups: Sequence[str]) -> Optional[List[float]]:
+    for m in comp["models"]:
+        ch = m.get("chance_by", {}).get(breakdown)
+        if ch:
+            return [float("nan") if ch.get(g) is None else ch[g] for g in groups]
+    return None
+
+
+def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, ylabel: str,
+                 out_dir: str, name: str, horizontal_labels: bool = True, ylim: Optional[Tuple[float, float]] = None
+                 ) -> List[str]:
+    """One bar per model and group with CI error bars; chance as a black tick per group."""
+    groups = _groups(comp, breakdown)
+    if not groups:
+        return []
+    series = _series(comp, breakdown, stat, groups)
+    n = len(series)
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(6.4 if len(groups) * n <= 24 else 10, 3.8))
+    for i, (model, vals, lo, hi) in enumerate(series):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=model, error_kw={"lw": 0.8})
+    chance = _chance(comp, breakdown, groups)
+    if chance:
+        for g, c in enumerate(chance):
+            ax.hlines(c, g - 0.45, g + 0.45, colors="black", linestyles="--", lw=1,
+                      label="chance" if g == 0 else None)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=0 if horizontal_labels else 45, ha="center" if horizontal_labels else "right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ylim:
+        ax.set_ylim(*ylim)
+    if horizontal_labels:
+        _legend_below(ax, n + 1)
+    else:  # rotated labels take the room below: legend to the right
+        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, out_dir, name)
+
+
+def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, xlabel: str, ylabel: str,
+                  out_dir: str, name: str, band: bool, chance: bool = False) -> List[str]:
+    """One line per model over the groups; CI as a band or as error bars."""
+    groups = _groups(comp, breakdown)
+    if not groups:
+        return []
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    xs = list(range(len(groups)))
+    series = _series(comp, breakdown, stat, groups)
+    for i, (model, vals, lo, hi) in enumerate(series):
+        if band:
+            line, = ax.plot(xs, vals, marker="o", ms=3, label=model)
+            ax.fill_between(xs, [v - e for v, e in zip(vals, lo)], [v + e for v, e in zip(vals, hi)],
+                            color=line.get_color(), alpha=0.2, lw=0)
+        else:  # a small offset per model keeps overlapping error bars apart
+            shift = (i - (len(series) - 1) / 2) * min(0.08, 0.4 / max(len(series), 1))
+            ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=model)
+    ch = _chance(comp, breakdown, groups) if chance else None
+    if ch:
+        ax.plot(xs, ch, color="black", ls="--", lw=1, marker="_", ms=14, label="chance")
+    if len(xs) == 1:
+        ax.set_xlim(-0.5, 0.5)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(groups)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    _legend_below(ax, len(series) + 1)
+    return _save(fig, out_dir, name)
+
+
+def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, name: str,
+                  chance_key: Optional[str] = None) -> List[str]:
+    fig, ax = plt.subplots(figsize=(max(3.5, 0.9 * len(comp["models"]) + 1.5), 3.2))
+    names, vals, lo, hi = [], [], [], []
+    for m in comp["models"]:
+        cell = m["headline"].get(stat) or {}
+        v = cell.get("value")
+        if v is None:
+            continue
+        names.append(m["name"])
+        vals.append(v)
+        lo.append(0.0 if cell.get("low") is None else max(v - cell["low"], 0.0))
+        hi.append(0.0 if cell.get("high") is None else max(cell["high"] - v, 0.0))
+    ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3, color=[f"C{i}" for i in range(len(vals))])
+    if chance_key:
+        chances = [m["extra"].get(chance_key) for m in comp["models"] if m["extra"].get(chance_key) is not None]
+        if chances:
+            ax.axhline(sum(chances) / len(chances), color="black", ls="--", lw=1, label="chance")
+            ax.legend(fontsize=7, frameon=False)
+    ax.set_xticks(range(len(vals)))
+    ax.set_xticklabels(names, rotation=20, ha="right")
+    ax.set_ylabel(label)
+    ax.set_title(f"{comp['benchmark']} {label}".strip())
+    return _save(fig, out_dir, name)
+
+
+def instability_bars(comp: Dict[str, Any], out_dir: str) -> List[str]:
+    rows = [(m["name"], m["extra"]["instability"]) for m in comp["models"] if "instability" in m["extra"]]
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(max(3.5, 0.9 * len(rows) + 1.5), 3.2))
+    ax.bar(range(len(rows)), [v for _, v in rows], color=[f"C{i}" for i in range(len(rows))])
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([n for n, _ in rows], rotation=20, ha="right")
+    ax.set_ylabel("instability (mean entropy, nats)")
+    ax.set_title("Answer instability across duplicates")
+    return _save(fig, out_dir, "instability")
+
+
+def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
+    """PIF-N-K against K per model (only when N > 1 responses were sampled)."""
+    series = []
+    for m in comp["models"]:
+        keys = [k for k in m["headline"] if k.startswith("pif_") and k.split("_")[-1].isdigit()
+                and not k.startswith("pif_iqr")]
+        ks = sorted(keys, key=lambda k: int(k.split("_")[-1]))
+        if len(ks) > 1:
+            series.append((m["name"], ks, m))
+    if not series:
+        return []
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, ks, m in series:
+        xs = [int(k.split("_")[-1]) for k in ks]
+        vals = [m["headline"][k]["value"] for k in ks]
+        lo = [max(v - (m["headline"][k]["low"] if m["headline"][k]["low"] is not None else v), 0) for k, v in zip(ks, vals)]
+        hi = [max((m["headline"][k]["high"] if m["headline"][k]["high"] is not None else v) - v, 0) for k, v in zip(ks, vals)]
+        ax.errorbar(xs, vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=name)
+        ax.set_xticks(xs)
+    n = ks[-1].split("_")[1]
+    ax.set_xlabel("K (at least K of N responses follow every instruction)")
+    ax.set_ylabel(f"PIF-{n}-K")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"PIF-{n}-K")
+    _legend_below(ax, len(series))
+    return _save(fig, out_dir, "pif_n_k")
+
+
+def make_plots(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], out_dir: str) -> List[str]:
+    """Every plot the benchmark calls for; returns the written paths (PNG and SVG)."""
+    family = comp["family"]
+    files: List[str] = []
+    if family == "accuracy":
+        names = set(_groups_names(comp))
+        if "complexity" in names:
+            files += lines_with_ci(comp, "complexity", "accuracy", "iWISDM accuracy by complexity", "complexity",
+                                   "accuracy", out_dir, "iwisdm_complexity", band=False, chance=True)
+        if "features" in names:
+            files += grouped_bars(comp, "features", "accuracy", "Accuracy by feature group", "accuracy",
+                                  out_dir, "iwisdm_feature_group", ylim=(0, 1.05))
+        if "response_type" in names:
+            files += grouped_bars(comp, "response_type", "accuracy", "Accuracy by response type", "accuracy",
+                                  out_dir, "iwisdm_response_type", ylim=(0, 1.05))
+        files += headline_bars(comp, "accuracy", "accuracy", out_dir, "accuracy", chance_key="chance")
+    elif family == "mme":
+        files += grouped_bars(comp, "subtask", "score", "MME score per subtask (acc + acc+, max 200)", "score",
+                              out_dir, "mme_subtasks", horizontal_labels=False, ylim=(0, 205))
+        files += headline_bars(comp, "total_score", "total score", out_dir, "mme_total")
+    elif family == "pif":
+        files += lines_with_ci(comp, "turn", "pif", "PIF by turn", "turn", "PIF", out_dir, "pif_by_turn", band=True)
+        files += lines_with_ci(comp, "num_instructions", "pif", "PIF by number of instructions",
+                               "instructions given", "PIF", out_dir, "pif_by_num_instructions", band=False)
+        files += pif_n_k(comp, out_dir)
+    files += instability_bars(comp, out_dir)
+    return files
+
+
+def _groups_names(comp: Dict[str, Any]) -> List[str]:
+    out: List[str] = []
+    for m in comp["models"]:
+        out += [n for n in m["breakdowns"] if n not in out]
+    return out
