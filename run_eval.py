@@ -665,14 +665,12 @@ def run(args: argparse.Namespace) -> int:
 
 def write_single_report(result: Dict[str, Any], records: List[Dict[str, Any]], pred_file: str,
                         output_dir: str) -> Optional[str]:
-    """The HTML report of one run, ``<stem>.report.html`` beside its results."""
-    try:
-        from utils.reporting.compare import write_run_report
-    except ImportError:
-        return None
-    from utils.reporting.scoring import run_name
+    """The report of one run (tables, plots, report.html) in ``<stem>.report/`` beside its results."""
+    from utils.reporting.compare import write_run_report
+    from utils.reporting.scoring import results_paths, run_name
     run = {"name": run_name(records, pred_file), "records": records, "result": result}
-    return write_run_report(run, output_dir)
+    out = os.path.join(output_dir, results_paths(pred_file)["stem"] + ".report")
+    return write_run_report(run, out)["files"].get("report_html")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

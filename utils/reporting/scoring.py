@@ -209,21 +209,30 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
     """
     out: List[str] = []
     for p in paths:
-        matches = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
+        is_glob = any(ch in p for ch in "*?[")
+        matches = [m for m in sorted(glob.glob(p)) if not is_derived(m)] if is_glob else [p]
         if not matches:
-            raise input_error("matches no file", file=p)
+            raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
                 found = [os.path.join(m, n) for n in sorted(os.listdir(m))
-                         if n.endswith((".json", ".jsonl")) and not n.startswith(".")
-                         and not n.endswith((".results.json", ".per_sample.json", ".run.json"))
-                         and n not in ("comparison.json",)]
+                         if n.endswith((".json", ".jsonl")) and not is_derived(os.path.join(m, n))]
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
             else:
                 out.append(m)
     return out
+
+
+DERIVED_SUFFIXES = (".results.json", ".results.md", ".per_sample.json", ".run.json", ".report", "runs.jsonl",
+                    "comparison.json", "comparison.md", "log.txt")
+
+
+def is_derived(path: str) -> bool:
+    """Files this tool writes beside prediction files (results, reports, indexes, temporaries)."""
+    name = os.path.basename(os.path.normpath(path))
+    return name.startswith(".") or name.endswith(DERIVED_SUFFIXES) or name in ("plots", "images")
 
 
 def _is_results_dir(path: str) -> bool:
@@ -324,8 +333,9 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
         out = output_dir or _common_dir(files)
         comparison = compare_runs(runs, out, seed=seed, n_boot=n_boot)
         if not quiet:
-            print(comparison.get("markdown", "") if isinstance(comparison, dict) else "")
-            print(f"comparison of {len(runs)} runs written to {out}")
+            with open(comparison["files"]["comparison_md"], encoding="utf-8") as f:
+                print(f.read())
+            print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
     elif not quiet:
         print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
     return {"runs": runs, "comparison": comparison}
