@@ -63,9 +63,9 @@ def custom_cfg(tmp_path):
 
 def prediction_files(out) -> list:
     """The prediction files in an output directory (not their results, per-sample or run files)."""
+    from utils.reporting.scoring import is_derived
     return sorted(os.path.join(str(out), f) for f in os.listdir(out)
-                  if f.endswith(".json") and not f.startswith(".")
-                  and not f.endswith((".results.json", ".per_sample.json", ".run.json")))
+                  if f.endswith(".json") and not is_derived(f))
 
 
 def results_of(pred: str, tag: str = "") -> dict:
