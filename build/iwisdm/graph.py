@@ -107,6 +107,9 @@ def _check_node(op: Operator, children: Sequence[Operator], where: str, nid: Any
         if a.out_type() != b.out_type():
             raise input_error(f"{op.name} compares {a.out_type()} with {b.out_type()}",
                               file=where, record=f"node {nid}", field="edges")
+        if a.name == "CONST" and b.name == "CONST":
+            raise input_error(f"{op.name} compares two constants (its answer would not depend on the frames)",
+                              file=where, record=f"node {nid}", field="edges")
     if op.name == "CONST":
         if op.attr not in CONST_ATTRS:
             raise input_error(f"CONST attr must be one of {', '.join(CONST_ATTRS)}, got {op.attr!r}",
@@ -253,9 +256,19 @@ CLASSIC_TASKS = {"dms": dms, "ctxdm": ctx_dm}
 # ---------------------------------------------------------------------------------------------
 # AutoTask
 # ---------------------------------------------------------------------------------------------
+STYLES = ("subtasks", "recursive")
+
+
 @dataclass
 class TaskSpace:
-    """The hyperparameters AutoTask samples from (paper section 3.1.1)."""
+    """The hyperparameters AutoTask samples from (paper section 3.1.1).
+
+    ``style`` ``"subtasks"`` samples as iwisdm 0.1.3's AutoTask does under the upstream benchmark
+    configs: each subtask is a root operator (from ``root_ops``, or ``branch_ops`` when Switches
+    compose it) over comparisons, a Switch joins a new subtask and a conditional subtask (roots from
+    ``cond_ops``) to the task so far, And/Or never nest. ``"recursive"`` grows one graph operator
+    by operator within ``max_depth``/``max_op`` (And/Or may nest: "(A and B) or C").
+    """
 
     min_switch: int = 0
     max_switch: int = 0
@@ -267,11 +280,16 @@ class TaskSpace:
     #: operators a Switch branch may be (defaults to root_ops)
     branch_ops: Optional[Tuple[str, ...]] = None
     connectivity: Dict[str, Dict[str, Any]] = field(default_factory=lambda: CONNECTIVITY)
-    #: probability that the second operand of a comparison is a constant
+    #: probability that a comparison of locations or categories compares with a constant
     const_prob: float = 0.25
+    #: probability that the constant is the first operand (the original draws the side uniformly: 0.5)
+    const_first_prob: float = 0.0
     #: accepted number of And/Or operators (inclusive); None: any
     bool_ops: Optional[Tuple[int, int]] = None
     max_selects: Optional[int] = None
+    style: str = "recursive"
+    #: roots of a Switch condition (style "subtasks"; the original's ``boolean_ops``)
+    cond_ops: Tuple[str, ...] = ("IsSame", "NotSame", "And", "Or")
 
 
 class AutoTask:
@@ -285,9 +303,15 @@ class AutoTask:
         for name in space.ops:
             if name not in conn or name not in OPERATORS:
                 raise ReformError(f"AutoTask: operator '{name}' has no connectivity rule or class")
+        if space.style not in STYLES:
+            raise ReformError(f"AutoTask: unknown style '{space.style}'; valid: {', '.join(STYLES)}")
         self.depth = min_depths(conn, space.ops)
         self._cands: Dict[Tuple[Tuple[str, ...], int], List[str]] = {}
         self._max_bool = space.bool_ops[1] if space.bool_ops is not None else 10 ** 6
+        self._getters = [g for g in ("GetCategory", "GetLocation", "GetIdentity") if g in space.ops]
+        self._cmps = [c for c in ("IsSame", "NotSame") if c in space.ops]
+        pools = {"root": space.root_ops, "branch": space.branch_ops or space.root_ops, "cond": space.cond_ops}
+        self._pools = {k: tuple(o for o in v if o in space.ops) for k, v in pools.items()}
 
     def _choose(self, allowed: Sequence[str], depth_left: int, rng: random.Random) -> str:
         key = (tuple(allowed), depth_left)
@@ -323,6 +347,8 @@ class AutoTask:
             if attr in CONST_ATTRS and "CONST" in self.space.ops and rng.random() < self.space.const_prob:
                 budget[0] -= 1
                 second: Operator = CONST(attr=attr)
+                if self.space.const_first_prob and rng.random() < self.space.const_first_prob:
+                    first, second = second, first
             else:
                 second = self._build(g, depth_left - 1, rng, budget)
             return cls(first, second)
@@ -347,13 +373,39 @@ class AutoTask:
             return Switch(cond, a, b)
         return self._build(self._choose(pool, depth_left, rng), depth_left, rng, budget)
 
+    def _flat(self, pool: Sequence[str], rng: random.Random) -> Operator:
+        """One subtask of style "subtasks": a root from ``pool``; And/Or over two comparisons."""
+        if not pool:
+            raise _Retry()
+        name = rng.choice(pool)
+        budget = [10 ** 6, 0]
+        if name in ("And", "Or"):
+            if not self._cmps:
+                raise _Retry()
+            return OPERATORS[name](*[self._build(rng.choice(self._cmps), 3, rng, budget) for _ in range(2)])
+        return self._build(name, 3, rng, budget)
+
+    def _compose(self, n_switch: int, rng: random.Random) -> Operator:
+        """The original's composition: each Switch adds a new subtask and a conditional to the task
+        so far, which becomes its then- or else-branch with equal probability."""
+        pools = self._pools
+        task = self._flat(pools["branch"] if n_switch else pools["root"], rng)
+        for _ in range(n_switch):
+            new = self._flat(pools["branch"], rng)
+            cond = self._flat(pools["cond"], rng)
+            task = Switch(cond, task, new) if rng.random() < 0.5 else Switch(cond, new, task)
+        return task
+
     def sample(self, rng: random.Random, name: str = "") -> Task:
         """One task graph; bounded retries end with a clear error."""
         sp = self.space
         for _ in range(self.MAX_TRIES):
             n_switch = rng.randint(sp.min_switch, sp.max_switch)
             try:
-                root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op, 0])
+                if sp.style == "subtasks":
+                    root = self._compose(n_switch, rng)
+                else:
+                    root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op, 0])
             except _Retry:
                 continue
             task = Task(root, name=name)
