@@ -211,7 +211,7 @@ for preset, p in cfg["presets"].items():
                 if task.n_frames != rule["frames"]:
                     res["rejected_frames"] += 1
                     continue
-                imgs, _, info = env.generate_trials(tasks=[task], mode="train")[0]
+                imgs, _, info = env.generate_trials(tasks=[task], mode="train", **cfg.get("trial_kwargs", {}))[0]
             except Budget:
                 raise
             except Exception as e:
@@ -250,16 +250,19 @@ print(json.dumps(out))
 
 
 def run_original(python: str, seconds: float, max_seconds: float, min_accepted: int,
-                 presets=tuple(ACCEPT), seed: int = 0, dump: Optional[str] = None) -> Dict[str, Any]:
+                 presets=tuple(ACCEPT), seed: int = 0, dump: Optional[str] = None,
+                 trial_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Time the original package in its own interpreter (separate venv) on the exported stimuli.
 
     ``dump``: a JSON-lines file to which every accepted trial is appended (instruction, per-frame
-    answers, frame count, objects and the operator tree), e.g. for bench/iwisdm_shape.py."""
+    answers, frame count, objects and the operator tree), e.g. for bench/iwisdm_shape.py;
+    ``trial_kwargs`` go to its ``generate_trials`` (e.g. ``add_distractor_frame``)."""
     with tempfile.TemporaryDirectory(prefix="iwisdm_orig_") as d:
         stim_dir = os.path.join(d, "stimuli")
         procedural_set().export(stim_dir, "train")
         cfg = {"stim_dir": stim_dir, "seconds": seconds, "max_seconds": max_seconds, "min_accepted": min_accepted,
-               "seed": seed, "dump": os.path.abspath(dump) if dump else None, "presets": {p: {"accept": ACCEPT[p], "config": ORIG_CONFIG[p]} for p in presets}}
+               "seed": seed, "dump": os.path.abspath(dump) if dump else None,
+               "trial_kwargs": trial_kwargs or {}, "presets": {p: {"accept": ACCEPT[p], "config": ORIG_CONFIG[p]} for p in presets}}
         cfg_path, driver = os.path.join(d, "config.json"), os.path.join(d, "orig_driver.py")
         with open(cfg_path, "w", encoding="utf-8") as f:
             json.dump(cfg, f)

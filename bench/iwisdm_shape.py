@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -141,9 +142,10 @@ def _read_jsonl(path: str) -> List[Dict[str, Any]]:
     return out
 
 
-def original(preset: str, n: int, python: str, seed: int = 1, max_seconds: float = 1800.0
-             ) -> List[Dict[str, Any]]:
-    """``n`` accepted trials of the original, from the cache, topped up by running it."""
+def original(preset: str, n: int, python: str, seed: int = 1, max_seconds: float = 1800.0,
+             raw: bool = False) -> List[Dict[str, Any]]:
+    """``n`` accepted trials of the original (shape records; ``raw``: as dumped), from the cache,
+    topped up by running it."""
     path = cache_path(preset, seed)
     rows = _read_jsonl(path)
     if len(rows) < n:
@@ -157,7 +159,36 @@ def original(preset: str, n: int, python: str, seed: int = 1, max_seconds: float
         if "error" in res:
             raise RuntimeError(res["error"])
         rows = _read_jsonl(path)
-    return [orig_record(r) for r in rows[:n]]
+    return rows[:n] if raw else [orig_record(r) for r in rows[:n]]
+
+
+def write_fixtures(out_dir: str, python: str, n_orig: int, seed: int, n_sample: int = 30) -> None:
+    """Test fixtures from the original: its shape distributions per preset (``iwisdm_orig_shape.json``)
+    and a sample of its trials (``iwisdm_orig_trials.jsonl``: ``n_sample`` per preset, plus
+    ``n_sample`` low trials with one distractor per frame, whose instructions name targets
+    "with category: ..." / "at location: ...")."""
+    os.makedirs(out_dir, exist_ok=True)
+    ref: Dict[str, Any] = {"source": "iwisdm==0.1.3 via bench/iwisdm_gen.py (upstream configs, acceptance test)",
+                           "presets": {}}
+    sample: List[Dict[str, Any]] = []
+    for preset in ACCEPT:
+        raw = original(preset, n_orig, python, seed, raw=True)
+        recs = [orig_record(r) for r in raw]
+        ref["presets"][preset] = {"n": len(recs), **{f: {str(k): v for k, v in distribution(recs, f).items()}
+                                                     for f in FEATURES}}
+        sample += raw[:n_sample]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "distractors.jsonl")
+        res = run_original(python, 0.0, 300.0, n_sample, presets=("low",), seed=seed, dump=path,
+                           trial_kwargs={"add_distractor_frame": 1})
+        if "error" in res:
+            raise RuntimeError(res["error"])
+        sample += [dict(r, preset="low+distractors") for r in _read_jsonl(path)[:n_sample]]
+    with open(os.path.join(out_dir, "iwisdm_orig_shape.json"), "w", encoding="utf-8") as f:
+        json.dump(ref, f, indent=1, sort_keys=True)
+    with open(os.path.join(out_dir, "iwisdm_orig_trials.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in sample)
+    print(f"wrote {out_dir}/iwisdm_orig_shape.json and {out_dir}/iwisdm_orig_trials.jsonl ({len(sample)} trials)")
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -170,6 +201,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--presets", nargs="*", default=list(ACCEPT))
     ap.add_argument("--orig-python", default=os.environ.get("IWISDM_ORIG_PYTHON"))
     ap.add_argument("--no-setup-orig", action="store_true", help="do not create the original's venv when missing")
+    ap.add_argument("--write-fixtures", metavar="DIR",
+                    help="also write the test fixtures (the original's shape distributions and a trial sample)")
     args = ap.parse_args(argv)
 
     python = args.orig_python
@@ -181,6 +214,8 @@ def main(argv: Optional[list] = None) -> int:
                 print("max_tv=n/a")
                 return 1
         python = os.path.join(default_orig_venv(), "bin", "python")
+    if args.write_fixtures:
+        write_fixtures(args.write_fixtures, python, args.n_orig, args.orig_seed)
     worst = 0.0
     lines = []
     print(f"{'preset':8s} " + " ".join(f"{f:>12s}" for f in FEATURES))

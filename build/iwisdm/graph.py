@@ -9,7 +9,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import networkx as nx
 
@@ -373,11 +373,8 @@ class AutoTask:
             return Switch(cond, a, b)
         return self._build(self._choose(pool, depth_left, rng), depth_left, rng, budget)
 
-    def _flat(self, pool: Sequence[str], rng: random.Random) -> Operator:
-        """One subtask of style "subtasks": a root from ``pool``; And/Or over two comparisons."""
-        if not pool:
-            raise _Retry()
-        name = rng.choice(pool)
+    def _flat(self, name: str, rng: random.Random) -> Operator:
+        """One subtask of style "subtasks" with root ``name``; And/Or over two comparisons."""
         budget = [10 ** 6, 0]
         if name in ("And", "Or"):
             if not self._cmps:
@@ -387,17 +384,28 @@ class AutoTask:
 
     def _compose(self, n_switch: int, rng: random.Random) -> Operator:
         """The original's composition: each Switch adds a new subtask and a conditional to the task
-        so far, which becomes its then- or else-branch with equal probability."""
+        so far, which becomes its then- or else-branch with equal probability. Root names are
+        drawn first, so the And/Or count is checked before anything is built."""
         pools = self._pools
-        task = self._flat(pools["branch"] if n_switch else pools["root"], rng)
+        first = pools["branch"] if n_switch else pools["root"]
+        if not first or (n_switch and not pools["cond"]):
+            raise _Retry()
+        names = [rng.choice(first)]
         for _ in range(n_switch):
-            new = self._flat(pools["branch"], rng)
-            cond = self._flat(pools["cond"], rng)
+            names += [rng.choice(pools["branch"]), rng.choice(pools["cond"])]
+        lim = self.space.bool_ops
+        if lim is not None and not lim[0] <= sum(n in ("And", "Or") for n in names) <= lim[1]:
+            raise _Retry()
+        task = self._flat(names[0], rng)
+        for i in range(n_switch):
+            new, cond = self._flat(names[1 + 2 * i], rng), self._flat(names[2 + 2 * i], rng)
             task = Switch(cond, task, new) if rng.random() < 0.5 else Switch(cond, new, task)
         return task
 
-    def sample(self, rng: random.Random, name: str = "") -> Task:
-        """One task graph; bounded retries end with a clear error."""
+    def sample(self, rng: random.Random, name: str = "",
+               keep: Optional[Callable[[int], bool]] = None) -> Task:
+        """One task graph; bounded retries end with a clear error. ``keep(n_selects)`` may reject
+        a graph before the Task is built (presets weigh graphs by their number of objects)."""
         sp = self.space
         for _ in range(self.MAX_TRIES):
             n_switch = rng.randint(sp.min_switch, sp.max_switch)
@@ -407,6 +415,8 @@ class AutoTask:
                 else:
                     root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op, 0])
             except _Retry:
+                continue
+            if keep is not None and not keep(sum(isinstance(n, Select) for n in walk(root))):
                 continue
             task = Task(root, name=name)
             if sp.bool_ops is not None and not sp.bool_ops[0] <= task.n_bool_ops <= sp.bool_ops[1]:

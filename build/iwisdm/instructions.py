@@ -16,6 +16,8 @@ from utils.errors import ReformError
 logger = logging.getLogger(__name__)
 
 ATTR_WORDS = ("location", "category", "identity")
+#: most operands of an unparenthesised and/or chain (the original's text) the parser evaluates
+MAX_CHAIN = 8
 
 
 class InstructionError(ReformError):
@@ -130,24 +132,33 @@ class InstructionParser:
         return self._boolean()
 
     def _boolean(self) -> Any:
-        left = self._operand()
-        for word in ("and", "or"):
-            if self._peek(f" {word} "):
-                self.pos += len(word) + 2
-                return (word, left, self._operand())
-        return left
+        """Operands joined by and/or. Ours parenthesise nesting, so a chain of more than two
+        operands comes from the original's unparenthesised text ("A and B or C"); it is read as
+        ('chain', operands, words) and evaluated over every bracketing (see ``_chain``)."""
+        operands, words = [self._operand()], []
+        while True:
+            word = next((w for w in ("and", "or") if self._peek(f" {w} ")), None)
+            if word is None:
+                break
+            self.pos += len(word) + 2
+            words.append(word)
+            operands.append(self._operand())
+        if not words:
+            return operands[0]
+        if len(words) == 1:
+            return (words[0], operands[0], operands[1])
+        if len(operands) > MAX_CHAIN:
+            raise self._fail(f"more than {MAX_CHAIN} operands joined by and/or without parentheses")
+        return ("chain", operands, words)
 
     def _operand(self) -> Any:
         if self._peek("("):
             self._eat("(")
-            left = self._operand()
-            for word in ("and", "or"):
-                if self._peek(f" {word} "):
-                    self.pos += len(word) + 2
-                    node = (word, left, self._operand())
-                    self._eat(")")
-                    return node
-            raise self._fail("expected ' and ' or ' or ' inside parentheses")
+            node = self._boolean()
+            if node[0] not in ("and", "or", "chain"):
+                raise self._fail("expected ' and ' or ' or ' inside parentheses")
+            self._eat(")")
+            return node
         if self._peek("exists "):
             self.pos += len("exists ")
             v = self._value()
@@ -238,6 +249,8 @@ class InstructionParser:
             return bool(self._eval(node[1], frames, where)) and bool(self._eval(node[2], frames, where))
         if op == "or":
             return bool(self._eval(node[1], frames, where)) or bool(self._eval(node[2], frames, where))
+        if op == "chain":
+            return self._chain(node, frames, where)
         if op == "exists":
             attr = "location" if node[1] in self.locations else "category"
             self._obj(node[2], frames, where)
@@ -246,6 +259,31 @@ class InstructionParser:
         if op == "switch":
             return self._eval(node[2] if self._eval(node[1], frames, where) else node[3], frames, where)
         raise InstructionError(f"unknown node {op}")
+
+
+    def _chain(self, node: Any, frames: Sequence, where: Dict) -> bool:
+        """An unparenthesised and/or chain: its value if every bracketing gives the same one
+        (always so when all words are equal), else an error naming the ambiguity."""
+        _, operands, words = node
+        vals = [bool(self._eval(o, frames, where)) for o in operands]
+        memo: Dict[Tuple[int, int], set] = {}
+
+        def results(i: int, j: int) -> set:
+            if i == j:
+                return {vals[i]}
+            if (i, j) not in memo:
+                out = set()
+                for k in range(i, j):
+                    for a in results(i, k):
+                        for b in results(k + 1, j):
+                            out.add((a and b) if words[k] == "and" else (a or b))
+                memo[(i, j)] = out
+            return memo[(i, j)]
+        got = results(0, len(vals) - 1)
+        if len(got) != 1:
+            raise InstructionError(f"'{' ... '.join(words)}' chain without parentheses is ambiguous here: "
+                                   "its bracketings give different answers")
+        return got.pop()
 
 
 def evaluate_instruction(text: str, frames: Sequence[Sequence[Dict[str, Any]]],

@@ -62,6 +62,8 @@ def min_depths(connectivity: Dict[str, Dict[str, Any]], allowed: Optional[Sequen
             best = 0
             for slot in slots:
                 best = max(best, min((depth.get(c, inf) for c in slot), default=inf))
+            if n in ("IsSame", "NotSame"):  # at least one side is not a constant
+                best = max(best, min((depth.get(c, inf) for c in slots[0] if c != "CONST"), default=inf))
             depth[n] = min(depth[n], best + 1)
     return depth
 

@@ -194,8 +194,6 @@ class PresetSampler:
     ``max_delay`` by the difference.
     """
 
-    MAX_TRIES = 1000
-
     def __init__(self, preset: Preset, stim: StimulusSet, n_delay: Any = None, n_distractors: int = 0,
                  fixation: Any = True, n_frames: Optional[int] = None, shape: Any = None) -> None:
         self.preset = preset
@@ -244,15 +242,16 @@ class PresetSampler:
             return self._dms[rng.choice(self.delays)]
         if self.process is None:
             return self.auto.sample(rng, name=name)
-        keep = self._keep
-        for _ in range(self.MAX_TRIES):
-            task = self.auto.sample(rng, name=name)
-            n = len(task.selects)
-            w = keep[n] if n < len(keep) else 0.0
-            if w >= 1.0 or (w > 0.0 and rng.random() < w):
-                return task
-        raise ReformError(f"preset {self.preset.name}: no task with {self.n_frames} frames in {self.MAX_TRIES} "
-                          f"tries (max_delay {self.process.max_delay}); choose another n_frames")
+        weights = self._keep
+
+        def keep(n: int) -> bool:
+            w = weights[n] if n < len(weights) else 0.0
+            return w >= 1.0 or (w > 0.0 and rng.random() < w)
+        try:
+            return self.auto.sample(rng, name=name, keep=keep)
+        except ReformError:
+            raise ReformError(f"preset {self.preset.name}: no task fits {self.n_frames} frames "
+                              f"(max_delay {self.process.max_delay}); choose another n_frames") from None
 
     def trial(self, rng: random.Random, name: str = "", picker: Optional[Any] = None) -> Tuple[Task, Trial]:
         """One trial; ``picker`` (e.g. ``balanced_picker``) chooses the answer values."""
