@@ -262,7 +262,8 @@ def run_original(python: str, seconds: float, max_seconds: float, min_accepted: 
         procedural_set().export(stim_dir, "train")
         cfg = {"stim_dir": stim_dir, "seconds": seconds, "max_seconds": max_seconds, "min_accepted": min_accepted,
                "seed": seed, "dump": os.path.abspath(dump) if dump else None,
-               "trial_kwargs": trial_kwargs or {}, "presets": {p: {"accept": ACCEPT[p], "config": ORIG_CONFIG[p]} for p in presets}}
+               "trial_kwargs": trial_kwargs or {},
+               "presets": {p: {"accept": ACCEPT[p], "config": ORIG_CONFIG[p]} for p in presets}}
         cfg_path, driver = os.path.join(d, "config.json"), os.path.join(d, "orig_driver.py")
         with open(cfg_path, "w", encoding="utf-8") as f:
             json.dump(cfg, f)

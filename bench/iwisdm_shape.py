@@ -154,8 +154,8 @@ def original(preset: str, n: int, python: str, seed: int = 1, max_seconds: float
             f.writelines(json.dumps(r) + "\n" for r in rows)
         need = n - len(rows)
         print(f"running the original for {need} more {preset} trials (cache {path}) ...", flush=True)
-        res = run_original(python, 0.0, max_seconds, need, presets=(preset,), seed=seed if not rows else seed * 100003 + len(rows),
-                           dump=path)
+        chunk_seed = seed if not rows else seed * 100003 + len(rows)  # a top-up draws new trials
+        res = run_original(python, 0.0, max_seconds, need, presets=(preset,), seed=chunk_seed, dump=path)
         if "error" in res:
             raise RuntimeError(res["error"])
         rows = _read_jsonl(path)
