@@ -26,8 +26,8 @@ MAX_ATTEMPTS = 60
 COMPOSE_MODES = ("queue", "overlap", "interleave", "timeline")
 #: "run": one "delay" for a run of blank frames (paper A.3.4, the original); "per_frame": one per frame
 DELAY_WORDINGS = ("run", "per_frame")
-#: fixation cross: "upstream" (True): every frame but the response frames, as the upstream
-#: benchmark script; "all": every frame; "none" (False): no cross
+#: fixation cross: "upstream" (True): every frame but the response frames, as the original draws
+#: its fixation cue (0.1.3 ``generate_trial``); "all": every frame; "none" (False): no cross
 FIXATIONS = ("upstream", "all", "none")
 
 
