@@ -154,6 +154,20 @@ def on_alarm(signum, frame):
     raise Budget()
 
 signal.signal(signal.SIGALRM, on_alarm)
+
+def tree(op):
+    """[class name, children]: operators only; a constant compared by IsSame/NotSame is ["CONST", []]."""
+    from iwisdm.core import Attribute, Operator
+    name, kids = type(op).__name__, []
+    for c in op.child:
+        if isinstance(c, Attribute):
+            if name in ("IsSame", "NotSame"):
+                kids.append(["CONST", []])
+        elif isinstance(c, Operator):
+            kids.append(tree(c))
+    return [name, kids]
+
+dump = open(cfg["dump"], "a") if cfg.get("dump") else None
 random.seed(cfg["seed"]); np.random.seed(cfg["seed"])
 try:
     env = make(env_id="ShapeNet", dataset_fp=cfg["stim_dir"])
@@ -197,7 +211,7 @@ for preset, p in cfg["presets"].items():
                 if task.n_frames != rule["frames"]:
                     res["rejected_frames"] += 1
                     continue
-                imgs, _, info = env.generate_trials(tasks=[task], mode="train")[0]
+                imgs, _, info = env.generate_trials(tasks=[task], mode="train", **cfg.get("trial_kwargs", {}))[0]
             except Budget:
                 raise
             except Exception as e:
@@ -216,6 +230,12 @@ for preset, p in cfg["presets"].items():
                 res["rejected_frames"] += 1
             else:
                 res["accepted"] += 1
+                if dump is not None:
+                    dump.write(json.dumps({"preset": preset, "instruction": ins, "answers": info["answers"],
+                                           "epochs": len(imgs), "tree": tree(task._operator),
+                                           "objects": [dict(o["obj"], count=o["count"]) for o in info["objects"]]},
+                                          default=str) + "\n")
+                    dump.flush()
                 if res["example"] is None:
                     res["example"] = {"instruction": ins, "answer": info["answers"][-1], "frames": len(imgs)}
     except Budget:
@@ -230,13 +250,20 @@ print(json.dumps(out))
 
 
 def run_original(python: str, seconds: float, max_seconds: float, min_accepted: int,
-                 presets=tuple(ACCEPT), seed: int = 0) -> Dict[str, Any]:
-    """Time the original package in its own interpreter (separate venv) on the exported stimuli."""
+                 presets=tuple(ACCEPT), seed: int = 0, dump: Optional[str] = None,
+                 trial_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Time the original package in its own interpreter (separate venv) on the exported stimuli.
+
+    ``dump``: a JSON-lines file to which every accepted trial is appended (instruction, per-frame
+    answers, frame count, objects and the operator tree), e.g. for bench/iwisdm_shape.py;
+    ``trial_kwargs`` go to its ``generate_trials`` (e.g. ``add_distractor_frame``)."""
     with tempfile.TemporaryDirectory(prefix="iwisdm_orig_") as d:
         stim_dir = os.path.join(d, "stimuli")
         procedural_set().export(stim_dir, "train")
         cfg = {"stim_dir": stim_dir, "seconds": seconds, "max_seconds": max_seconds, "min_accepted": min_accepted,
-               "seed": seed, "presets": {p: {"accept": ACCEPT[p], "config": ORIG_CONFIG[p]} for p in presets}}
+               "seed": seed, "dump": os.path.abspath(dump) if dump else None,
+               "trial_kwargs": trial_kwargs or {},
+               "presets": {p: {"accept": ACCEPT[p], "config": ORIG_CONFIG[p]} for p in presets}}
         cfg_path, driver = os.path.join(d, "config.json"), os.path.join(d, "orig_driver.py")
         with open(cfg_path, "w", encoding="utf-8") as f:
             json.dump(cfg, f)

@@ -7,7 +7,7 @@ Config keys (YAML or builder options; ``OPTION_SPECS`` checks their types): ``pr
 list such as [low, medium, high]; required unless ``trial_dir``), ``n_trials`` (100, per preset),
 ``seed`` (trial seed; default the run seed), ``stim_dir`` (original-format stimulus directory;
 default the built-in procedural set), ``stim_split``, ``allow_pickle`` (false: a ``*.pkl`` metadata
-file is refused, since unpickling can run code), ``n_distractors`` (0), ``fixation`` (false),
+file is refused, since unpickling can run code), ``n_distractors`` (0), ``fixation`` (true: every frame but the response frames; ``all``; false), ``shape``,
 ``n_delay`` (DMS presets: int or list for a sweep), ``n_frames`` (override), ``features`` (e.g.
 [location]), ``n_examples`` (worked examples in the Generation prompt, 0..3), ``trial_dir`` (read
 trials written by ``write_trials``, in our layout or the original iwisdm's), ``options``
@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 
 from build.iwisdm.io import generate_trials, read_trials
 from build.iwisdm.instructions import InstructionError, InstructionParser
-from build.iwisdm.presets import GETTER_OF, PRESETS, answer_vocabulary, get_preset
+from build.iwisdm.presets import GETTER_OF, PRESETS, answer_vocabulary, example_trials, get_preset, resolve_shape
 from build.iwisdm.stimuli import LOCATIONS, StimulusSet, load_stimuli
 from build.iwisdm.trial import Trial
 from build.registry import Builder, register_builder
@@ -90,7 +90,9 @@ OPTION_SPECS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "stim_split": (lambda v: isinstance(v, str), "a split folder name"),
     "allow_pickle": (lambda v: isinstance(v, bool), "true or false"),
     "n_distractors": (lambda v: _is_int(v) and 0 <= v <= 3, "an integer 0..3"),
-    "fixation": (lambda v: isinstance(v, bool), "true or false"),
+    "fixation": (lambda v: isinstance(v, bool) or v == "all",
+                 "true (every frame but the response frames), 'all' or false"),
+    "shape": (lambda v: v is None or isinstance(v, (str, dict)), "'original', 'legacy' or a mapping of shape fields"),
     "n_delay": (lambda v: (_is_int(v) and v >= 0) or (isinstance(v, list) and bool(v) and
                                                       all(_is_int(x) and x >= 0 for x in v)),
                 "an integer >= 0 or a list of them"),
@@ -186,8 +188,9 @@ class IWISDMBuilder(Builder):
             trials = generate_trials(preset, self._opt("n_trials", 100), self._opt("seed", seed), stim,
                                      n_delay=self.config.get("n_delay"),
                                      n_distractors=self._opt("n_distractors", 0),
-                                     fixation=self._opt("fixation", False),
-                                     features=self.config.get("features"), n_frames=self.config.get("n_frames"))
+                                     fixation=self._opt("fixation", True),
+                                     features=self.config.get("features"), n_frames=self.config.get("n_frames"),
+                                     shape=resolve_shape(self.config.get("shape"), self.config_path or "<options>"))
             out.append((preset, [(tid, task, tr, None) for tid, task, tr in trials]))
         return out
 
@@ -288,10 +291,8 @@ class IWISDMBuilder(Builder):
         """Worked examples (a location constant, a category DMS, an identity DMS) with their frames."""
         if n <= 0:
             return "", []
-        specs = [("single_frame_location", "location"), ("dms_category", "category"), ("dms_identity", "identity")]
         text, images = "", []
-        for preset, feat in specs[:n]:
-            (_, _, trial), = generate_trials(preset, 1, EXAMPLE_SEED, stim)
+        for feat, trial in example_trials(stim, n):
             text += "Here is a simple example of the task...\n\n" + task_block(trial) + \
                 f"Answer: {trial.answer}. This is because {_explain(trial, feat)}.\n\n"
             images += trial.render(stim)

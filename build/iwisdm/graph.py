@@ -9,7 +9,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import networkx as nx
 
@@ -106,6 +106,9 @@ def _check_node(op: Operator, children: Sequence[Operator], where: str, nid: Any
         a, b = children
         if a.out_type() != b.out_type():
             raise input_error(f"{op.name} compares {a.out_type()} with {b.out_type()}",
+                              file=where, record=f"node {nid}", field="edges")
+        if a.name == "CONST" and b.name == "CONST":
+            raise input_error(f"{op.name} compares two constants (its answer would not depend on the frames)",
                               file=where, record=f"node {nid}", field="edges")
     if op.name == "CONST":
         if op.attr not in CONST_ATTRS:
@@ -253,9 +256,19 @@ CLASSIC_TASKS = {"dms": dms, "ctxdm": ctx_dm}
 # ---------------------------------------------------------------------------------------------
 # AutoTask
 # ---------------------------------------------------------------------------------------------
+STYLES = ("subtasks", "recursive")
+
+
 @dataclass
 class TaskSpace:
-    """The hyperparameters AutoTask samples from (paper section 3.1.1)."""
+    """The hyperparameters AutoTask samples from (paper section 3.1.1).
+
+    ``style`` ``"subtasks"`` samples as iwisdm 0.1.3's AutoTask does under the upstream benchmark
+    configs: each subtask is a root operator (from ``root_ops``, or ``branch_ops`` when Switches
+    compose it) over comparisons, a Switch joins a new subtask and a conditional subtask (roots from
+    ``cond_ops``) to the task so far, And/Or never nest. ``"recursive"`` grows one graph operator
+    by operator within ``max_depth``/``max_op`` (And/Or may nest: "(A and B) or C").
+    """
 
     min_switch: int = 0
     max_switch: int = 0
@@ -267,11 +280,16 @@ class TaskSpace:
     #: operators a Switch branch may be (defaults to root_ops)
     branch_ops: Optional[Tuple[str, ...]] = None
     connectivity: Dict[str, Dict[str, Any]] = field(default_factory=lambda: CONNECTIVITY)
-    #: probability that the second operand of a comparison is a constant
+    #: probability that a comparison of locations or categories compares with a constant
     const_prob: float = 0.25
+    #: probability that the constant is the first operand (the original draws the side uniformly: 0.5)
+    const_first_prob: float = 0.0
     #: accepted number of And/Or operators (inclusive); None: any
     bool_ops: Optional[Tuple[int, int]] = None
     max_selects: Optional[int] = None
+    style: str = "recursive"
+    #: roots of a Switch condition (style "subtasks"; the original's ``boolean_ops``)
+    cond_ops: Tuple[str, ...] = ("IsSame", "NotSame", "And", "Or")
 
 
 class AutoTask:
@@ -285,9 +303,15 @@ class AutoTask:
         for name in space.ops:
             if name not in conn or name not in OPERATORS:
                 raise ReformError(f"AutoTask: operator '{name}' has no connectivity rule or class")
+        if space.style not in STYLES:
+            raise ReformError(f"AutoTask: unknown style '{space.style}'; valid: {', '.join(STYLES)}")
         self.depth = min_depths(conn, space.ops)
         self._cands: Dict[Tuple[Tuple[str, ...], int], List[str]] = {}
         self._max_bool = space.bool_ops[1] if space.bool_ops is not None else 10 ** 6
+        self._getters = [g for g in ("GetCategory", "GetLocation", "GetIdentity") if g in space.ops]
+        self._cmps = [c for c in ("IsSame", "NotSame") if c in space.ops]
+        pools = {"root": space.root_ops, "branch": space.branch_ops or space.root_ops, "cond": space.cond_ops}
+        self._pools = {k: tuple(o for o in v if o in space.ops) for k, v in pools.items()}
 
     def _choose(self, allowed: Sequence[str], depth_left: int, rng: random.Random) -> str:
         key = (tuple(allowed), depth_left)
@@ -323,6 +347,8 @@ class AutoTask:
             if attr in CONST_ATTRS and "CONST" in self.space.ops and rng.random() < self.space.const_prob:
                 budget[0] -= 1
                 second: Operator = CONST(attr=attr)
+                if self.space.const_first_prob and rng.random() < self.space.const_first_prob:
+                    first, second = second, first
             else:
                 second = self._build(g, depth_left - 1, rng, budget)
             return cls(first, second)
@@ -347,14 +373,50 @@ class AutoTask:
             return Switch(cond, a, b)
         return self._build(self._choose(pool, depth_left, rng), depth_left, rng, budget)
 
-    def sample(self, rng: random.Random, name: str = "") -> Task:
-        """One task graph; bounded retries end with a clear error."""
+    def _flat(self, name: str, rng: random.Random) -> Operator:
+        """One subtask of style "subtasks" with root ``name``; And/Or over two comparisons."""
+        budget = [10 ** 6, 0]
+        if name in ("And", "Or"):
+            if not self._cmps:
+                raise _Retry()
+            return OPERATORS[name](*[self._build(rng.choice(self._cmps), 3, rng, budget) for _ in range(2)])
+        return self._build(name, 3, rng, budget)
+
+    def _compose(self, n_switch: int, rng: random.Random) -> Operator:
+        """The original's composition: each Switch adds a new subtask and a conditional to the task
+        so far, which becomes its then- or else-branch with equal probability. Root names are
+        drawn first, so the And/Or count is checked before anything is built."""
+        pools = self._pools
+        first = pools["branch"] if n_switch else pools["root"]
+        if not first or (n_switch and not pools["cond"]):
+            raise _Retry()
+        names = [rng.choice(first)]
+        for _ in range(n_switch):
+            names += [rng.choice(pools["branch"]), rng.choice(pools["cond"])]
+        lim = self.space.bool_ops
+        if lim is not None and not lim[0] <= sum(n in ("And", "Or") for n in names) <= lim[1]:
+            raise _Retry()
+        task = self._flat(names[0], rng)
+        for i in range(n_switch):
+            new, cond = self._flat(names[1 + 2 * i], rng), self._flat(names[2 + 2 * i], rng)
+            task = Switch(cond, task, new) if rng.random() < 0.5 else Switch(cond, new, task)
+        return task
+
+    def sample(self, rng: random.Random, name: str = "",
+               keep: Optional[Callable[[int], bool]] = None) -> Task:
+        """One task graph; bounded retries end with a clear error. ``keep(n_selects)`` may reject
+        a graph before the Task is built (presets weigh graphs by their number of objects)."""
         sp = self.space
         for _ in range(self.MAX_TRIES):
             n_switch = rng.randint(sp.min_switch, sp.max_switch)
             try:
-                root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op, 0])
+                if sp.style == "subtasks":
+                    root = self._compose(n_switch, rng)
+                else:
+                    root = self._subtask(n_switch, sp.root_ops, sp.max_depth, rng, [sp.max_op, 0])
             except _Retry:
+                continue
+            if keep is not None and not keep(sum(isinstance(n, Select) for n in walk(root))):
                 continue
             task = Task(root, name=name)
             if sp.bool_ops is not None and not sp.bool_ops[0] <= task.n_bool_ops <= sp.bool_ops[1]:

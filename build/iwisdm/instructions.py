@@ -16,6 +16,8 @@ from utils.errors import ReformError
 logger = logging.getLogger(__name__)
 
 ATTR_WORDS = ("location", "category", "identity")
+#: most operands of an unparenthesised and/or chain (the original's text) the parser evaluates
+MAX_CHAIN = 8
 
 
 class InstructionError(ReformError):
@@ -66,22 +68,24 @@ class InstructionParser:
 
     # -- grammar ---------------------------------------------------------------------------
     def parse(self, text: str) -> List[Tuple[str, Any]]:
-        """The instruction as a list of items: ('observe', k, qualifier) | ('delay',) | ('question', ast)."""
+        """The instruction as a list of items: ('observe', k, qualifiers) | ('delay',) | ('question', ast)."""
         self.text, self.pos = text, 0
         items: List[Tuple[str, Any]] = []
         while True:
             if self._peek("observe object "):
                 self.pos += len("observe object ")
                 k = self._int()
-                qual = None
-                if self._peek(" with "):
-                    self.pos += len(" with ")
+                quals = []
+                # targets among distractors: ours "with location: top left" / "with category: cars",
+                # the original's "at location: top left" (possibly after a "with ..." qualifier)
+                while self._peek(" with ") or self._peek(" at "):
+                    self.pos += len(" with ") if self._peek(" with ") else len(" at ")
                     attr = next((a for a in ("location", "category") if self._peek(a + ": ")), None)
                     if attr is None:
                         raise self._fail("expected 'location: ' or 'category: '")
                     self.pos += len(attr) + 2
-                    qual = (attr, self._value())
-                items.append(("observe", k, qual))
+                    quals.append((attr, self._value()))
+                items.append(("observe", k, tuple(quals) or None))
             elif self._peek("delay"):
                 self.pos += len("delay")
                 items.append(("delay",))
@@ -128,30 +132,42 @@ class InstructionParser:
         return self._boolean()
 
     def _boolean(self) -> Any:
-        left = self._operand()
-        for word in ("and", "or"):
-            if self._peek(f" {word} "):
-                self.pos += len(word) + 2
-                return (word, left, self._operand())
-        return left
+        """Operands joined by and/or. Ours parenthesise nesting, so a chain of more than two
+        operands comes from the original's unparenthesised text ("A and B or C"); it is read as
+        ('chain', operands, words) and evaluated over every bracketing (see ``_chain``)."""
+        operands, words = [self._operand()], []
+        while True:
+            word = next((w for w in ("and", "or") if self._peek(f" {w} ")), None)
+            if word is None:
+                break
+            self.pos += len(word) + 2
+            words.append(word)
+            operands.append(self._operand())
+        if not words:
+            return operands[0]
+        if len(words) == 1:
+            return (words[0], operands[0], operands[1])
+        if len(operands) > MAX_CHAIN:
+            raise self._fail(f"more than {MAX_CHAIN} operands joined by and/or without parentheses")
+        return ("chain", operands, words)
 
     def _operand(self) -> Any:
         if self._peek("("):
             self._eat("(")
-            left = self._operand()
-            for word in ("and", "or"):
-                if self._peek(f" {word} "):
-                    self.pos += len(word) + 2
-                    node = (word, left, self._operand())
-                    self._eat(")")
-                    return node
-            raise self._fail("expected ' and ' or ' or ' inside parentheses")
+            node = self._boolean()
+            if node[0] not in ("and", "or", "chain"):
+                raise self._fail("expected ' and ' or ' or ' inside parentheses")
+            self._eat(")")
+            return node
         if self._peek("exists "):
             self.pos += len("exists ")
             v = self._value()
             self._eat(" in frame of object ")
             return ("exists", v, self._int())
-        g = self._getter()
+        if any(self._peek(a + " of object ") for a in ATTR_WORDS):
+            lhs = self._getter()
+        else:  # a constant first, as the original writes it: "couches not equals category of object 1"
+            lhs = ("const", self._value())
         if self._peek(" not equals "):
             self.pos += len(" not equals ")
             neg = True
@@ -160,9 +176,11 @@ class InstructionParser:
             neg = False
         if any(self._peek(a + " of object ") for a in ATTR_WORDS):
             rhs = self._getter()
+        elif lhs[0] == "const":
+            raise self._fail("a comparison of two constants")
         else:
             rhs = ("const", self._value())
-        return ("ne" if neg else "eq", g, rhs)
+        return ("ne" if neg else "eq", lhs, rhs)
 
     def _getter(self) -> Any:
         attr = self._attr()
@@ -173,18 +191,32 @@ class InstructionParser:
     def evaluate(self, text: str, frames: Sequence[Sequence[Dict[str, Any]]]) -> List[str]:
         """Answer words of every question, computed from the frames' object metadata."""
         items = self.parse(text)
-        where: Dict[int, Tuple[int, Optional[Tuple[str, str]]]] = {}
+        where: Dict[int, Tuple[int, Optional[Tuple[Tuple[str, str], ...]]]] = {}
         fi = 0
         answers: List[str] = []
+        steps = [it[0] for it in items if it[0] != "question"]
+        si = 0
         for it in items:
             if it[0] in ("observe", "delay"):
                 if fi >= len(frames):
                     raise InstructionError(f"instruction names more frames than the trial has ({len(frames)})")
+                si += 1
                 if it[0] == "observe":
                     if it[1] in where:
                         raise InstructionError(f"object {it[1]} observed twice")
+                    if not frames[fi]:
+                        raise InstructionError(f"object {it[1]} is observed on frame {fi}, which is blank")
                     where[it[1]] = (fi, it[2])
+                    fi += 1
+                    continue
+                # "delay" is one blank frame, or a run of them: the last "delay" before the next
+                # observation (questions between do not count) takes the rest of the run
+                if frames[fi]:
+                    raise InstructionError(f"'delay' on frame {fi}, which shows an object")
                 fi += 1
+                if si >= len(steps) or steps[si] != "delay":
+                    while fi < len(frames) and not frames[fi]:
+                        fi += 1
             else:
                 v = self._eval(it[1], frames, where)
                 answers.append(("true" if v else "false") if isinstance(v, bool) else str(v))
@@ -195,10 +227,10 @@ class InstructionParser:
     def _obj(self, k: int, frames: Sequence[Sequence[Dict[str, Any]]], where: Dict) -> Dict[str, Any]:
         if k not in where:
             raise InstructionError(f"object {k} is used before it is observed")
-        fi, qual = where[k]
+        fi, quals = where[k]
         objs = list(frames[fi])
-        if qual is not None:
-            objs = [o for o in objs if o[qual[0]] == qual[1]]
+        for attr, value in quals or ():
+            objs = [o for o in objs if o[attr] == value]
         if len(objs) != 1:
             raise InstructionError(f"object {k} is ambiguous: {len(objs)} candidates on frame {fi}")
         return objs[0]
@@ -217,6 +249,8 @@ class InstructionParser:
             return bool(self._eval(node[1], frames, where)) and bool(self._eval(node[2], frames, where))
         if op == "or":
             return bool(self._eval(node[1], frames, where)) or bool(self._eval(node[2], frames, where))
+        if op == "chain":
+            return self._chain(node, frames, where)
         if op == "exists":
             attr = "location" if node[1] in self.locations else "category"
             self._obj(node[2], frames, where)
@@ -225,6 +259,31 @@ class InstructionParser:
         if op == "switch":
             return self._eval(node[2] if self._eval(node[1], frames, where) else node[3], frames, where)
         raise InstructionError(f"unknown node {op}")
+
+
+    def _chain(self, node: Any, frames: Sequence, where: Dict) -> bool:
+        """An unparenthesised and/or chain: its value if every bracketing gives the same one
+        (always so when all words are equal), else an error naming the ambiguity."""
+        _, operands, words = node
+        vals = [bool(self._eval(o, frames, where)) for o in operands]
+        memo: Dict[Tuple[int, int], set] = {}
+
+        def results(i: int, j: int) -> set:
+            if i == j:
+                return {vals[i]}
+            if (i, j) not in memo:
+                out = set()
+                for k in range(i, j):
+                    for a in results(i, k):
+                        for b in results(k + 1, j):
+                            out.add((a and b) if words[k] == "and" else (a or b))
+                memo[(i, j)] = out
+            return memo[(i, j)]
+        got = results(0, len(vals) - 1)
+        if len(got) != 1:
+            raise InstructionError(f"'{' ... '.join(words)}' chain without parentheses is ambiguous here: "
+                                   "its bracketings give different answers")
+        return got.pop()
 
 
 def evaluate_instruction(text: str, frames: Sequence[Sequence[Dict[str, Any]]],

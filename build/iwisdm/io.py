@@ -40,9 +40,9 @@ def trial_id(preset: str, i: int) -> str:
 
 
 def generate_trials(preset: str, n_trials: int, seed: int = 0, stim: Optional[StimulusSet] = None,
-                    n_delay: Any = None, n_distractors: int = 0, fixation: bool = False,
+                    n_delay: Any = None, n_distractors: int = 0, fixation: Any = True,
                     features: Optional[Sequence[str]] = None, n_frames: Optional[int] = None,
-                    balance: bool = True) -> List[Tuple[str, Task, Trial]]:
+                    balance: bool = True, shape: Any = None) -> List[Tuple[str, Task, Trial]]:
     """``n_trials`` trials of a preset, deterministic for (seed, preset, options).
 
     With ``balance`` the answer values come from per-response-type decks, so each answer of a
@@ -50,7 +50,7 @@ def generate_trials(preset: str, n_trials: int, seed: int = 0, stim: Optional[St
     """
     stim = stim or load_stimuli()
     sampler = PresetSampler(restrict_features(get_preset(preset), features), stim, n_delay=n_delay,
-                            n_distractors=n_distractors, fixation=fixation, n_frames=n_frames)
+                            n_distractors=n_distractors, fixation=fixation, n_frames=n_frames, shape=shape)
     picker = sampler.balanced_picker(rng_for(seed, "iWISDM", preset, "balance")) if balance else None
     out = []
     for i in range(n_trials):

@@ -28,10 +28,10 @@ CONNECTIVITY: Dict[str, Dict[str, Any]] = {
     "GetCategory": {"children": [["Select"]]},
     "GetLocation": {"children": [["Select"]]},
     "GetIdentity": {"children": [["Select"]]},
-    "IsSame": {"children": [["GetCategory", "GetLocation", "GetIdentity"],
-                            ["GetCategory", "GetLocation", "GetIdentity", "CONST"]]},
-    "NotSame": {"children": [["GetCategory", "GetLocation", "GetIdentity"],
-                             ["GetCategory", "GetLocation", "GetIdentity", "CONST"]]},
+    # a constant may stand on either side ("couches not equals category of object 1"), as in the
+    # original; never on both (checked in graph._check_node)
+    "IsSame": {"children": [["GetCategory", "GetLocation", "GetIdentity", "CONST"]] * 2},
+    "NotSame": {"children": [["GetCategory", "GetLocation", "GetIdentity", "CONST"]] * 2},
     "And": {"children": [["IsSame", "NotSame", "And", "Or", "Exist"]] * 2},
     "Or": {"children": [["IsSame", "NotSame", "And", "Or", "Exist"]] * 2},
     "Exist": {"children": [["Select"], ["CONST"]]},
@@ -62,6 +62,8 @@ def min_depths(connectivity: Dict[str, Dict[str, Any]], allowed: Optional[Sequen
             best = 0
             for slot in slots:
                 best = max(best, min((depth.get(c, inf) for c in slot), default=inf))
+            if n in ("IsSame", "NotSame"):  # at least one side is not a constant
+                best = max(best, min((depth.get(c, inf) for c in slots[0] if c != "CONST"), default=inf))
             depth[n] = min(depth[n], best + 1)
     return depth
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from PIL import Image
 
 from build.iwisdm.graph import Task
-from build.iwisdm.operators import (BOOL, Context, Exist, Get, Switch, answer_word, unwrap_target)
+from build.iwisdm.operators import (BOOL, Compare, Context, Exist, Get, Switch, answer_word, unwrap_target, walk)
 from build.iwisdm.stimuli import LOCATIONS, StimulusSet
 from utils.errors import ReformError
 
@@ -24,6 +24,32 @@ logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 60
 COMPOSE_MODES = ("queue", "overlap", "interleave", "timeline")
+#: "run": one "delay" for a run of blank frames (paper A.3.4, the original); "per_frame": one per frame
+DELAY_WORDINGS = ("run", "per_frame")
+#: fixation cross: "upstream" (True): every frame but the response frames, as the original draws
+#: its fixation cue (0.1.3 ``generate_trial``); "all": every frame; "none" (False): no cross
+FIXATIONS = ("upstream", "all", "none")
+
+
+def fixation_mode(value: Any) -> str:
+    """The fixation setting as one of FIXATIONS (booleans: True = upstream, False = none)."""
+    if value is True:
+        return "upstream"
+    if value is False or value is None:
+        return "none"
+    if value not in FIXATIONS:
+        raise ReformError(f"fixation must be true, false or one of {', '.join(FIXATIONS)}, got {value!r}")
+    return str(value)
+
+
+def fixation_frames(actions: Sequence[Optional[str]], fixation: Any) -> List[bool]:
+    """Per frame: whether the fixation cross is drawn (upstream: not on frames that ask a response)."""
+    mode = fixation_mode(fixation)
+    if mode == "none":
+        return [False] * len(actions)
+    if mode == "all":
+        return [True] * len(actions)
+    return [a is None for a in actions]
 
 
 @dataclass
@@ -36,11 +62,16 @@ class Trial:
     answer: str                          # the final answer word
     response_type: str                   # bool | location | category
     meta: Dict[str, Any] = field(default_factory=dict)
-    fixation: bool = False
+    #: True / "upstream": cross on every frame but the response frames; "all"; False / "none"
+    fixation: Any = False
+
+    def fixation_frames(self) -> List[bool]:
+        """Per frame: whether the fixation cross is drawn."""
+        return fixation_frames(self.actions, self.fixation)
 
     def render(self, stim: StimulusSet) -> List[Image.Image]:
         """The frame images (224x224 RGB), composed from cached stimuli."""
-        return [stim.compose(objs, self.fixation) for objs in self.frames]
+        return [stim.compose(objs, fix) for objs, fix in zip(self.frames, self.fixation_frames())]
 
     def to_dict(self) -> Dict[str, Any]:
         return {"instruction": self.instruction, "frames": self.frames, "actions": self.actions,
@@ -49,8 +80,9 @@ class Trial:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Trial":
+        fix = d.get("fixation", False)
         return cls(d["instruction"], d["frames"], d["actions"], d["answer"], d["response_type"],
-                   d.get("meta", {}), bool(d.get("fixation", False)))
+                   d.get("meta", {}), fix if isinstance(fix, str) else bool(fix))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +224,117 @@ def _auto_layout(task: Task, n_frames: int, rng: random.Random, merge_prob: floa
     return obj_of, frames
 
 
+class DelayProcess:
+    """The original's placement of objects in time (iwisdm 0.1.3 ``sample_when``).
+
+    From the response frame backwards: the last frame holds an object; before each further
+    object, a delay frame is inserted with probability ``p`` while fewer than ``max_delay`` delays
+    were placed. Presets condition it on an exact frame count, as the upstream benchmark does by
+    rejection: ``prob`` weighs a task by how often its number of objects gives that count, and
+    ``sample_gaps`` draws the delay runs exactly from the conditioned process.
+    """
+
+    def __init__(self, p: float = 0.5, max_delay: int = 4) -> None:
+        if not 0.0 <= p < 1.0 or max_delay < 0:
+            raise ReformError(f"delay process needs 0 <= delay_prob < 1 and max_delay >= 0, got {p}, {max_delay}")
+        self.p, self.max_delay = float(p), int(max_delay)
+        self._memo: Dict[Tuple[int, int, int], float] = {}
+
+    def _f(self, k: int, d: int, total: int) -> float:
+        """P(the process ends with exactly ``total`` delays | k placements left, d delays so far)."""
+        if d > total:
+            return 0.0
+        if k == 0:
+            return 1.0 if d == total else 0.0
+        key = (k, d, total)
+        v = self._memo.get(key)
+        if v is None:
+            if d < self.max_delay:
+                v = self.p * self._f(k, d + 1, total) + (1 - self.p) * self._f(k - 1, d, total)
+            else:
+                v = self._f(k - 1, d, total)
+            self._memo[key] = v
+        return v
+
+    def prob(self, n_obj: int, n_delay: int) -> float:
+        """P(exactly ``n_delay`` delay frames | ``n_obj`` objects)."""
+        if n_obj < 1 or n_delay < 0:
+            return 0.0
+        return self._f(n_obj - 1, 0, n_delay)
+
+    def sample_gaps(self, n_obj: int, n_delay: int, rng: random.Random) -> List[int]:
+        """Delay frames before each object after the last one (from the end), given their total."""
+        gaps: List[int] = []
+        k, d, g = n_obj - 1, 0, 0
+        while k > 0:
+            here = self._f(k, d, n_delay)
+            if d < self.max_delay and rng.random() * here < self.p * self._f(k, d + 1, n_delay):
+                d, g = d + 1, g + 1
+            else:
+                gaps.append(g)
+                k, g = k - 1, 0
+        return gaps
+
+    def frames(self, n_obj: int, n_frames: int, rng: random.Random) -> Optional[List[int]]:
+        """Sorted frame indices of ``n_obj`` objects among ``n_frames``; None if impossible."""
+        if self.prob(n_obj, n_frames - n_obj) <= 0.0:
+            return None
+        pos = n_frames - 1
+        out = [pos]
+        for g in self.sample_gaps(n_obj, n_frames - n_obj, rng):
+            pos -= g + 1
+            out.append(pos)
+        return out[::-1]
+
+
+def _process_layout(task: Task, n_frames: int, rng: random.Random, process: DelayProcess
+                    ) -> Optional[Tuple[Dict[int, int], List[int]]]:
+    """One object per Select (as the original), placed in time by the original's delay process."""
+    sels = [s.uid for s in task.selects]
+    frames = process.frames(len(sels), n_frames, rng)
+    if frames is None:
+        return None
+    rng.shuffle(sels)
+    return {uid: i + 1 for i, uid in enumerate(sels)}, frames
+
+
+def _defect(task: Task, ctx: Context, values: Dict[tuple, Any]) -> Optional[str]:
+    """Why a solved trial is degenerate, or None: a comparison repeated (in either order or
+    negated), or a Switch branch that reads only what its own condition reads (so the condition
+    fixes or constrains its value)."""
+    def operand(n: Any) -> tuple:
+        if isinstance(n, Get):
+            return ("get", n.attr, ctx.obj_of[n.children[0].uid])
+        return ("const", n.value if n.value is not None else values.get(n.term(ctx)))
+
+    seen = set()
+    for n in task.nodes:
+        if isinstance(n, Compare):
+            key = tuple(sorted(map(repr, (operand(n.children[0]), operand(n.children[1])))))
+            if key in seen:
+                return "repeated comparison"
+            seen.add(key)
+    for n in task.nodes:
+        if isinstance(n, Switch):
+            cond = _terms(n.children[0], ctx)
+            for b in n.children[1:]:
+                t = _terms(b, ctx)
+                if t and t <= cond:
+                    return "branch fixed by its condition"
+    return None
+
+
+def _terms(node: Any, ctx: Context) -> set:
+    """(attribute, object) pairs a subtask reads."""
+    out = set()
+    for n in walk(node):
+        if isinstance(n, Get):
+            out.add((n.attr, ctx.obj_of[n.children[0].uid]))
+        elif isinstance(n, Exist):
+            out.add((n.children[1].attr, ctx.obj_of[n.children[0].uid]))
+    return out
+
+
 def _explicit_layout(tasks: Sequence[Task], offsets: Sequence[Any], n_frames: int
                      ) -> Tuple[List[Dict[int, int]], List[int]]:
     """Objects from global frame indices; Selects on one frame share an object."""
@@ -222,34 +365,45 @@ class TrialGenerator:
         self.answer_spaces = {BOOL: (True, False), "location": LOCATIONS, "category": stim.categories}
 
     def instantiate(self, task: Task, rng: random.Random, n_frames: Optional[int] = None,
-                    merge_prob: float = 0.2, n_distractors: int = 0, fixation: bool = False,
-                    picker: Optional[Callable[[str, Sequence[Any]], Any]] = None) -> Trial:
+                    merge_prob: float = 0.2, n_distractors: int = 0, fixation: Any = False,
+                    picker: Optional[Callable[[str, Sequence[Any]], Any]] = None,
+                    delays: Optional[DelayProcess] = None, delay_wording: str = "run") -> Trial:
         """One trial of one task with a balanced answer (drawn uniformly from the root's space,
-        or by ``picker(response_type, space)``)."""
+        or by ``picker(response_type, space)``).
+
+        With ``delays`` (and ``merge_prob`` 0) every Select reads its own object and objects are
+        placed in time by the original's delay process; otherwise Selects may share objects
+        (``merge_prob``, or more Selects than frames) and delays fall uniformly between the first
+        and last frames. Degenerate trials (``_defect``) are re-drawn."""
+        if delay_wording not in DELAY_WORDINGS:
+            raise ReformError(f"unknown delay wording '{delay_wording}'; valid: {', '.join(DELAY_WORDINGS)}")
         if task.explicit:
             return self.compose([task], rng, mode="timeline", n_distractors=n_distractors, fixation=fixation,
-                                picker=picker)
+                                picker=picker, delay_wording=delay_wording)
         if n_frames is None:
             raise ReformError(f"task {task.name or task}: an AutoTask graph needs n_frames")
         target = task.root.sample_target(Context({}, rng, self.answer_spaces, picker))
         for _ in range(MAX_ATTEMPTS):
-            lay = _auto_layout(task, n_frames, rng, merge_prob)
+            if delays is not None and not merge_prob:
+                lay = _process_layout(task, n_frames, rng, delays)
+            else:
+                lay = _auto_layout(task, n_frames, rng, merge_prob)
             if lay is None:
                 continue
             obj_of, frames = lay
             ctx = Context(obj_of, rng, self.answer_spaces)
             task.root.backward(target, ctx)
             values = solve(ctx, len(frames), self._const_terms(task, ctx), self.domains, {})
-            if values is None:
+            if values is None or _defect(task, ctx, values) is not None:
                 continue
             return self._finish([task], [ctx], [target], [obj_of], frames, n_frames, values, rng,
-                                n_distractors, fixation)
+                                n_distractors, fixation, delay_wording=delay_wording)
         raise ReformError(f"task {task.name or task.counts}: no consistent trial in {MAX_ATTEMPTS} attempts "
                           f"for answer {answer_word(unwrap_target(target))!r} with {n_frames} frames")
 
     def compose(self, tasks: Sequence[Task], rng: random.Random, mode: str = "queue",
-                n_distractors: int = 0, fixation: bool = False,
-                picker: Optional[Callable[[str, Sequence[Any]], Any]] = None) -> Trial:
+                n_distractors: int = 0, fixation: Any = False,
+                picker: Optional[Callable[[str, Sequence[Any]], Any]] = None, delay_wording: str = "run") -> Trial:
         """Temporal composition of hand-made tasks (every Select has ``when``).
 
         queue: one after the other; overlap: each task's first frame is the previous task's
@@ -304,7 +458,7 @@ class TrialGenerator:
         # all object values: the last solve includes every pinned value; fill unseen objects
         values.update(fixed)
         return self._finish(list(tasks), ctxs, targets, maps, frames, n_frames, values, rng,
-                            n_distractors, fixation, ends=ends)
+                            n_distractors, fixation, ends=ends, delay_wording=delay_wording)
 
     @staticmethod
     def _const_terms(task: Task, ctx: Context) -> List[tuple]:
@@ -312,7 +466,8 @@ class TrialGenerator:
 
     def _finish(self, tasks: List[Task], ctxs: List[Context], targets: List[Any], maps: List[Dict[int, int]],
                 frames: List[int], n_frames: int, values: Dict[tuple, Any], rng: random.Random,
-                n_distractors: int, fixation: bool, ends: Optional[List[int]] = None) -> Trial:
+                n_distractors: int, fixation: Any, ends: Optional[List[int]] = None,
+                delay_wording: str = "run") -> Trial:
         n_obj = len(frames)
         objects = {k: {"category": values[("category", "o", k)], "identity": values[("idx", "o", k)],
                        "view": rng.randrange(self.stim.n_views), "location": values[("location", "o", k)]}
@@ -378,7 +533,7 @@ class TrialGenerator:
             if f in obj_at:
                 k = obj_at[f]
                 items.append(f"observe object {k}{qualifier.get(k, '')}")
-            else:
+            elif delay_wording == "per_frame" or not items or items[-1] != "delay":
                 items.append("delay")
             items.extend(questions.get(f, []))
         for end, ans in zip(ends, answers):
@@ -398,4 +553,5 @@ class TrialGenerator:
                 "n_is_same": counts.get("IsSame", 0), "n_not_same": counts.get("NotSame", 0),
                 "n_switch": counts.get("Switch", 0), "features": sorted(features),
                 "task_names": [t.name for t in tasks if t.name]}
+        fixation_mode(fixation)  # reject an unknown setting here, not at rendering
         return Trial(", ".join(items), frame_objs, actions, answer_word(final), rtype, meta, fixation)
