@@ -135,7 +135,7 @@ def test_preset_list_gives_one_row_per_complexity():
 @pytest.mark.parametrize("key,value,form", [
     ("n_trials", "10", "a positive integer"), ("n_trials", 0, "a positive integer"),
     ("n_trials", True, "a positive integer"), ("preset", 5, "a preset name"), ("preset", [], "a preset name"),
-    ("features", "location", "a list"), ("features", [3], "a list"), ("fixation", "yes", "true or false"),
+    ("features", "location", "a list"), ("features", [3], "a list"), ("fixation", "yes", "true .*, .all. or false"),
     ("n_delay", [1, -2], "an integer >= 0"), ("n_distractors", 7, "an integer 0..3"),
     ("options", "some", "applicable or all"),
     ("allow_pickle", "true", "true or false"), ("stim_dir", ["a"], "a path"), ("n_examples", 5, "an integer 0..3"),
@@ -165,4 +165,4 @@ def test_unknown_feature_and_option_names_declared():
     read = set(re.findall(r'(?:config\.get\(|config\[|require\(|_opt\()"(\w+)"', src))
     assert read == set(IWISDMBuilder.option_names) == {
         "preset", "n_trials", "seed", "stim_dir", "stim_split", "allow_pickle", "n_distractors", "fixation",
-        "n_delay", "n_frames", "features", "n_examples", "trial_dir", "options", "check_answers"}
+        "n_delay", "n_frames", "features", "n_examples", "trial_dir", "options", "check_answers", "shape"}
