@@ -354,10 +354,17 @@ def _slug(text: str) -> str:
 
 
 def _unique_names(runs: List[Dict[str, Any]]) -> None:
-    """Two runs of one model (other seeds, say) get their file stems as names."""
-    counts: Dict[str, int] = {}
+    """Runs of one model get told apart: by inference method where that suffices, else by file stem."""
+    def dupes() -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for r in runs:
+            counts[r["name"]] = counts.get(r["name"], 0) + 1
+        return counts
+    counts = dupes()
     for r in runs:
-        counts[r["name"]] = counts.get(r["name"], 0) + 1
+        if counts[r["name"]] > 1 and r["result"].get("infer_method"):
+            r["name"] = f"{r['name']} {r['result']['infer_method']}"
+    counts = dupes()
     for r in runs:
         if counts[r["name"]] > 1 and r["result"].get("prediction_file"):
             r["name"] = f"{r['name']} ({results_paths(r['result']['prediction_file'])['stem']})"
@@ -366,3 +373,24 @@ def _unique_names(runs: List[Dict[str, Any]]) -> None:
 def _common_dir(files: Sequence[str]) -> str:
     dirs = [os.path.dirname(os.path.abspath(os.path.normpath(f))) for f in files]
     return os.path.commonpath(dirs) if dirs else "."
+
+
+def summary_table(runs: List[Dict[str, Any]], breakdown: str = "complexity") -> str:
+    """One compact markdown table of several runs: the headline accuracy (or PIF / MME score),
+    the chance level, the format hit rate and one column per group of ``breakdown``."""
+    from utils.report import markdown_table
+    groups: List[str] = []
+    for r in runs:
+        for g in (r["result"]["metrics"].get("by", {}).get(breakdown) or {}):
+            if g not in groups:
+                groups.append(g)
+    header = ["model", "method"] + [f"{breakdown} {g}" for g in groups] + ["overall", "chance", "format hit rate"]
+    rows = []
+    for r in runs:
+        m = r["result"]["metrics"]
+        by = m.get("by", {}).get(breakdown) or {}
+        overall = m.get("accuracy", m.get("pif", m.get("total_score")))
+        rows.append([r["name"], r["result"].get("infer_method", "")] +
+                    [by[g]["accuracy"] if g in by else "" for g in groups] +
+                    [overall, m.get("chance", ""), m.get("format_hit_rate", "n/a")])
+    return markdown_table(header, rows)
