@@ -91,11 +91,15 @@ def _id(b):
     return f"{b[0]}:{b[1]}"
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if b[3] != "norun"], ids=_id)
+def _runnable():
+    """Runnable blocks; those that run a model are marked slow (the quick subset skips them)."""
+    return [pytest.param(b, id=_id(b), marks=[pytest.mark.slow] if any(m in b[4] for m in SLOW_MARKERS) else [])
+            for b in ALL if b[3] != "norun"]
+
+
+@pytest.mark.parametrize("block", _runnable())
 def test_documented_block_runs(block, tmp_path):
     doc, line, lang, _flag, code = block
-    if any(m in code for m in SLOW_MARKERS) and os.environ.get("REFORM_QUICK"):
-        pytest.skip("model-running doc block (REFORM_QUICK set)")
     work = scratch_tree(tmp_path)
     env = dict(os.environ, PYTHONPATH=work, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     if lang == "bash":
