@@ -78,6 +78,14 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
         if name not in PREDICTION_DIR_READERS:
             raise ReformError(f"{prediction_file}: is a directory, and {name} has no results-directory reader")
         return PREDICTION_DIR_READERS[name](prediction_file)
+    if dataset_name and os.path.isfile(prediction_file):
+        import metrics  # noqa: F401  (metric modules register file readers)
+        from build.registry import get_builder_class
+        from utils.predictions import PREDICTION_FILE_READERS
+        ext = os.path.splitext(prediction_file)[1].lower()
+        reader = PREDICTION_FILE_READERS.get((get_builder_class(dataset_name).name, ext))
+        if reader is not None:
+            return reader(prediction_file)
     return read_predictions(prediction_file)
 
 
@@ -94,6 +102,9 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
     records = load_records(prediction_file, dataset_name)
     if not records:
         raise ReformError(f"{prediction_file}: holds no prediction records")
+    if any(r.get("release_reference") for r in records):
+        from metrics.mmmt_if_release import print_release_report
+        return print_release_report(records, prediction_file, output_dir, write=write, quiet=quiet)
     result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
                            prediction_file=prediction_file, output_dir=output_dir,
                            metric_options=metric_options, write=write, quiet=quiet)

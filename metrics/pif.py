@@ -21,6 +21,7 @@ import numpy as np
 
 from metrics import register_metric
 from utils.errors import ReformError, input_error
+from utils.predictions import register_prediction_file_reader
 
 logger = logging.getLogger(__name__)
 
@@ -636,6 +637,17 @@ def _record_instructions(rec: Dict[str, Any], i: int) -> List[str]:
         raise input_error(str(e), record=rec.get("sample_id", i), field="meta.instructions") from None
 
 
+def _reported_pif(rec: Dict[str, Any], i: int = 0) -> Optional[float]:
+    """A precomputed per-turn PIF (release reference rows), used when there is no response."""
+    v = rec.get("reported_pif")
+    if v is None or rec.get("prediction") is not None or rec.get("predictions"):
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+        raise input_error(f"reported_pif must be a number in [0, 1], got {v!r}",
+                          record=rec.get("sample_id", i), field="reported_pif")
+    return float(v)
+
+
 @register_metric("pif", benchmarks={"MMMT-IF": ["Generation"]})
 def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: Any) -> Dict[str, Any]:
     """Score MMMT-IF predictions: PIF (strict and loose), breakdowns, PIF-N-K and PIF-IQR-N.
@@ -644,11 +656,22 @@ def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: A
     ('predictions'), PIF-N-K (K=1..N), PIF-IQR-N and the mean PIF over all N are added.
     """
     per_sample: List[Dict[str, Any]] = []
-    n_resp = min(len(_record_responses(r)) for r in records)
-    if any(len(_record_responses(r)) != n_resp for r in records):
+    answered = [r for r in records if _reported_pif(r) is None]
+    n_resp = min((len(_record_responses(r)) for r in answered), default=1)
+    if any(len(_record_responses(r)) != n_resp for r in answered):
         logger.warning("MMMT-IF records have different numbers of responses; using N=%d", n_resp)
     for i, rec in enumerate(records):
         ids = _record_instructions(rec, i)
+        reported = _reported_pif(rec, i)
+        if reported is not None:
+            # a released score without a response (metrics/mmmt_if_release.py): no verdicts
+            meta = rec.get("meta") or {}
+            per_sample.append({
+                "sample_id": rec.get("sample_id"), "chat_id": meta.get("chat_id"), "turn": meta.get("turn"),
+                "instructions": ids, "followed": None, "followed_loose": None, "pif": reported,
+                "pif_loose": None, "pif_samples": [reported] * n_resp, "reported_pif": True,
+            })
+            continue
         responses = _record_responses(rec)[:n_resp]
         strict = [check_instructions(r, ids, number_words=number_words) for r in responses]
         loose0 = check_instructions(responses[0], ids, loose=True, number_words=number_words)
@@ -666,9 +689,10 @@ def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: A
 def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, Any]:
     """Aggregate per-turn verdicts into the PIF metrics and the tables for the log."""
     pifs = [s["pif"] for s in per_sample]
+    loose = [s["pif_loose"] for s in per_sample if s["pif_loose"] is not None]
     metrics: Dict[str, Any] = {
         "pif": float(np.mean(pifs)),
-        "pif_loose": float(np.mean([s["pif_loose"] for s in per_sample])),
+        "pif_loose": float(np.mean(loose)) if loose else None,
         "num_turns": len(per_sample),
         "num_chats": len({s["chat_id"] for s in per_sample}),
         "num_turns_without_instructions": sum(1 for s in per_sample if not s["instructions"]),
@@ -683,10 +707,11 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
         if s["turn"] is not None:
             by_turn[int(s["turn"])].append(s["pif"])
         by_num[len(s["instructions"])].append(s["pif"])
-        for iid, ok, ok_l in zip(s["instructions"], s["followed"], s["followed_loose"]):
+        for j, iid in enumerate(s["instructions"]):
             cond[iid].append(s["pif"])
-            follow[iid].append(ok)
-            follow_loose[iid].append(ok_l)
+            if s["followed"] is not None:  # released scores carry no per-instruction verdicts
+                follow[iid].append(s["followed"][j])
+                follow_loose[iid].append(s["followed_loose"][j])
     metrics["pif_by_turn"] = {}
     for t in sorted(by_turn):
         m, lo, hi = bernoulli_ci(by_turn[t])
@@ -694,8 +719,10 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
     metrics["pif_by_num_instructions"] = {str(k): {"pif": float(np.mean(v)), "n": len(v)}
                                           for k, v in sorted(by_num.items())}
     metrics["pif_by_instruction"] = {
-        iid: {"pif_given": float(np.mean(cond[iid])), "followed": float(np.mean(follow[iid])),
-              "followed_loose": float(np.mean(follow_loose[iid])), "n": len(cond[iid])}
+        iid: {"pif_given": float(np.mean(cond[iid])),
+              "followed": float(np.mean(follow[iid])) if follow[iid] else None,
+              "followed_loose": float(np.mean(follow_loose[iid])) if follow_loose[iid] else None,
+              "n": len(cond[iid])}
         for iid in INSTRUCTION_IDS if iid in cond}
     metrics["pif_ecdf"] = {"all": ecdf(pifs), "by_turn": {str(t): ecdf(v) for t, v in sorted(by_turn.items())}}
     samples = [s["pif_samples"] for s in per_sample]
@@ -730,3 +757,12 @@ def _tables(m: Dict[str, Any], n_resp: int) -> Dict[str, str]:
     rows.append(f"| PIF-IQR-{n_resp} | {_fmt(m[f'pif_iqr_{n_resp}'])} |")
     return {"MMMT-IF summary": "\n".join(rows), "MMMT-IF PIF by turn": per_turn,
             "MMMT-IF PIF by instruction": per_instr, "MMMT-IF PIF by number of instructions": by_num}
+
+
+def _read_release_csv(path: str) -> List[Dict[str, Any]]:
+    from metrics.mmmt_if_release import read_release_records
+    return read_release_records(path)
+
+
+# `run_loader_eval --dataset_name MMMT-IF --prediction_file <release>.csv`: the released scores
+register_prediction_file_reader("MMMT-IF", ".csv", _read_release_csv)

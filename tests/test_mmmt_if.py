@@ -17,7 +17,8 @@ from build.mmmt_if import (COL_ALL, COL_CHAT, COL_COUNT, COL_PROMPT, COL_TURN, i
 from metrics.pif import CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list
 from utils.errors import ReformError
 
-RELEASE = "/work/shared/data/mmmt_if/mmmt_if_release.csv"
+RELEASE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "data",
+                       "mmmt_if_release.csv")
 
 
 # ---- injection ------------------------------------------------------------------------------------
