@@ -74,3 +74,35 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
     resumed = json.load(open(glob.glob(os.path.join(out, "MMMT-IF_*.json"))[0]))
     assert resumed == records
     assert json.load(open(out / "results.json"))["metrics"]["pif"] == res["pif"]
+
+
+def test_reference_baseline_answers_with_the_mmdu_reference(tmp_path, capsys):
+    """--model reference: every answer is the sample's MMDU reference; PIF is scored on it."""
+    import pytest
+
+    import run_eval
+    from metrics.pif import pif
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    out = tmp_path / "ref"
+    rc = run_eval.main(["--model", "reference", "--dataset_name", "MMMT-IF", "--dataset_config", cfg,
+                        "--formulation", "Generation", "--infer_method", "generation", "--seed", "3",
+                        "--output_dir", str(out), "--do_eval"])
+    assert rc == 0
+    records = json.load(open(glob.glob(os.path.join(out, "MMMT-IF_*.json"))[0]))
+    assert len(records) == 30
+    for r in records:
+        chat, turn = int(r["meta"]["chat_id"][4:]), r["meta"]["turn"]
+        assert r["prediction"] == f"Reference {chat}-{turn - 1}."
+    expected = sum(pif(r["prediction"], r["meta"]["instructions"]) for r in records) / len(records)
+    res = [json.load(open(p)) for p in glob.glob(os.path.join(out, "*results.json"))]
+    assert res and res[0]["metrics"]["pif"] == pytest.approx(expected)
+    # the release CSV alone has no reference answers: one clear line, exit 2
+    import csv
+    with open(os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv"), encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        head = [next(reader), next(reader)]
+    with open(tmp_path / "one.csv", "w", encoding="utf-8", newline="") as f:
+        csv.writer(f).writerows(head)
+    rc = run_eval.main(["--model", "reference", "--dataset_name", "MMMT-IF", "--dataset_option", "source=release_only",
+                        "--dataset_option", f"release_csv={tmp_path / 'one.csv'}", "--output_dir", str(tmp_path / "none")])
+    assert rc == 2 and "needs a reference answer" in capsys.readouterr().err
