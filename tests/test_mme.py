@@ -384,3 +384,53 @@ def test_bad_results_files(tmp_path):
                      "meta": {"subtask": "OCR", "image": "a.jpg"}}], file="preds.json")
     with pytest.raises(ReformError, match="unknown MME parse rule 'fuzzy'"):
         mme_metric(_fixture_records(), mme_parse="fuzzy")
+
+
+# -- parquet image cache (issue 9 item 4) ------------------------------------------------------
+
+def _png_bytes(colour):
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), colour).save(buf, format="BMP")  # fixed size for every colour
+    return buf.getvalue()
+
+
+def _parquet(path, images):
+    """images: {question_id: png bytes}; two questions (Yes, No) per image."""
+    import datasets
+    cols = {"question_id": [], "image": [], "question": [], "answer": [], "category": []}
+    for qid, data in images.items():
+        for q, gt in (("Is it red? Please answer yes or no.", "Yes"), ("Is it blue? Please answer yes or no.", "No")):
+            cols["question_id"].append(qid)
+            cols["image"].append({"bytes": data, "path": qid.split("/", 1)[1]})
+            cols["question"].append(q)
+            cols["answer"].append(gt)
+            cols["category"].append("count")
+    feats = datasets.Features({"question_id": datasets.Value("string"), "image": datasets.Image(),
+                               "question": datasets.Value("string"), "answer": datasets.Value("string"),
+                               "category": datasets.Value("string")})
+    datasets.Dataset.from_dict(cols, features=feats).to_parquet(str(path))
+    return str(path)
+
+
+def test_parquet_cache_unique_per_question_id_and_file(tmp_path):
+    red, blue, green = _png_bytes((255, 0, 0)), _png_bytes((0, 0, 255)), _png_bytes((0, 255, 0))
+    assert len(red) == len(blue) == len(green)  # same size: a size check cannot tell them apart
+    cache = str(tmp_path / "cache")
+    first = _parquet(tmp_path / "one.parquet", {"count/a/x.png": red, "count/b/x.png": blue})
+    cfg = {"parquet": first, "image_cache_dir": cache, "check_counts": False, "subtasks": ["count"]}
+    samples, _ = build_dataset("MME", "Generation", cfg, in_context_sample=False)
+    by_key = {s["meta"]["image"]: s["images"][0] for s in samples}
+    assert set(by_key) == {"a/x.png", "b/x.png"} and by_key["a/x.png"] != by_key["b/x.png"]
+    assert open(by_key["a/x.png"], "rb").read() == red and open(by_key["b/x.png"], "rb").read() == blue
+    # another parquet file, same question id, other image, same cache folder: its own file
+    second = _parquet(tmp_path / "two.parquet", {"count/a/x.png": green})
+    other, _ = build_dataset("MME", "Generation", dict(cfg, parquet=second), in_context_sample=False)
+    path = other[0]["images"][0]
+    assert open(path, "rb").read() == green and path != by_key["a/x.png"]
+    assert open(by_key["a/x.png"], "rb").read() == red
+    # a rebuild of the first reuses its files unchanged
+    again, _ = build_dataset("MME", "Generation", cfg, in_context_sample=False)
+    assert [s["images"] for s in again] == [s["images"] for s in samples]
