@@ -434,3 +434,59 @@ def test_parquet_cache_unique_per_question_id_and_file(tmp_path):
     # a rebuild of the first reuses its files unchanged
     again, _ = build_dataset("MME", "Generation", cfg, in_context_sample=False)
     assert [s["images"] for s in again] == [s["images"] for s in samples]
+
+
+# -- official results files (issue 11 §5) --------------------------------------------------------
+
+def _results_dir(tmp_path, lines, name="existence.txt", raw=None):
+    d = tmp_path / "results"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    if raw is not None:
+        p.write_bytes(raw)
+    else:
+        p.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+    return str(d), str(p)
+
+
+def test_results_file_not_utf8_is_one_line(tmp_path, capsys):
+    import run_loader_eval
+    d, p = _results_dir(tmp_path, [], raw="a.jpg\tIs it? Please answer yes or no.\tYes\tOui, c'est \u00e7a\n"
+                        .encode("latin-1"))
+    with pytest.raises(ReformError, match=r"existence\.txt: .*not UTF-8") as e:
+        read_official_results(d)
+    assert "\n" not in str(e.value) and p in str(e.value)
+    assert run_loader_eval.main(["--dataset_name", "MME", "--prediction_file", d]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not UTF-8" in err[0] and p in err[0]
+
+
+def test_results_image_names_stripped(tmp_path):
+    q = "Is there a dog? Please answer yes or no."
+    d, _ = _results_dir(tmp_path, [f"a.jpg \t{q}\tYes\tyes", f" a.jpg\t{q}\tNo\tno",
+                                   f"b.jpg\t{q}\tYes\tno", f"b.jpg\u00a0\t{q}\tNo\tno"])
+    recs = read_official_results(d)
+    assert [r["meta"]["image"] for r in recs] == ["a.jpg", "a.jpg", "b.jpg", "b.jpg"]
+    m = mme_metric(recs)["metrics"]["subtasks"]["existence"]
+    assert (m["acc"], m["acc_plus"]) == (0.75, 0.5)
+
+
+def test_results_lines_of_an_image_not_adjacent_warn(tmp_path, caplog):
+    q = "Is there a dog? Please answer yes or no."
+    lines = [f"a.jpg\t{q}\tYes\tyes", f"b.jpg\t{q}\tYes\tyes", f"a.jpg\t{q}\tNo\tno", f"b.jpg\t{q}\tNo\tyes"]
+    d, p = _results_dir(tmp_path, lines)
+    with caplog.at_level("WARNING", logger="metrics.mme"):
+        recs = read_official_results(d)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and p in warned[0] and "not adjacent" in warned[0]
+    assert "2 image(s)" in warned[0] and "a.jpg (lines 1, 3)" in warned[0]
+    # we pair by image name: a = both right, b = one right
+    m = mme_metric(recs)["metrics"]["subtasks"]["existence"]
+    assert (m["acc"], m["acc_plus"]) == (0.75, 0.5)
+    caplog.clear()
+    adjacent = [lines[0], lines[2], lines[1], lines[3]]
+    (tmp_path / "ok").mkdir()
+    d2, _ = _results_dir(tmp_path / "ok", adjacent)
+    with caplog.at_level("WARNING", logger="metrics.mme"):
+        read_official_results(d2)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
