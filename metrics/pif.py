@@ -147,7 +147,7 @@ _BOUNDARY_RE = re.compile(r"([.!?…]+[\"'”’»)\]}*_`~]*)\s+")
 _MARKER_ONLY_RE = re.compile(r"^[\s*_#>\-+•–]*\(?\d{1,3}[.)][\s*_]*$")
 _INLINE_MARKER_RE = re.compile(r"[:;]\s+\(?\d{1,2}\.$")
 _HAS_ALNUM_RE = re.compile(r"[^\W_]")
-_INITIALISM_RE = re.compile(r"(?:[a-z]\.)*[a-z]")
+_INITIALISM_RE = re.compile(r"[a-z]|(?:[a-z]{1,2}\.)+[a-z]{1,2}")
 #: a line that is a title by itself: wholly bold/italic (optionally ending with ':')
 _EMPHASIS_LINE_RE = re.compile(r"^([*_]{1,3})[^*_].*\1:?$")
 #: a horizontal rule ('---', '***', '___')
@@ -238,22 +238,41 @@ def _is_item(line: str) -> bool:
     return c in "-*_=~" and _RULE_RE.fullmatch(line) is not None
 
 
-def _breaks_after(prev: str, prev_item: bool, line: str) -> bool:
+#: lower-case words allowed inside a title line ("Overview of the Scene")
+_TITLE_SMALL = frozenset("a an the of and or in on at to for with by from vs".split())
+
+
+def _is_title(line: str) -> bool:
+    """A short Title Case line without closing punctuation ("Key Features"): a heading."""
+    words = line.split()
+    if len(words) > 6 or line[-1] in ".!?…,;" or not words[0][:1].isupper():
+        return False
+    return all(w[:1].isupper() or w.lower() in _TITLE_SMALL or not w[:1].isalpha() for w in words)
+
+
+def _breaks_after(prev: str, prev_item: bool, line: str, indented: bool) -> bool:
     """Whether the line break between two non-empty lines ends a sentence.
 
-    It does where the next line is an item (list, heading, quote, table row) and where the
-    previous line is complete on its own: a heading or table row, a list item not continued
-    in lower case, a wholly bold/italic title, or a line ending with ':' before a capital.
-    Otherwise the lines are one text and only punctuation ends sentences.
+    It does where the next line is an item (list, heading, quote, table row, rule) and where
+    the previous line is complete on its own: a heading, table row or rule; a list item not
+    continued (a continuation is indented or starts lower-case); a wholly bold/italic or
+    short Title Case title line; a line ending with ':' before a capital. Otherwise the lines
+    are one text and only punctuation ends sentences.
     """
     if _is_item(line):
         return True
     lower_next = line[0].islower()
     if prev_item:
-        return prev[0] in "#|" or not lower_next or _RULE_RE.fullmatch(prev) is not None
+        if prev[0] in "#|" or _RULE_RE.fullmatch(prev) is not None:
+            return True
+        return not (lower_next or indented)
+    if lower_next:
+        return False
     if prev[-1] == ":":
-        return not lower_next
-    return prev[0] in "*_" and _EMPHASIS_LINE_RE.match(prev) is not None
+        return True
+    if prev[0] in "*_" and _EMPHASIS_LINE_RE.match(prev) is not None:
+        return True
+    return _is_title(prev)
 
 
 def _blocks(text: str) -> List[str]:
@@ -270,7 +289,7 @@ def _blocks(text: str) -> List[str]:
                 cur = []
             continue
         item = _is_item(line)
-        if cur and _breaks_after(prev, prev_item, line):
+        if cur and _breaks_after(prev, prev_item, line, raw[:1] in " \t"):
             blocks.append(" ".join(cur))
             cur = []
         if not cur:

@@ -370,3 +370,18 @@ def test_unicode_ellipsis_ends_like_three_dots() -> None:
     assert check_instruction("So it waits\u2026 Slowly it flies\u2026 Still there!",
                              "response_length_short")
     assert len(split_sentences("A bird\u2026 A stork\u2026 A crane\u2026 An owl\u2026 A duck.")) == 5
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Key Features\nThe bird has long legs.", ["Key Features", "The bird has long legs."]),
+    ("Overview of the Scene\nA stork stands.", ["Overview of the Scene", "A stork stands."]),
+    ("The photo shows the\nEiffel Tower at night.", ["The photo shows the Eiffel Tower at night."]),
+    ("1. The bird on the left\n   Stands on one leg.\n2. It sleeps.", ["The bird on the left Stands on one leg.",
+                                                                   "It sleeps."]),
+    ("- Red legs\nThe bird is a stork.", ["Red legs", "The bird is a stork."]),
+    ("She has a Ph.D. in biology. It helps.", ["She has a Ph.D. in biology.", "It helps."]),
+    ("I saw it go. Birds fly.", ["I saw it go.", "Birds fly."]),
+    ("It lands at 5 p.m. Then it sleeps.", ["It lands at 5 p.m.", "Then it sleeps."]),
+])
+def test_more_line_and_abbreviation_cases(text: str, expected: list) -> None:
+    assert split_sentences(text) == expected
