@@ -26,7 +26,7 @@ import os
 import re
 import tempfile
 from collections import OrderedDict
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from build.registry import Builder, register_builder
 from utils.errors import ReformError, input_error
@@ -244,6 +244,9 @@ class MMEBuilder(Builder):
     #: Generation first: the official protocol is the default formulation
     formulations = ("Generation", "SingleChoice")
     default_metric = {"Generation": "mme", "SingleChoice": "mme"}
+    #: every config key this builder reads
+    option_names: ClassVar[Tuple[str, ...]] = ("root", "parquet", "subtasks", "prompt", "check_counts",
+                                               "verify_images", "skip_corrupt", "image_cache_dir")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
