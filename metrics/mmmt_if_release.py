@@ -46,6 +46,29 @@ def read_release_records(path: str) -> List[Dict[str, Any]]:
     return records
 
 
+def reference_records_from(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The released models' rows for the turns of a run built from the release.
+
+    Why: a user's run on ``source: release``/``release_only`` carries ``meta.release_pif``;
+    these rows let the comparison put the three released models beside the user's model,
+    paired on the same (chat, turn). Records without ``release_pif`` are left out.
+    """
+    out: List[Dict[str, Any]] = []
+    for column, model in RELEASE_MODEL_NAMES.items():
+        for r in records:
+            meta = r.get("meta") or {}
+            value = (meta.get("release_pif") or {}).get(column)
+            if value is None or int(r.get("dup_index", 0)) != 0:
+                continue
+            out.append({"sample_id": r["sample_id"], "dup_index": 0, "benchmark": "MMMT-IF",
+                        "formulation": "Generation", "inference_method": "generation", "model": model,
+                        "release_reference": True, "question": r.get("question"), "prediction": None,
+                        "reported_pif": float(value),
+                        "meta": {k: meta.get(k) for k in ("chat_id", "turn", "instructions", "new_instruction",
+                                                          "topic", "capability", "source")}})
+    return out
+
+
 def _by_model(records: Sequence[Dict[str, Any]]) -> "OrderedDict[str, List[Dict[str, Any]]]":
     groups: "OrderedDict[str, List[Dict[str, Any]]]" = OrderedDict()
     for r in records:

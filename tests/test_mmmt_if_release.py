@@ -130,3 +130,20 @@ def test_release_configs_point_inside_the_repository() -> None:
             path = yaml.safe_load(f)["release_csv"]
         full = os.path.realpath(os.path.join(cfg_dir, path))
         assert full == os.path.realpath(RELEASE), name
+
+
+def test_reference_rows_beside_a_run_built_from_the_release(release_records: list) -> None:
+    """A run on release_only carries meta.release_pif: the released rows pair with it per turn."""
+    from build import build_dataset
+    from metrics.mmmt_if_release import reference_records_from
+    samples, _ = build_dataset("MMMT-IF", "Generation", {"source": "release_only", "release_csv": RELEASE},
+                               in_context_sample=False)
+    mine = [dict({k: v for k, v in s.items() if k != "images"}, model="mine", prediction="So 8 birds swim!")
+            for s in samples[:30]]
+    refs = reference_records_from(mine)
+    assert len(refs) == 90 and {r["model"] for r in refs} == {"Gemini 1.5 Pro", "GPT-4o", "Claude 3.5 Sonnet"}
+    by_key = {(r["model"], r["sample_id"]): r["reported_pif"] for r in release_records}
+    assert all(r["reported_pif"] == by_key[(r["model"], r["sample_id"])] for r in refs)
+    rep = release_reference_report(mine + refs)
+    assert list(rep["metrics"]["models"]) == ["mine", "Gemini 1.5 Pro", "GPT-4o", "Claude 3.5 Sonnet"]
+    assert rep["metrics"]["wilcoxon"]["mine vs GPT-4o"]["n_pairs"] == 30
