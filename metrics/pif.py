@@ -138,7 +138,7 @@ SENTENCE_STARTERS = frozenset("""a an the this that these those it its he she th
 his her their our my your in on at for but and so however also then next overall both each some many
 most all one as if when while although yes no after before finally first second third additionally
 moreover furthermore thus therefore what which who how why where with by from another other such since
-because instead besides meanwhile today now only this""".split())
+because instead besides meanwhile today now only""".split())
 
 _CLOSERS = "\"'”’»)]}*_`~"
 _LINE_MARKER_RE = re.compile(r"^(?:#{1,6}\s+|>\s*|[-*+•–]\s+|\(?\d{1,3}[.)]\s+)+")
@@ -200,7 +200,7 @@ def _ends_sentence(piece: str, mark: str, nxt_text: str) -> bool:
         return True
     if token in NEVER_END:
         # "No. It is a stork." ends; "No. 5" (number) does not
-        return token in ("no", "nos") and nxt.isalpha()
+        return token in ("no", "nos") and not (nxt.isdigit() or nxt == "#")
     if _INITIALISM_RE.fullmatch(token):
         # initials and initialisms (J. K., U.S., D.C.) end only before a sentence-opening word
         return nxt.isupper() and _next_word(nxt_text) in SENTENCE_STARTERS

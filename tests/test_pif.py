@@ -354,6 +354,8 @@ def test_line_breaks_that_end_sentences() -> None:
     ("No. It is a stork.", 2),
     ("Yes. It is a stork.", 2),
     ("No. 5 is the answer.", 1),
+    ("No. (It is a stork.)", 2),
+    ("No. \"It is a stork.\"", 2),
     ("It is in Washington, D.C. The bird flew there.", 2),
     ("It was made in the U.S.A. by hand.", 1),
     ("Vitamin C. Then more.", 2),
