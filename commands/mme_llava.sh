@@ -3,7 +3,8 @@
 # Data: the official release at data/MME_Benchmark_release_version (or pass
 # --dataset_option root=/path/to/MME, or --dataset_config configs/datasets/mme_parquet.yaml).
 # Without it, a placeholder copy (the official question lists shipped in
-# configs/data/mme_questions, 8x8 blank images) is written to output/mme/placeholder_release so
+# configs/data/mme_questions, 8x8 blank images) is written to output/mme/placeholder_release
+# (MME_PLACEHOLDER to change it) so
 # the pipeline runs end to end: its scores are NOT MME scores (a warning says so).
 # MODEL_NAME (or --model_name): a local checkpoint or an offline HF id (default: tiny, random weights).
 # Usage: bash commands/mme_llava.sh [run_eval options, e.g. --dataset_subsample 20]
@@ -13,7 +14,7 @@ PY="${PYTHON:-python}"
 if command -v torchrun >/dev/null 2>&1; then RUN=(torchrun); else RUN=("$PY" -m torch.distributed.run); fi
 DATA=()
 if [ ! -d data/MME_Benchmark_release_version ] && ! printf '%s\n' "$@" | grep -qE '^(root|parquet)=|^--dataset_config'; then
-  PLACEHOLDER="$PWD/output/mme/placeholder_release"
+  PLACEHOLDER="${MME_PLACEHOLDER:-$PWD/output/mme/placeholder_release}"
   if [ ! -d "$PLACEHOLDER" ]; then
     "$PY" -m build.mme placeholder --questions configs/data/mme_questions --out "$PLACEHOLDER" >/dev/null
   fi

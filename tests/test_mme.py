@@ -1,7 +1,7 @@
 """MME: builder on a generated copy of the real release, parsing rules, exact scores, the
 official results format and bad input.
 
-The real question lists live in ../shared/data/mme (never copied into the repo); tests lay
+The official question lists ship in configs/data/mme_questions (images do not); tests lay
 out a release-shaped folder with 8x8 placeholder images from them.
 """
 from __future__ import annotations
@@ -22,9 +22,8 @@ from metrics.mme import (mme_metric, parse_official, parse_stripped, parse_word,
 from utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUESTIONS = os.environ.get("MME_QUESTIONS", os.path.join(os.path.dirname(ROOT), "shared", "data", "mme"))
-if not os.path.isdir(QUESTIONS):
-    QUESTIONS = "/work/shared/data/mme"
+#: the official question lists, shipped in configs/data (a copy of ../shared/data/mme)
+QUESTIONS = os.environ.get("MME_QUESTIONS", os.path.join(ROOT, "configs", "data", "mme_questions"))
 pytestmark = pytest.mark.skipif(not os.path.isdir(QUESTIONS), reason="MME question lists not available")
 
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from PIL import Image
 
 from tests.test_kill_resume import run_and_kill_midway
@@ -78,8 +79,6 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
 
 def test_reference_baseline_answers_with_the_mmdu_reference(tmp_path, capsys):
     """--model reference: every answer is the sample's MMDU reference; PIF is scored on it."""
-    import pytest
-
     import run_eval
     from metrics.pif import pif
     cfg = write_mmdu(str(tmp_path / "mmdu"))
@@ -106,3 +105,25 @@ def test_reference_baseline_answers_with_the_mmdu_reference(tmp_path, capsys):
     rc = run_eval.main(["--model", "reference", "--dataset_name", "MMMT-IF", "--dataset_option", "source=release_only",
                         "--dataset_option", f"release_csv={tmp_path / 'one.csv'}", "--output_dir", str(tmp_path / "none")])
     assert rc == 2 and "needs a reference answer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mmmt_if_script_runs_with_tiny(tmp_path):
+    """commands/mmmt_if_llava.sh on the release's questions (one 2-turn chat): tiny's answers
+    are capped at 16 tokens so the chat fits its context; PIF tables are printed."""
+    import csv
+    with open(os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    with open(tmp_path / "chat55.csv", "w", encoding="utf-8", newline="") as f:
+        csv.writer(f).writerows([rows[0]] + [r for r in rows[1:] if r[0] == "55"])
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run(["bash", os.path.join(ROOT, "commands", "mmmt_if_llava.sh"), "--dataset_config",
+                           "configs/datasets/mmmt_if_release_only.yaml", "--dataset_option",
+                           f"release_csv={tmp_path / 'chat55.csv'}", "--output_dir", str(tmp_path / "out")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MMMT-IF PIF by turn" in done.stdout
+    records = json.load(open(glob.glob(os.path.join(tmp_path / "out", "MMMT-IF_*.json"))[0]))
+    assert [r["sample_id"] for r in records] == ["55-t01", "55-t02"]
+    assert all(len(r["predictions"]) == 4 for r in records)
