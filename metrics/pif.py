@@ -152,13 +152,16 @@ _INITIALISM_RE = re.compile(r"[a-z]|(?:[a-z]{1,2}\.)+[a-z]{1,2}")
 _EMPHASIS_LINE_RE = re.compile(r"^([*_]{1,3})[^*_].*\1:?$")
 #: a horizontal rule ('---', '***', '___')
 _RULE_RE = re.compile(r"[-*_=~\s]{3,}")
-#: a word used as a word: not fused to letters, digits, '_' or a hyphen; an apostrophe or
+#: a word used as a word: not fused to letters, digits or a hyphen; an apostrophe or
 #: quote beside it is a quote unless it joins it to another letter (don't, like's)
 def _word_re(word: str) -> "re.Pattern[str]":
     head, _, rest = word.partition(" ")
-    # the literal first, then look behind it: a fast scan for the (rare) word
-    body = head + rf"(?<![\w\-]{head})(?<!\w['’]{head})" + (r"\s+" + rest if rest else "")
-    return re.compile(body + r"(?!['’]\w)(?![\w\-])")
+    # the literal first, then look behind it: a fast scan for the (rare) word. Letters,
+    # digits and hyphens join words; '_' does not (markdown _itself_); an apostrophe joins
+    # only when a letter or digit is on its other side (like's), else it is a quote ('like')
+    body = (head + rf"(?<![^\W_]{head})(?<!-{head})(?<![^\W_]['’]{head})"
+            + (r"\s+" + rest if rest else ""))
+    return re.compile(body + r"(?!['’][^\W_])(?![^\W_])(?!-)")
 
 
 _LIKE_RE = _word_re("like")

@@ -277,6 +277,8 @@ def test_paper_examples(response: str, ids: list, expected: list) -> None:
     ("It is not a castle 'per se'.", "favourite_word_per_se"),
     ("It is not a castle \u2018per se\u2019.", "favourite_word_per_se"),
     ("It is not a castle per\nse, but a fort.", "favourite_word_per_se"),
+    ("The tower _itself_ is old.", "favourite_word_itself"),
+    ("I `like` it.", "favourite_word_like"),
 ])
 def test_quoted_words_count(text: str, iid: str) -> None:
     assert check_instruction(text, iid)
