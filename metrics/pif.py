@@ -291,6 +291,13 @@ def _blocks(text: str) -> List[str]:
                 blocks.append(" ".join(cur))
                 cur = []
             continue
+        if line[0] == ">" and cur and cur[0][0] == ">":
+            # a quote continues over its '>' lines: read the quoted text like any other
+            inner, prev_inner = line.lstrip("> \t"), prev.lstrip("> \t")
+            if inner and prev_inner and not _breaks_after(prev_inner, False, inner, False):
+                cur.append(inner)
+                prev = line
+                continue
         item = _is_item(line)
         if cur and _breaks_after(prev, prev_item, line, raw[:1] in " \t"):
             blocks.append(" ".join(cur))

@@ -385,6 +385,8 @@ def test_unicode_ellipsis_ends_like_three_dots() -> None:
     ("- Red legs\nThe bird is a stork.", ["Red legs", "The bird is a stork."]),
     ("She has a Ph.D. in biology. It helps.", ["She has a Ph.D. in biology.", "It helps."]),
     ("I saw it go. Birds fly.", ["I saw it go.", "Birds fly."]),
+    ("> Storks are tall\n> and white.\n> They fly.", ["Storks are tall and white.", "They fly."]),
+    ("> Key Features\n> Storks are tall.", ["Key Features", "Storks are tall."]),
     ("It lands at 5 p.m. Then it sleeps.", ["It lands at 5 p.m.", "Then it sleeps."]),
 ])
 def test_more_line_and_abbreviation_cases(text: str, expected: list) -> None:
