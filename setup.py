@@ -17,7 +17,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["build", "build.*", "models", "models.*", "metrics", "metrics.*",
                                     "utils", "utils.*", "configs"]),
-    package_data={"configs": ["datasets/*.yaml", "data/*"]},
+    package_data={"configs": ["datasets/*.yaml", "data/*.csv", "data/*/*.txt"]},
     include_package_data=True,
     py_modules=["run_eval", "run_loader_eval"],
     install_requires=requirements,

@@ -26,7 +26,7 @@ import os
 import re
 import tempfile
 from collections import OrderedDict
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from build.registry import Builder, register_builder
 from utils.errors import ReformError, input_error
@@ -195,19 +195,33 @@ def _parquet_files(spec: Any, resolve) -> List[str]:
     return files
 
 
-def read_parquet_rows(files: List[str]) -> Iterable[Dict[str, Any]]:
-    """Rows of the HF parquet layout with image bytes undecoded (question_id, image, question,
-    answer, category); memory-mapped, so the real set (~1 GB of images) is not held in RAM."""
+def read_parquet_rows(files: List[str]) -> Iterable[Tuple[str, int, Dict[str, Any]]]:
+    """(file, row number in it, row) of the HF parquet layout, image bytes undecoded
+    (question_id, image, question, answer, category); memory-mapped, so the real set
+    (~1 GB of images) is not held in RAM. Files are read one by one so each row knows its file."""
     import datasets
-    ds = datasets.Dataset.from_parquet(files)
     needed = ("question_id", "image", "question", "answer")
-    missing = [c for c in needed if c not in ds.column_names]
-    if missing:
-        raise input_error(f"parquet lacks column(s) {', '.join(missing)} (has {', '.join(ds.column_names)})",
-                          file=files[0])
-    if isinstance(ds.features.get("image"), datasets.Image):
-        ds = ds.cast_column("image", datasets.Image(decode=False))
-    return iter(ds)
+    for file in files:
+        ds = datasets.Dataset.from_parquet(file)
+        missing = [c for c in needed if c not in ds.column_names]
+        if missing:
+            raise input_error(f"parquet lacks column(s) {', '.join(missing)} (has {', '.join(ds.column_names)})",
+                              file=file)
+        if isinstance(ds.features.get("image"), datasets.Image):
+            ds = ds.cast_column("image", datasets.Image(decode=False))
+        for i, row in enumerate(ds):
+            yield file, i, row
+
+
+def parquet_image_path(cache: str, subtask: str, question_id: str, file: str, data: bytes) -> str:
+    """Where one parquet image is cached: unique per question id, parquet file and content.
+
+    Why: ``count/a/x.png`` and ``count/b/x.png`` (or one id in two parquet files) must never
+    share a cached file; the file name is kept last for readability.
+    """
+    h = hashlib.sha256(f"{os.path.abspath(file)}\0{question_id}\0".encode())
+    h.update(data)
+    return os.path.join(cache, subtask, h.hexdigest()[:20], os.path.basename(question_id))
 
 
 def _image_bytes(value: Any, file: str, row: int) -> bytes:
@@ -230,8 +244,9 @@ class MMEBuilder(Builder):
     #: Generation first: the official protocol is the default formulation
     formulations = ("Generation", "SingleChoice")
     default_metric = {"Generation": "mme", "SingleChoice": "mme"}
-    option_names = ("root", "parquet", "subtasks", "prompt", "check_counts", "verify_images", "skip_corrupt",
-                    "image_cache_dir")
+    #: every config key this builder reads
+    option_names: ClassVar[Tuple[str, ...]] = ("root", "parquet", "subtasks", "prompt", "check_counts",
+                                               "verify_images", "skip_corrupt", "image_cache_dir")
 
     def group_key(self, sample: Dict[str, Any]) -> str:
         """An image with its two questions is one unit (acc+ needs both; subsets keep pairs)."""
@@ -286,11 +301,9 @@ class MMEBuilder(Builder):
 
     def _entries_from_parquet(self, spec: Any, subtasks: List[str]) -> Dict[str, List[Dict[str, Any]]]:
         files = _parquet_files(spec, self.resolve_path)
-        rows = read_parquet_rows(files)
         cache = self._cache_dir(files)
-        where = files[0] if len(files) == 1 else os.path.dirname(files[0])
         groups: Dict[Tuple[str, str], Dict[str, Any]] = OrderedDict()
-        for i, row in enumerate(rows):
+        for where, i, row in read_parquet_rows(files):
             qid = str(row["question_id"])
             if "/" not in qid:
                 raise input_error(f"question_id must be '<subtask>/<file>', got {qid!r}", file=where,
@@ -308,14 +321,15 @@ class MMEBuilder(Builder):
             g = groups.get((sub, name))
             if g is None:  # keep one copy of the image bytes per image, not per question
                 g = groups[(sub, name)] = {"name": name, "rows": [], "image_value": row["image"],
-                                           "file": where, "first_row": i}
+                                           "file": where, "first_row": i, "qid": qid}
             g["rows"].append((i, str(row["question"]), gt))
         out: Dict[str, List[Dict[str, Any]]] = {s: [] for s in subtasks}
         os.makedirs(cache, exist_ok=True)
         for (sub, name), g in groups.items():
+            where = g["file"]
             check_pair(g["rows"], where, what=f"image {sub}/{name}")
             data = _image_bytes(g["image_value"], where, g["first_row"])
-            path = os.path.join(cache, sub, os.path.basename(name))
+            path = parquet_image_path(cache, sub, g["qid"], where, data)
             if not os.path.isfile(path) or os.path.getsize(path) != len(data):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 tmp = f"{path}.{os.getpid()}.tmp"

@@ -22,7 +22,7 @@ import os
 import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from build.registry import Builder, register_builder
 from build.schema import IMAGE_TOKEN
@@ -37,6 +37,10 @@ MMDU_IMAGE_TOKEN = "<ImageHere>"
 MAX_INSTRUCTIONS = len(CATEGORIES)
 #: an MMDU image introduction such as "Image1: <ImageHere>." (or a bare token)
 _INTRO_RE = re.compile(r"(?:Image\s*\d+\s*[:：]?\s*)?" + re.escape(MMDU_IMAGE_TOKEN) + r"\s*[.,;:]?")
+#: the same introduction after <ImageHere> became the prompt's image token
+_PROMPT_INTRO_RE = re.compile(r"(?:Image\s*\d+\s*[:：]?\s*)?" + re.escape(IMAGE_TOKEN) + r"\s*[.,;:]?")
+_PROMPT_INTRO_TRAILING_RE = re.compile(_PROMPT_INTRO_RE.pattern + r"[ \t]*")
+IMAGE_PLACEMENTS = ("start", "turn")
 
 # release CSV columns
 COL_CHAT = "conversation id"
@@ -72,21 +76,43 @@ def instruction_prefix(text: str) -> str:
 # Instruction injection (paper section 1)
 # ---------------------------------------------------------------------------------------
 
+#: P(a new instruction before a turn | k given so far) estimated from the release CSV:
+#: (turns with k given where one was added) / (turns with k given), over its 71 chats in
+#: file order. The paper's stated rule 1 - k/6 gives far fewer 6-instruction turns (about
+#: 226 of 990 against the release's 464); see docs/mmmt_if.md, "Injection".
+RELEASE_ADD_COUNTS: Dict[int, Tuple[int, int]] = {0: (71, 79), 1: (70, 90), 2: (69, 96), 3: (69, 85),
+                                                  4: (69, 99), 5: (64, 141)}
+RELEASE_ADD_PROBABILITY: Dict[int, float] = {k: a / n for k, (a, n) in RELEASE_ADD_COUNTS.items()}
+INJECTION_RULES = ("release", "paper_formula")
+
+
+def add_probability(k: int, rule: str = "release") -> float:
+    """P(an instruction is added before a turn | k given so far) under ``rule``."""
+    if k >= MAX_INSTRUCTIONS:
+        return 0.0
+    if rule == "release":
+        return RELEASE_ADD_PROBABILITY[k]
+    if rule == "paper_formula":
+        return 1.0 - k / MAX_INSTRUCTIONS
+    raise ReformError(f"unknown injection rule {rule!r}; valid: {', '.join(INJECTION_RULES)}")
+
+
 def inject_instructions(n_turns: int, seed: int, chat_key: Any,
-                        max_instructions: int = MAX_INSTRUCTIONS) -> List[Optional[str]]:
+                        max_instructions: int = MAX_INSTRUCTIONS, rule: str = "release") -> List[Optional[str]]:
     """The instruction id added before each turn (None where none is added).
 
-    Before each question, with probability 1 - k/6 (k = instructions given so far) one
-    instruction is added: a category not used yet chosen uniformly, then one of its
-    instructions uniformly. Deterministic in (seed, chat_key).
+    Before each question, with probability ``add_probability(k, rule)`` (k = instructions
+    given so far) one instruction is added: a category not used yet chosen uniformly, then
+    one of its instructions uniformly. Deterministic in (seed, chat_key, rule).
     """
+    add_probability(0, rule)  # validates the rule name
     rng = rng_for(seed, "MMMT-IF", "instructions", chat_key)
     given: List[str] = []
     out: List[Optional[str]] = []
     for _ in range(n_turns):
         k = len(given)
         added = None
-        if k < max_instructions and rng.random() < 1.0 - k / MAX_INSTRUCTIONS:
+        if k < max_instructions and rng.random() < add_probability(k, rule):
             used = {CATEGORY_OF[i] for i in given}
             category = rng.choice([c for c in CATEGORIES if c not in used])
             added = rng.choice(CATEGORIES[category])
@@ -324,9 +350,10 @@ class MMMTIFBuilder(Builder):
 
     formulations = ("Generation",)
     default_metric = {"Generation": "pif"}
-    option_names = ("source", "release_csv", "mmdu_json", "image_folder", "max_images", "max_turns",
-                    "check_images", "skip_bad_chats", "skip_unmatched", "instructions_at_end", "num_chats",
-                    "injection", "images")
+    #: every config key this builder reads
+    option_names: ClassVar[Tuple[str, ...]] = (
+        "source", "mmdu_json", "image_folder", "release_csv", "max_images", "max_turns", "check_images",
+        "skip_bad_chats", "skip_unmatched", "instructions_at_end", "num_chats", "injection", "images")
 
     def group_key(self, sample: Dict[str, Any]) -> str:
         """A chat is the unit of sharding: its turns run in order on one rank."""
@@ -351,6 +378,13 @@ class MMMTIFBuilder(Builder):
             raise input_error(f"unknown source {src!r}; valid: mmdu, release, release_only",
                               file=self.config_path or "<options>", field="source")
         return src
+
+    def _injection(self) -> str:
+        rule = str(self._opt("injection", "release")).strip().lower()
+        if rule not in INJECTION_RULES:
+            raise input_error(f"unknown injection rule {rule!r}; valid: {', '.join(INJECTION_RULES)}",
+                              file=self.config_path or "<options>", field="injection")
+        return rule
 
     # -- entry -----------------------------------------------------------------------------
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
@@ -410,10 +444,40 @@ class MMMTIFBuilder(Builder):
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
         self.build_log.append(msg)
 
+    def _image_placement(self) -> str:
+        mode = str(self._opt("images", "start")).strip().lower()
+        if mode not in IMAGE_PLACEMENTS:
+            raise input_error(f"unknown image placement {mode!r}; valid: {', '.join(IMAGE_PLACEMENTS)}",
+                              file=self.config_path or "<options>", field="images")
+        return mode
+
+    @staticmethod
+    def _images_at_start(plan: List[_PlannedTurn]) -> List[_PlannedTurn]:
+        """All image introductions of the chat moved, in order, to the start of its first
+        question (paper Section 4.2: the chat's images come first); later turns keep their text."""
+        intros: List[str] = []
+        for pt in plan:
+            intros += [m.group(0).strip() for m in _PROMPT_INTRO_RE.finditer(pt.user_text)]
+        if not intros:
+            return plan
+        out: List[_PlannedTurn] = []
+        for pos, pt in enumerate(plan):
+            text = pt.user_text
+            if IMAGE_TOKEN in text:
+                text = _PROMPT_INTRO_TRAILING_RE.sub("", text).strip()
+            if pos == 0:
+                text = " ".join(intros) + "\n" + text
+            out.append(_PlannedTurn(text, pt.answer, pt.turn, pt.new_instruction, pt.prefix, pt.extra_meta))
+        return out
+
     def _emit(self, chat_id: str, plan: List[_PlannedTurn], images: List[str],
               meta_extra: Dict[str, Any], texts: Dict[str, str]) -> List[Dict[str, Any]]:
         """One base item per planned turn, with history, images so far and instructions."""
         at_end = self._flag("instructions_at_end")
+        placement = self._image_placement()
+        if placement == "start":
+            plan = self._images_at_start(plan)
+        meta_extra = dict(meta_extra, images_at=placement)
         items: List[Dict[str, Any]] = []
         history: List[Dict[str, str]] = []
         given: List[str] = []
@@ -480,7 +544,7 @@ class MMMTIFBuilder(Builder):
                 # images introduced after the cut are not shown
                 n_img = sum(t.count(MMDU_IMAGE_TOKEN) for t, _ in turns)
                 paths = paths[:n_img]
-            added = inject_instructions(len(turns), seed, chat.chat_id)
+            added = inject_instructions(len(turns), seed, chat.chat_id, rule=self._injection())
             plan = [_PlannedTurn(text.replace(MMDU_IMAGE_TOKEN, IMAGE_TOKEN), answer, t + 1, new,
                                  instruction_prefix(INSTRUCTION_TEXTS[new]) if new else "")
                     for t, ((text, answer), new) in enumerate(zip(turns, added))]

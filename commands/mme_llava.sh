@@ -1,9 +1,29 @@
 #!/usr/bin/env bash
-# MME with LLaVA: set root in configs/datasets/mme.yaml (or pass --dataset_option root=/path/to/MME).
+# MME with LLaVA (official protocol: Generation, yes/no parsed by the official rule).
+# Data: the official release at data/MME_Benchmark_release_version (or pass
+# --dataset_option root=/path/to/MME, or --dataset_config configs/datasets/mme_parquet.yaml).
+# Without it, a placeholder copy (the official question lists shipped in
+# configs/data/mme_questions, 8x8 blank images) is written to output/mme/placeholder_release
+# (MME_PLACEHOLDER to change it) so
+# the pipeline runs end to end: its scores are NOT MME scores (a warning says so).
+# MODEL_NAME (or --model_name): a local checkpoint or an offline HF id (default: tiny, random weights).
+# Usage: bash commands/mme_llava.sh [run_eval options, e.g. --dataset_subsample 20]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-torchrun --standalone --nproc_per_node="${NPROC:-1}" run_eval.py \
+PY="${PYTHON:-python}"
+if command -v torchrun >/dev/null 2>&1; then RUN=(torchrun); else RUN=("$PY" -m torch.distributed.run); fi
+DATA=()
+if [ ! -d data/MME_Benchmark_release_version ] && ! printf '%s\n' "$@" | grep -qE '^(root|parquet)=|^--dataset_config'; then
+  PLACEHOLDER="${MME_PLACEHOLDER:-$PWD/output/mme/placeholder_release}"
+  if [ ! -d "$PLACEHOLDER" ]; then
+    "$PY" -m build.mme placeholder --questions configs/data/mme_questions --out "$PLACEHOLDER" >/dev/null
+  fi
+  echo "warning: no MME release at data/MME_Benchmark_release_version; running on placeholder images" \
+       "($PLACEHOLDER): these scores are not MME scores" >&2
+  DATA=(--dataset_option "root=$PLACEHOLDER")
+fi
+"${RUN[@]}" --standalone --nproc_per_node="${NPROC:-1}" run_eval.py \
   --model llava --model_name "${MODEL_NAME:-tiny}" \
-  --dataset_name MME --dataset_config configs/datasets/mme.yaml \
+  --dataset_name MME --dataset_config configs/datasets/mme.yaml ${DATA[@]+"${DATA[@]}"} \
   --formulation Generation --infer_method generation --max_new_tokens 8 \
   --per_gpu_eval_batch_size 4 --output_dir output/mme/llava --do_eval "$@"

@@ -251,6 +251,37 @@ def _one_line(text: str) -> str:
     return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ").replace("\t", " ")
 
 
+def _results_lines(path: str) -> List[Tuple[int, str]]:
+    """(line number, text) of the non-blank lines of a results file; one error line if not UTF-8."""
+    try:
+        with open(path, "r", encoding="utf-8-sig", newline="") as f:
+            raw_lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise input_error(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                          "save the results file as UTF-8", file=path) from None
+    out = []
+    for no, raw in enumerate(raw_lines, 1):
+        line = raw[:-2] if raw.endswith("\r\n") else raw.rstrip("\n")
+        if line.strip():
+            out.append((no, line))
+    return out
+
+
+def _warn_unpaired_positions(path: str, by_image: Dict[str, List[Tuple[int, str, str, str]]],
+                             positions: Dict[str, List[int]]) -> None:
+    """Warn when an image's two lines are not one positional pair (lines 1-2, 3-4, ...).
+
+    Why: we pair the lines of an image by its name; the official tool pairs lines by position,
+    so it would score such a file differently (accuracy+ in particular)."""
+    apart = [img for img, pos in positions.items() if len(pos) == 2 and not (pos[0] % 2 == 0 and pos[1] == pos[0] + 1)]
+    if apart:
+        first = apart[0]
+        lines = ", ".join(str(r[0]) for r in by_image[first])
+        logger.warning("%s: the two lines of %d image(s) are not adjacent (e.g. %s (lines %s)); they are paired "
+                       "by image name here, but the official MME tool pairs lines by position and would score "
+                       "this file differently", path, len(apart), first, lines)
+
+
 def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
     """``<subtask>.txt`` files (image<TAB>question<TAB>GT<TAB>response) -> prediction records.
 
@@ -274,21 +305,21 @@ def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
             continue
         path = found[sub]
         by_image: Dict[str, List[Tuple[int, str, str, str]]] = OrderedDict()
-        with open(path, "r", encoding="utf-8-sig", newline="") as f:
-            for no, raw in enumerate(f, 1):
-                line = raw[:-2] if raw.endswith("\r\n") else raw.rstrip("\n")
-                if not line.strip():
-                    continue
-                parts = line.split("\t", 3)
-                if len(parts) < 4:
-                    raise input_error(f"expected 4 tab-separated fields (image, question, GT, response), "
-                                      f"got {len(parts)}", file=path, record=f"line {no}")
-                image, question, gt_raw, response = parts
-                gt = normalize_gt(gt_raw)
-                if gt is None:
-                    raise input_error(f"ground truth must be Yes or No, got {gt_raw!r}", file=path,
-                                      record=f"line {no}", field="GT")
-                by_image.setdefault(image, []).append((no, question, gt, response))
+        positions: Dict[str, List[int]] = defaultdict(list)
+        for pos, (no, line) in enumerate(_results_lines(path)):
+            parts = line.split("\t", 3)
+            if len(parts) < 4:
+                raise input_error(f"expected 4 tab-separated fields (image, question, GT, response), "
+                                  f"got {len(parts)}", file=path, record=f"line {no}")
+            image, question, gt_raw, response = parts
+            image = image.strip()  # stray whitespace around the name, as the official tool ignores it
+            positions[image].append(pos)
+            gt = normalize_gt(gt_raw)
+            if gt is None:
+                raise input_error(f"ground truth must be Yes or No, got {gt_raw!r}", file=path,
+                                  record=f"line {no}", field="GT")
+            by_image.setdefault(image, []).append((no, question, gt, response))
+        _warn_unpaired_positions(path, by_image, positions)
         for image, rows in by_image.items():
             if len(rows) != 2:
                 raise input_error(f"image {image} has {len(rows)} line(s); MME has exactly 2 per image",

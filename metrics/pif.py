@@ -21,6 +21,7 @@ import numpy as np
 
 from metrics import register_metric
 from utils.errors import ReformError, input_error
+from utils.predictions import register_prediction_file_reader
 
 logger = logging.getLogger(__name__)
 
@@ -127,29 +128,48 @@ def split_instruction_list(text: str) -> List[str]:
 # Parsing a response: sentences, words, numbers
 # ---------------------------------------------------------------------------------------
 
-#: abbreviations after which a period never ends a sentence
+#: abbreviations after which a period never ends a sentence ("no" only before a number)
 NEVER_END = frozenset("""mr mrs ms dr prof sr jr st mt vs e.g i.e cf approx fig figs no nos vol
 vols ca ed eds gen col lt sgt capt rev hon pp viz al""".split())
 #: abbreviations that end a sentence only when the next word starts with a capital letter
-MAYBE_END = frozenset("""etc a.m p.m u.s u.k u.n inc ltd co corp jan feb mar apr jun jul aug sep
-sept oct nov dec""".split())
+MAYBE_END = frozenset("""etc inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec""".split())
+#: words that start a new sentence after an initial or initialism ("in the U.S. It rained")
+SENTENCE_STARTERS = frozenset("""a an the this that these those it its he she they we i you there here
+his her their our my your in on at for but and so however also then next overall both each some many
+most all one as if when while although yes no after before finally first second third additionally
+moreover furthermore thus therefore what which who how why where with by from another other such since
+because instead besides meanwhile today now only""".split())
 
 _CLOSERS = "\"'”’»)]}*_`~"
 _LINE_MARKER_RE = re.compile(r"^(?:#{1,6}\s+|>\s*|[-*+•–]\s+|\(?\d{1,3}[.)]\s+)+")
-#: a sentence-ending mark run, its closing quotes/brackets/markup, then whitespace
-_BOUNDARY_RE = re.compile(r"([.!?]+[\"'”’»)\]}*_`~]*)\s+")
+#: a sentence-ending mark run (… counts as ...), its closing quotes/brackets/markup, then whitespace
+_BOUNDARY_RE = re.compile(r"([.!?…]+[\"'”’»)\]}*_`~]*)\s+")
 _MARKER_ONLY_RE = re.compile(r"^[\s*_#>\-+•–]*\(?\d{1,3}[.)][\s*_]*$")
 _INLINE_MARKER_RE = re.compile(r"[:;]\s+\(?\d{1,2}\.$")
 _HAS_ALNUM_RE = re.compile(r"[^\W_]")
-_LIKE_RE = re.compile(r"like(?<![\w'’\-]like)(?![\w'’\-])")
-_ITSELF_RE = re.compile(r"itself(?<![\w'’\-]itself)(?![\w'’\-])")
-_PER_SE_RE = re.compile(r"per(?<![\w'’\-]per)[ \t\u00a0]+se(?![\w'’\-])")
-#: a digit run (optionally signed) with inner ',' / '.' groups and trailing letters, not
-#: inside a word; find_integers validates the token (decimals, suffixes, thousands groups)
-_NUM_CAND_RE = re.compile(r"[-−0-9](?:(?<=[-−])(?<![\w\-−.,][-−])(?=[0-9])|(?<=[0-9])(?<!\w[0-9])(?<![.,][0-9]))"
-                          r"[0-9]*(?:[0-9,.]*[0-9])?[^\W\d_]*")
+_INITIALISM_RE = re.compile(r"[a-z]|(?:[a-z]{1,2}\.)+[a-z]{1,2}")
+#: a line that is a title by itself: wholly bold/italic (optionally ending with ':')
+_EMPHASIS_LINE_RE = re.compile(r"^([*_]{1,3})[^*_].*\1:?$")
+#: a horizontal rule ('---', '***', '___')
+_RULE_RE = re.compile(r"[-*_=~\s]{3,}")
+#: a word used as a word: not fused to letters, digits or a hyphen; an apostrophe or
+#: quote beside it is a quote unless it joins it to another letter (don't, like's)
+def _word_re(word: str) -> "re.Pattern[str]":
+    head, _, rest = word.partition(" ")
+    # the literal first, then look behind it: a fast scan for the (rare) word. Letters,
+    # digits and hyphens join words; '_' does not (markdown _itself_); an apostrophe joins
+    # only when a letter or digit is on its other side (like's), else it is a quote ('like')
+    body = (head + rf"(?<![^\W_]{head})(?<!-{head})(?<![^\W_]['’]{head})"
+            + (r"\s+" + rest if rest else ""))
+    return re.compile(body + r"(?!['’][^\W_])(?![^\W_])(?!-)")
+
+
+_LIKE_RE = _word_re("like")
+_ITSELF_RE = _word_re("itself")
+_PER_SE_RE = _word_re("per se")
+#: a sign or digit and what may follow inside a number; find_integers checks the context
+_NUM_RUN_RE = re.compile(r"[-−0-9][0-9,.]*")
 _THOUSANDS_RE = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+")
-_ORDINALS = ("", "st", "nd", "rd", "th")
 _NUMBER_WORDS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
     "fifteen sixteen seventeen eighteen nineteen".split())}
@@ -159,32 +179,41 @@ _NUMBER_WORDS.update({"hundred": 100, "thousand": 1000, "million": 1000000})
 _NUMBER_WORD_RE = re.compile(r"(?<![\w'’\-])(" + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True))
                              + r")(?:[-\s](one|two|three|four|five|six|seven|eight|nine))?(?![\w'’\-])", re.I)
 
+_MARKER_START = frozenset("#>-*+•–(0123456789")
+
 
 def _strip_marker(sentence: str) -> str:
     return _LINE_MARKER_RE.sub("", sentence, count=1) if sentence[:1] in _MARKER_START else sentence
 
 
-_MARKER_START = frozenset("#>-*+•–(0123456789")
+def _next_word(text: str) -> str:
+    return text.split(None, 1)[0].strip(_CLOSERS + "(\"'“‘").lower() if text.strip() else ""
 
 
-def _ends_sentence(piece: str, mark: str, nxt: str) -> bool:
-    """Whether ``mark`` (a run of . ! ? and closers) after ``piece`` ends a sentence."""
+def _ends_sentence(piece: str, mark: str, nxt_text: str) -> bool:
+    """Whether ``mark`` (a run of . ! ? … and closers) after ``piece`` ends a sentence."""
+    nxt = nxt_text[:1]
     if mark != ".":
-        if mark[0] == "." and mark.rstrip(_CLOSERS) == "...":
+        core = mark.rstrip(_CLOSERS).replace("…", "...")
+        if core[0] == "." and core.strip(".") == "" and len(core) > 1:
             return nxt.isupper()  # an ellipsis ends a sentence only before a capital
         return True
     token = piece[piece.rfind(" ") + 1:].lstrip(_CLOSERS + "(").lower()
     if len(token) > 6:
         return True
-    if token in NEVER_END or (len(token) == 1 and token.isalpha()):
-        return False
+    if token in NEVER_END:
+        # "No. It is a stork." ends; "No. 5" (number) does not
+        return token in ("no", "nos") and not (nxt.isdigit() or nxt == "#")
+    if _INITIALISM_RE.fullmatch(token):
+        # initials and initialisms (J. K., U.S., D.C.) end only before a sentence-opening word
+        return nxt.isupper() and _next_word(nxt_text) in SENTENCE_STARTERS
     if token in MAYBE_END:
         return nxt.isupper()
     return True
 
 
 def _split_line(line: str) -> List[str]:
-    """Sentences of one line (no line breaks inside)."""
+    """Sentences of one block (line breaks already resolved)."""
     parts = _BOUNDARY_RE.split(line)
     if len(parts) == 1:
         return parts
@@ -194,7 +223,7 @@ def _split_line(line: str) -> List[str]:
     for i in range(0, last, 2):
         piece, mark = parts[i], parts[i + 1]
         cur = f"{cur} {piece}{mark}" if cur else piece + mark
-        if _ends_sentence(piece, mark, parts[i + 2][:1]):
+        if _ends_sentence(piece, mark, parts[i + 2]):
             m = _INLINE_MARKER_RE.search(cur) if mark == "." else None
             if m is not None:  # "... differences: 1. **Body**": the list starts a sentence
                 cur = cur[:m.start() + 1]
@@ -204,22 +233,99 @@ def _split_line(line: str) -> List[str]:
     return out
 
 
+def _is_item(line: str) -> bool:
+    """A line that starts a block of its own: list item, heading, quote, table row."""
+    c = line[0]
+    if c == "|" or (c in _MARKER_START and _LINE_MARKER_RE.match(line) is not None):
+        return True
+    return c in "-*_=~" and _RULE_RE.fullmatch(line) is not None
+
+
+#: lower-case words allowed inside a title line ("Overview of the Scene")
+_TITLE_SMALL = frozenset("a an the of and or in on at to for with by from vs".split())
+
+
+def _is_title(line: str) -> bool:
+    """A short Title Case line without closing punctuation ("Key Features"): a heading."""
+    words = line.split()
+    if len(words) > 6 or line[-1] in ".!?…,;" or not words[0][:1].isupper():
+        return False
+    return all(w[:1].isupper() or w.lower() in _TITLE_SMALL or not w[:1].isalpha() for w in words)
+
+
+def _breaks_after(prev: str, prev_item: bool, line: str, indented: bool) -> bool:
+    """Whether the line break between two non-empty lines ends a sentence.
+
+    It does where the next line is an item (list, heading, quote, table row, rule) and where
+    the previous line is complete on its own: a heading, table row or rule; a list item not
+    continued (a continuation is indented or starts lower-case); a wholly bold/italic or
+    short Title Case title line; a line ending with ':' before a capital. Otherwise the lines
+    are one text and only punctuation ends sentences.
+    """
+    if _is_item(line):
+        return True
+    lower_next = line[0].islower()
+    if prev_item:
+        if prev[0] in "#|" or _RULE_RE.fullmatch(prev) is not None:
+            return True
+        return not (lower_next or indented)
+    if lower_next:
+        return False
+    if prev[-1] == ":":
+        return True
+    if prev[0] in "*_" and _EMPHASIS_LINE_RE.match(prev) is not None:
+        return True
+    return _is_title(prev)
+
+
+def _blocks(text: str) -> List[str]:
+    """Lines joined into blocks: blank lines and sentence-ending line breaks separate them."""
+    blocks: List[str] = []
+    cur: List[str] = []
+    prev = ""
+    prev_item = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            if cur:
+                blocks.append(" ".join(cur))
+                cur = []
+            continue
+        if line[0] == ">" and cur and cur[0][0] == ">":
+            # a quote continues over its '>' lines: read the quoted text like any other
+            inner, prev_inner = line.lstrip("> \t"), prev.lstrip("> \t")
+            if inner and prev_inner and not _breaks_after(prev_inner, False, inner, False):
+                cur.append(inner)
+                prev = line
+                continue
+        item = _is_item(line)
+        if cur and _breaks_after(prev, prev_item, line, raw[:1] in " \t"):
+            blocks.append(" ".join(cur))
+            cur = []
+        if not cur:
+            prev_item = item
+        cur.append(line)
+        prev = line
+    if cur:
+        blocks.append(" ".join(cur))
+    return blocks
+
+
 def split_sentences(text: str) -> List[str]:
     """Split a response into sentences (see docs/mmmt_if.md, "Sentences").
 
-    Line breaks end sentences; heading, quote, bullet and numbered-list markers are
-    stripped; '.', '!', '?' (after closing quotes/brackets/markup) end a sentence when
-    followed by whitespace, except after listed abbreviations, initials and ellipses
-    before a lower-case word. Pieces without any letter or digit are not sentences.
+    Lines are first joined into blocks (a wrapped sentence is one sentence; list items,
+    headings, titles and blank lines end one); heading, quote, bullet and numbered-list
+    markers are stripped; '.', '!', '?', '…' (after closing quotes/brackets/markup) end a
+    sentence when followed by whitespace, except after listed abbreviations, initials
+    not followed by a sentence-opening word, and ellipses before a lower-case word. Pieces
+    without any letter or digit are not sentences.
     """
     sentences: List[str] = []
     has_alnum = _HAS_ALNUM_RE.search
-    for line in str(text).splitlines():
-        line = line.strip()
-        if not line:
-            continue
+    for block in _blocks(str(text)):
         pending = ""
-        for piece in _split_line(_strip_marker(line)):
+        for piece in _split_line(_strip_marker(block)):
             if pending:
                 piece = _strip_marker(pending + piece)
                 pending = ""
@@ -243,14 +349,8 @@ def count_words(sentence: str) -> int:
     return n
 
 
-def _integer_value(tok: str) -> Optional[int]:
-    """The value of a digit token like '1,024' or '8th'; None for decimals and words like '3D'."""
-    i = len(tok)
-    while not tok[i - 1].isdigit():
-        i -= 1
-    if tok[i:].lower() not in _ORDINALS:
-        return None
-    core = tok[:i]
+def _integer_value(core: str) -> Optional[int]:
+    """The value of a digit token like '1,024'; None for decimals and other comma patterns."""
     if "." in core:
         return None
     if "," in core:
@@ -261,16 +361,30 @@ def _integer_value(tok: str) -> Optional[int]:
 
 
 def find_integers(text: str, number_words: bool = False) -> List[int]:
-    """Integers written in digits (see docs/mmmt_if.md, "Numbers"); words only if asked."""
+    """Integers written in digits (see docs/mmmt_if.md, "Numbers"); words only if asked.
+
+    A letter suffix is a unit or ordinal (8km, 35mm, 8th count); a letter directly before
+    the digits makes a label (Image8, Photo12 do not count), except the 'x' of 8x10.
+    """
     values: List[int] = []
-    for tok in _NUM_CAND_RE.findall(text):
-        if tok.isdigit():
-            values.append(int(tok))
+    for m in _NUM_RUN_RE.finditer(text):
+        tok, at = m.group(), m.start()
+        prev = text[at - 1] if at else " "
+        negative = False
+        if tok[0] in "-−":
+            if len(tok) == 1 or not tok[1].isdigit():
+                continue
+            negative = not (prev.isalnum() or prev in "_.,")  # "COVID-19", "10-12" are positive
+            tok = tok[1:]
+        elif prev.isalpha():
+            if not (prev in "x×" and at > 1 and text[at - 2].isdigit()):
+                continue  # a label such as Image8; the 10 of 8x10 is a number
+        elif prev == "_":
             continue
-        neg = tok[0] in "-−"
-        v = _integer_value(tok[1:] if neg else tok)
+        tok = tok.rstrip(",.")  # sentence punctuation after the number
+        v = int(tok) if tok.isdigit() else _integer_value(tok)
         if v is not None:
-            values.append(-v if neg else v)
+            values.append(-v if negative else v)
     if number_words:
         for m in _NUMBER_WORD_RE.finditer(text):
             v = _NUMBER_WORDS[m.group(1).lower()]
@@ -613,6 +727,17 @@ def sample_fields(rec: Dict[str, Any], response: str) -> Dict[str, Any]:
             "extracted": response}
 
 
+def _reported_pif(rec: Dict[str, Any], i: int = 0) -> Optional[float]:
+    """A precomputed per-turn PIF (release reference rows), used when there is no response."""
+    v = rec.get("reported_pif")
+    if v is None or rec.get("prediction") is not None or rec.get("predictions"):
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+        raise input_error(f"reported_pif must be a number in [0, 1], got {v!r}",
+                          record=rec.get("sample_id", i), field="reported_pif")
+    return float(v)
+
+
 @register_metric("pif", benchmarks={"MMMT-IF": ["Generation"]})
 def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: Any) -> Dict[str, Any]:
     """Score MMMT-IF predictions: PIF (strict and loose), breakdowns, PIF-N-K and PIF-IQR-N.
@@ -621,11 +746,22 @@ def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: A
     ('predictions'), PIF-N-K (K=1..N), PIF-IQR-N and the mean PIF over all N are added.
     """
     per_sample: List[Dict[str, Any]] = []
-    n_resp = min(len(_record_responses(r)) for r in records)
-    if any(len(_record_responses(r)) != n_resp for r in records):
+    answered = [r for r in records if _reported_pif(r) is None]
+    n_resp = min((len(_record_responses(r)) for r in answered), default=1)
+    if any(len(_record_responses(r)) != n_resp for r in answered):
         logger.warning("MMMT-IF records have different numbers of responses; using N=%d", n_resp)
     for i, rec in enumerate(records):
         ids = _record_instructions(rec, i)
+        reported = _reported_pif(rec, i)
+        if reported is not None:
+            # a released score without a response (metrics/mmmt_if_release.py): no verdicts
+            meta = rec.get("meta") or {}
+            per_sample.append({
+                "sample_id": rec.get("sample_id"), "chat_id": meta.get("chat_id"), "turn": meta.get("turn"),
+                "instructions": ids, "followed": None, "followed_loose": None, "pif": reported,
+                "pif_loose": None, "pif_samples": [reported] * n_resp, "reported_pif": True,
+            })
+            continue
         responses = _record_responses(rec)[:n_resp]
         strict = [check_instructions(r, ids, number_words=number_words) for r in responses]
         loose0 = check_instructions(responses[0], ids, loose=True, number_words=number_words)
@@ -646,9 +782,10 @@ def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: A
 def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, Any]:
     """Aggregate per-turn verdicts into the PIF metrics and the tables for the log."""
     pifs = [s["pif"] for s in per_sample]
+    loose = [s["pif_loose"] for s in per_sample if s["pif_loose"] is not None]
     metrics: Dict[str, Any] = {
         "pif": float(np.mean(pifs)),
-        "pif_loose": float(np.mean([s["pif_loose"] for s in per_sample])),
+        "pif_loose": float(np.mean(loose)) if loose else None,
         "num_turns": len(per_sample),
         "num_chats": len({s["chat_id"] for s in per_sample}),
         "num_turns_without_instructions": sum(1 for s in per_sample if not s["instructions"]),
@@ -663,10 +800,11 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
         if s["turn"] is not None:
             by_turn[int(s["turn"])].append(s["pif"])
         by_num[len(s["instructions"])].append(s["pif"])
-        for iid, ok, ok_l in zip(s["instructions"], s["followed"], s["followed_loose"]):
+        for j, iid in enumerate(s["instructions"]):
             cond[iid].append(s["pif"])
-            follow[iid].append(ok)
-            follow_loose[iid].append(ok_l)
+            if s["followed"] is not None:  # released scores carry no per-instruction verdicts
+                follow[iid].append(s["followed"][j])
+                follow_loose[iid].append(s["followed_loose"][j])
     metrics["pif_by_turn"] = {}
     for t in sorted(by_turn):
         m, lo, hi = bernoulli_ci(by_turn[t])
@@ -674,8 +812,10 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
     metrics["pif_by_num_instructions"] = {str(k): {"pif": float(np.mean(v)), "n": len(v)}
                                           for k, v in sorted(by_num.items())}
     metrics["pif_by_instruction"] = {
-        iid: {"pif_given": float(np.mean(cond[iid])), "followed": float(np.mean(follow[iid])),
-              "followed_loose": float(np.mean(follow_loose[iid])), "n": len(cond[iid])}
+        iid: {"pif_given": float(np.mean(cond[iid])),
+              "followed": float(np.mean(follow[iid])) if follow[iid] else None,
+              "followed_loose": float(np.mean(follow_loose[iid])) if follow_loose[iid] else None,
+              "n": len(cond[iid])}
         for iid in INSTRUCTION_IDS if iid in cond}
     metrics["pif_ecdf"] = {"all": ecdf(pifs), "by_turn": {str(t): ecdf(v) for t, v in sorted(by_turn.items())}}
     samples = [s["pif_samples"] for s in per_sample]
@@ -710,3 +850,12 @@ def _tables(m: Dict[str, Any], n_resp: int) -> Dict[str, str]:
     rows.append(f"| PIF-IQR-{n_resp} | {_fmt(m[f'pif_iqr_{n_resp}'])} |")
     return {"MMMT-IF summary": "\n".join(rows), "MMMT-IF PIF by turn": per_turn,
             "MMMT-IF PIF by instruction": per_instr, "MMMT-IF PIF by number of instructions": by_num}
+
+
+def _read_release_csv(path: str) -> List[Dict[str, Any]]:
+    from metrics.mmmt_if_release import read_release_records
+    return read_release_records(path)
+
+
+# `run_loader_eval --dataset_name MMMT-IF --prediction_file <release>.csv`: the released scores
+register_prediction_file_reader("MMMT-IF", ".csv", _read_release_csv)

@@ -1,7 +1,7 @@
 """MME: builder on a generated copy of the real release, parsing rules, exact scores, the
 official results format and bad input.
 
-The real question lists live in ../shared/data/mme (never copied into the repo); tests lay
+The official question lists ship in configs/data/mme_questions (images do not); tests lay
 out a release-shaped folder with 8x8 placeholder images from them.
 """
 from __future__ import annotations
@@ -22,9 +22,8 @@ from metrics.mme import (mme_metric, parse_official, parse_stripped, parse_word,
 from utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUESTIONS = os.environ.get("MME_QUESTIONS", os.path.join(os.path.dirname(ROOT), "shared", "data", "mme"))
-if not os.path.isdir(QUESTIONS):
-    QUESTIONS = "/work/shared/data/mme"
+#: the official question lists, shipped in configs/data (a copy of ../shared/data/mme)
+QUESTIONS = os.environ.get("MME_QUESTIONS", os.path.join(ROOT, "configs", "data", "mme_questions"))
 pytestmark = pytest.mark.skipif(not os.path.isdir(QUESTIONS), reason="MME question lists not available")
 
 
@@ -384,3 +383,109 @@ def test_bad_results_files(tmp_path):
                      "meta": {"subtask": "OCR", "image": "a.jpg"}}], file="preds.json")
     with pytest.raises(ReformError, match="unknown MME parse rule 'fuzzy'"):
         mme_metric(_fixture_records(), mme_parse="fuzzy")
+
+
+# -- parquet image cache (issue 9 item 4) ------------------------------------------------------
+
+def _png_bytes(colour):
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), colour).save(buf, format="BMP")  # fixed size for every colour
+    return buf.getvalue()
+
+
+def _parquet(path, images):
+    """images: {question_id: png bytes}; two questions (Yes, No) per image."""
+    import datasets
+    cols = {"question_id": [], "image": [], "question": [], "answer": [], "category": []}
+    for qid, data in images.items():
+        for q, gt in (("Is it red? Please answer yes or no.", "Yes"), ("Is it blue? Please answer yes or no.", "No")):
+            cols["question_id"].append(qid)
+            cols["image"].append({"bytes": data, "path": qid.split("/", 1)[1]})
+            cols["question"].append(q)
+            cols["answer"].append(gt)
+            cols["category"].append("count")
+    feats = datasets.Features({"question_id": datasets.Value("string"), "image": datasets.Image(),
+                               "question": datasets.Value("string"), "answer": datasets.Value("string"),
+                               "category": datasets.Value("string")})
+    datasets.Dataset.from_dict(cols, features=feats).to_parquet(str(path))
+    return str(path)
+
+
+def test_parquet_cache_unique_per_question_id_and_file(tmp_path):
+    red, blue, green = _png_bytes((255, 0, 0)), _png_bytes((0, 0, 255)), _png_bytes((0, 255, 0))
+    assert len(red) == len(blue) == len(green)  # same size: a size check cannot tell them apart
+    cache = str(tmp_path / "cache")
+    first = _parquet(tmp_path / "one.parquet", {"count/a/x.png": red, "count/b/x.png": blue})
+    cfg = {"parquet": first, "image_cache_dir": cache, "check_counts": False, "subtasks": ["count"]}
+    samples, _ = build_dataset("MME", "Generation", cfg, in_context_sample=False)
+    by_key = {s["meta"]["image"]: s["images"][0] for s in samples}
+    assert set(by_key) == {"a/x.png", "b/x.png"} and by_key["a/x.png"] != by_key["b/x.png"]
+    assert open(by_key["a/x.png"], "rb").read() == red and open(by_key["b/x.png"], "rb").read() == blue
+    # another parquet file, same question id, other image, same cache folder: its own file
+    second = _parquet(tmp_path / "two.parquet", {"count/a/x.png": green})
+    other, _ = build_dataset("MME", "Generation", dict(cfg, parquet=second), in_context_sample=False)
+    path = other[0]["images"][0]
+    assert open(path, "rb").read() == green and path != by_key["a/x.png"]
+    assert open(by_key["a/x.png"], "rb").read() == red
+    # a rebuild of the first reuses its files unchanged
+    again, _ = build_dataset("MME", "Generation", cfg, in_context_sample=False)
+    assert [s["images"] for s in again] == [s["images"] for s in samples]
+
+
+# -- official results files (issue 11 §5) --------------------------------------------------------
+
+def _results_dir(tmp_path, lines, name="existence.txt", raw=None):
+    d = tmp_path / "results"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    if raw is not None:
+        p.write_bytes(raw)
+    else:
+        p.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+    return str(d), str(p)
+
+
+def test_results_file_not_utf8_is_one_line(tmp_path, capsys):
+    import run_loader_eval
+    d, p = _results_dir(tmp_path, [], raw="a.jpg\tIs it? Please answer yes or no.\tYes\tOui, c'est \u00e7a\n"
+                        .encode("latin-1"))
+    with pytest.raises(ReformError, match=r"existence\.txt: .*not UTF-8") as e:
+        read_official_results(d)
+    assert "\n" not in str(e.value) and p in str(e.value)
+    assert run_loader_eval.main(["--dataset_name", "MME", "--prediction_file", d]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not UTF-8" in err[0] and p in err[0]
+
+
+def test_results_image_names_stripped(tmp_path):
+    q = "Is there a dog? Please answer yes or no."
+    d, _ = _results_dir(tmp_path, [f"a.jpg \t{q}\tYes\tyes", f" a.jpg\t{q}\tNo\tno",
+                                   f"b.jpg\t{q}\tYes\tno", f"b.jpg\u00a0\t{q}\tNo\tno"])
+    recs = read_official_results(d)
+    assert [r["meta"]["image"] for r in recs] == ["a.jpg", "a.jpg", "b.jpg", "b.jpg"]
+    m = mme_metric(recs)["metrics"]["subtasks"]["existence"]
+    assert (m["acc"], m["acc_plus"]) == (0.75, 0.5)
+
+
+def test_results_lines_of_an_image_not_adjacent_warn(tmp_path, caplog):
+    q = "Is there a dog? Please answer yes or no."
+    lines = [f"a.jpg\t{q}\tYes\tyes", f"b.jpg\t{q}\tYes\tyes", f"a.jpg\t{q}\tNo\tno", f"b.jpg\t{q}\tNo\tyes"]
+    d, p = _results_dir(tmp_path, lines)
+    with caplog.at_level("WARNING", logger="metrics.mme"):
+        recs = read_official_results(d)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and p in warned[0] and "not adjacent" in warned[0]
+    assert "2 image(s)" in warned[0] and "a.jpg (lines 1, 3)" in warned[0]
+    # we pair by image name: a = both right, b = one right
+    m = mme_metric(recs)["metrics"]["subtasks"]["existence"]
+    assert (m["acc"], m["acc_plus"]) == (0.75, 0.5)
+    caplog.clear()
+    adjacent = [lines[0], lines[2], lines[1], lines[3]]
+    (tmp_path / "ok").mkdir()
+    d2, _ = _results_dir(tmp_path / "ok", adjacent)
+    with caplog.at_level("WARNING", logger="metrics.mme"):
+        read_official_results(d2)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -12,24 +12,25 @@ import pytest
 from PIL import Image
 
 from build import build_dataset, load_reform_dataset
-from build.mmmt_if import (COL_ALL, COL_CHAT, COL_COUNT, COL_PROMPT, COL_TURN, inject_instructions,
-                           load_release, release_statistics)
+from build.mmmt_if import (COL_ALL, COL_CHAT, COL_COUNT, COL_PROMPT, COL_TURN, RELEASE_ADD_COUNTS,
+                           add_probability, inject_instructions, load_release, release_statistics)
 from metrics.pif import CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list
 from utils.errors import ReformError
 
-RELEASE = "/work/shared/data/mmmt_if/mmmt_if_release.csv"
+RELEASE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "data",
+                       "mmmt_if_release.csv")
 
 
 # ---- injection ------------------------------------------------------------------------------------
 
 def test_injection_statistics() -> None:
-    """Probability 1 - k/6 per turn, categories never repeat, at most 6, uniform categories."""
+    """paper_formula: probability 1 - k/6 per turn, categories never repeat, at most 6, uniform categories."""
     tried = Counter()
     added = Counter()
     first_cat = Counter()
     n_chats = 3000
     for c in range(n_chats):
-        plan = inject_instructions(20, seed=7, chat_key=f"chat{c}")
+        plan = inject_instructions(20, seed=7, chat_key=f"chat{c}", rule="paper_formula")
         given: List[str] = []
         for new in plan:
             tried[len(given)] += 1
@@ -49,10 +50,58 @@ def test_injection_statistics() -> None:
     for cat, cnt in first_cat.items():
         assert abs(cnt / n_chats - 1 / 6) < 4 * (1 / 6 * 5 / 6 / n_chats) ** 0.5, cat
     # within a category, instructions are chosen uniformly: 'favourite_word' has 3 options
-    words = Counter(i for c in range(n_chats) for i in inject_instructions(20, 7, f"chat{c}")
+    words = Counter(i for c in range(n_chats) for i in inject_instructions(20, 7, f"chat{c}", rule="paper_formula")
                     if i and i.startswith("favourite_word"))
     total = sum(words.values())
     assert all(abs(v / total - 1 / 3) < 0.05 for v in words.values())
+
+
+def test_release_add_probabilities_are_the_csv_estimate() -> None:
+    """RELEASE_ADD_COUNTS: (turns with k given where one was added, turns with k given)."""
+    data = load_release(RELEASE)
+    added, tried = Counter(), Counter()
+    for rts in data.chats.values():
+        k = 0
+        for rt in rts:
+            if k < 6:
+                tried[k] += 1
+                added[k] += len(rt.instructions) > k
+            k = len(rt.instructions)
+    assert {k: (added[k], tried[k]) for k in range(6)} == RELEASE_ADD_COUNTS
+    assert [round(add_probability(k), 2) for k in range(7)] == [0.9, 0.78, 0.72, 0.81, 0.7, 0.45, 0.0]
+    assert [add_probability(k, "paper_formula") for k in (0, 3, 6)] == [1.0, 0.5, 0.0]
+    with pytest.raises(ReformError, match="unknown injection rule"):
+        inject_instructions(3, 0, "x", rule="uniform")
+
+
+def _count_distribution(lengths: List[int], rule: str, seeds: range) -> Dict[int, float]:
+    hist: Counter = Counter()
+    for seed in seeds:
+        for c, n in enumerate(lengths):
+            k = 0
+            for new in inject_instructions(n, seed, f"chat{c}", rule=rule):
+                k += new is not None
+                hist[k] += 1
+    total = sum(hist.values())
+    return {k: v / total for k, v in hist.items()}
+
+
+def _tv(p: Dict[int, float], q: Dict[int, float]) -> float:
+    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
+
+
+def test_release_injection_reproduces_the_release_counts() -> None:
+    """Over the release's 71 chat lengths, instruction counts per turn within TV 0.05 of the release."""
+    data = load_release(RELEASE)
+    lengths = [len(rts) for rts in data.chats.values()]
+    hist = Counter(len(t.instructions) for t in data.turns)
+    release = {k: v / len(data.turns) for k, v in hist.items()}
+    assert hist[6] == 464 and len(data.turns) == 990
+    ours = _count_distribution(lengths, "release", range(20))
+    paper = _count_distribution(lengths, "paper_formula", range(20))
+    assert _tv(ours, release) <= 0.05, _tv(ours, release)
+    assert _tv(paper, release) > 0.2  # the stated formula does not reproduce the release
+    assert 0.2 < paper[6] < 0.25 and 0.44 < ours[6] < 0.50
 
 
 def test_injection_is_seeded() -> None:
@@ -104,7 +153,7 @@ def _build(cfg: Dict[str, Any], seed: int = 0, **kw: Any) -> tuple:
 
 
 def test_mmdu_round_trip(mmdu: Dict[str, Any]) -> None:
-    samples, builder = _build(mmdu)
+    samples, builder = _build(dict(mmdu, images="turn"))
     by_chat = Counter(s["meta"]["chat_id"] for s in samples)
     assert by_chat == {"c1": 3, "c25": 20}  # 6 images and an unreadable image drop chats
     assert builder.skipped == {"too_many_images": 1, "corrupted_images": 1}
@@ -136,10 +185,32 @@ def test_mmdu_round_trip(mmdu: Dict[str, Any]) -> None:
     c25 = [s for s in samples if s["meta"]["chat_id"] == "c25"]
     assert c25[-1]["meta"]["turn"] == 20 and len(c25[-1]["images"]) == 1
     # same seed: identical build; another seed: different instructions somewhere
-    again, _ = _build(mmdu)
+    again, _ = _build(dict(mmdu, images="turn"))
     assert again == samples
-    other, _ = _build(mmdu, seed=3)
+    other, _ = _build(dict(mmdu, images="turn"), seed=3)
     assert [s["meta"]["instructions"] for s in other] != [s["meta"]["instructions"] for s in samples]
+
+
+def test_images_at_start_of_chat(mmdu: Dict[str, Any]) -> None:
+    """Default images: start (paper Section 4.2): every image of the chat comes with turn 1."""
+    samples, builder = _build(mmdu)
+    per_turn, _ = _build(dict(mmdu, images="turn"))
+    c1 = [s for s in samples if s["meta"]["chat_id"] == "c1"]
+    assert [len(s["images"]) for s in c1] == [3, 3, 3]
+    assert [os.path.basename(p) for p in c1[0]["images"]] == ["im0.png", "im1.png", "im2.png"]
+    assert c1[0]["question"].endswith("Image1: <image>. Image2: <image>. Image3: <image>.\nWhat is in the  Image1?")
+    assert c1[2]["question"].endswith("What colour is the Image3?") and "<image>" not in c1[2]["question"]
+    h = c1[2]["history"]
+    assert sum(x["value"].count("<image>") for x in h) + c1[2]["question"].count("<image>") == 3
+    assert all(s["meta"]["images_at"] == "start" for s in samples)
+    # same instructions and answers as the per-turn placement, only the images move
+    assert [s["meta"]["instructions"] for s in samples] == [s["meta"]["instructions"] for s in per_turn]
+    c25 = [s for s in samples if s["meta"]["chat_id"] == "c25"]
+    assert len(c25[0]["images"]) == 1  # the image introduced after the 20-turn cut stays out
+    with pytest.raises(ReformError, match="unknown image placement 'middle'"):
+        _build(dict(mmdu, images="middle"))
+    with pytest.raises(ReformError, match="unknown injection rule 'x'"):
+        _build(dict(mmdu, injection="x"))
 
 
 def test_mmdu_dict_format_and_dataset(mmdu: Dict[str, Any], tmp_path: Path) -> None:
@@ -159,7 +230,7 @@ def test_instructions_at_end(mmdu: Dict[str, Any]) -> None:
     for a, b in zip(plain, ablate):
         ids = b["meta"]["instructions"]
         tail = " ".join(f"Instruction: {INSTRUCTION_TEXTS[i]}" for i in ids)
-        assert b["question"] == a["question"].rstrip() + "\n" + tail
+        assert b["question"] == (a["question"].rstrip() + "\n" + tail if ids else a["question"])
         assert b["history"] == a["history"] and b["meta"]["instructions_at_end"] is True
 
 
@@ -262,7 +333,7 @@ def test_release_matched_to_mmdu(mmdu: Dict[str, Any]) -> None:
     rows = [_row(7, 1, S + " What is in the \nImage1?", S, 1),
             _row(7, 3, Q + " What colour is the Image3?", S + " " + Q, 2)]  # turn 2 left out
     csv_path = _write_release(mmdu["root"] / "release.csv", rows)
-    samples, builder = _build(dict(mmdu, release_csv=csv_path))
+    samples, builder = _build(dict(mmdu, release_csv=csv_path, images="turn"))
     assert [s["sample_id"] for s in samples] == ["7-t01", "7-t03"]
     t3 = samples[1]
     assert t3["meta"]["mmdu_id"] == "c1" and t3["meta"]["mmdu_turn"] == 3
@@ -272,6 +343,11 @@ def test_release_matched_to_mmdu(mmdu: Dict[str, Any]) -> None:
     assert len(t3["images"]) == 3 and t3["answer"] == "Answer c1 3."
     assert t3["history"][1]["source_sample_id"] == "7-t01"
     assert any("chat 7: no turn 2" in line for line in builder.build_log)
+    at_start, _ = _build(dict(mmdu, release_csv=csv_path))
+    assert at_start[0]["question"] == ("Instruction: Start every sentence with the letter (S). Image1: <image>. "
+                                       "Image2: <image>. Image3: <image>.\nWhat is in the  Image1?")
+    assert at_start[1]["question"].endswith("(?). What colour is the Image3?")
+    assert [len(s["images"]) for s in at_start] == [3, 3]
 
 
 def test_release_bad_input(mmdu: Dict[str, Any]) -> None:

@@ -1,9 +1,11 @@
 """MMMT-IF through run_eval: own answers as history, N=4 samples, 2 ranks, kill and resume."""
+import glob
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 from PIL import Image
 
 from tests.conftest import only_results, prediction_files
@@ -74,3 +76,55 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
     resumed = json.load(open(prediction_files(out)[0]))
     assert resumed == records
     assert only_results(out)["metrics"]["pif"] == res["pif"]
+
+
+def test_reference_baseline_answers_with_the_mmdu_reference(tmp_path, capsys):
+    """--model reference: every answer is the sample's MMDU reference; PIF is scored on it."""
+    import run_eval
+    from metrics.pif import pif
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    out = tmp_path / "ref"
+    rc = run_eval.main(["--model", "reference", "--dataset_name", "MMMT-IF", "--dataset_config", cfg,
+                        "--formulation", "Generation", "--infer_method", "generation", "--seed", "3",
+                        "--output_dir", str(out), "--do_eval"])
+    assert rc == 0
+    records = json.load(open(prediction_files(out)[0]))
+    assert len(records) == 30
+    for r in records:
+        chat, turn = int(r["meta"]["chat_id"][4:]), r["meta"]["turn"]
+        assert r["prediction"] == f"Reference {chat}-{turn - 1}."
+    expected = sum(pif(r["prediction"], r["meta"]["instructions"]) for r in records) / len(records)
+    res = [json.load(open(p)) for p in glob.glob(os.path.join(out, "*results.json"))]
+    assert res and res[0]["metrics"]["pif"] == pytest.approx(expected)
+    # the release CSV alone has no reference answers: one clear line, exit 2
+    import csv
+    with open(os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv"), encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        head = [next(reader), next(reader)]
+    with open(tmp_path / "one.csv", "w", encoding="utf-8", newline="") as f:
+        csv.writer(f).writerows(head)
+    rc = run_eval.main(["--model", "reference", "--dataset_name", "MMMT-IF", "--dataset_option", "source=release_only",
+                        "--dataset_option", f"release_csv={tmp_path / 'one.csv'}", "--output_dir", str(tmp_path / "none")])
+    assert rc == 2 and "needs a reference answer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mmmt_if_script_runs_with_tiny(tmp_path):
+    """commands/mmmt_if_llava.sh on the release's questions (one 2-turn chat): tiny's answers
+    are capped at 16 tokens so the chat fits its context; PIF tables are printed."""
+    import csv
+    with open(os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    with open(tmp_path / "chat55.csv", "w", encoding="utf-8", newline="") as f:
+        csv.writer(f).writerows([rows[0]] + [r for r in rows[1:] if r[0] == "55"])
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run(["bash", os.path.join(ROOT, "commands", "mmmt_if_llava.sh"), "--dataset_config",
+                           "configs/datasets/mmmt_if_release_only.yaml", "--dataset_option",
+                           f"release_csv={tmp_path / 'chat55.csv'}", "--output_dir", str(tmp_path / "out")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MMMT-IF PIF by turn" in done.stdout
+    records = json.load(open(prediction_files(tmp_path / "out")[0]))
+    assert [r["sample_id"] for r in records] == ["55-t01", "55-t02"]
+    assert all(len(r["predictions"]) == 4 for r in records)

@@ -83,7 +83,7 @@ def test_word_counting() -> None:
 
 def test_numbers() -> None:
     assert find_integers("1,024 pages, the 8th time, COVID-19 and 10-12 beats") == [1024, 8, 19, 10, 12]
-    assert find_integers("3.5 kg, Image7, 1990s, 3D, -7 degrees, 0.25") == [-7]
+    assert find_integers("3.5 kg, Image7, 1990s, 3D, -7 degrees, 0.25") == [1990, 3, -7]
     assert find_integers("six eight") == []
     assert find_integers("six eight, twenty-one", number_words=True) == [6, 8, 21]
 
@@ -263,3 +263,131 @@ PAPER_EXAMPLES = [
 @pytest.mark.parametrize("response,ids,expected", PAPER_EXAMPLES)
 def test_paper_examples(response: str, ids: list, expected: list) -> None:
     assert check_instructions(response, ids) == expected
+
+
+# ---- issue 11 §1: the checkers read text the way a person does ----------------------------------
+
+@pytest.mark.parametrize("text,iid", [
+    ("I chose the word 'like' on purpose.", "favourite_word_like"),
+    ("Here it is: \u2018like\u2019.", "favourite_word_like"),
+    ("She said \u201clike\u201d twice.", "favourite_word_like"),
+    ("The tower \u2018itself\u2019 is old.", "favourite_word_itself"),
+    ("The tower 'itself' is old.", "favourite_word_itself"),
+    ("It is not a castle \"per se\".", "favourite_word_per_se"),
+    ("It is not a castle 'per se'.", "favourite_word_per_se"),
+    ("It is not a castle \u2018per se\u2019.", "favourite_word_per_se"),
+    ("It is not a castle per\nse, but a fort.", "favourite_word_per_se"),
+    ("The tower _itself_ is old.", "favourite_word_itself"),
+    ("I `like` it.", "favourite_word_like"),
+])
+def test_quoted_words_count(text: str, iid: str) -> None:
+    assert check_instruction(text, iid)
+
+
+@pytest.mark.parametrize("text,iid", [
+    ("Birds don'like it.", "favourite_word_like"),       # apostrophe inside a word joins it
+    ("A like-minded crowd.", "favourite_word_like"),
+    ("It is likely.", "favourite_word_like"),
+    ("The towers' shadows.", "favourite_word_itself"),
+    ("Not per-se.", "favourite_word_per_se"),
+])
+def test_words_inside_other_words_do_not_count(text: str, iid: str) -> None:
+    assert not check_instruction(text, iid)
+
+
+def test_numbers_with_units_and_suffixes() -> None:
+    assert find_integers("a 8km walk, 35mm film, 20cm tall") == [8, 35, 20]
+    assert find_integers("a 12MP camera, 1080p video, 6pm, 1990s, 3D") == [12, 1080, 6, 1990, 3]
+    assert find_integers("an 8x10 print") == [8, 10]
+    assert find_integers("3.5kg and 2.0m") == []
+
+
+@pytest.mark.parametrize("text,even,odd", [
+    ("The trail is 8km long.", True, False),
+    ("Shot on 35mm film.", False, True),
+    ("It is 20cm tall.", True, False),
+    ("A 17th-century 9mm bolt.", False, True),
+    ("Image8 shows a bird.", False, False),
+    ("Compare Photo12 with Figure7.", False, False),
+    ("Image10 and Picture9 differ.", False, False),
+])
+def test_number_checkers_units_and_labels(text: str, even: bool, odd: bool) -> None:
+    assert check_instruction(text, "number_even") is even
+    assert check_instruction(text, "number_odd") is odd
+
+
+def test_wrapped_lines_are_one_sentence() -> None:
+    wrapped = "Sunlight falls on the small bird that sits\non the old stone wall near the water."
+    assert split_sentences(wrapped) == [
+        "Sunlight falls on the small bird that sits on the old stone wall near the water."]
+    assert check_instruction(wrapped, "start_char_S")
+    assert check_instruction("Some birds sing\nBecause it is spring.\nSo they fly.", "response_length_short")
+    assert split_sentences("Some birds sing\nBecause it is spring.\nSo they fly.") == [
+        "Some birds sing Because it is spring.", "So they fly."]
+    # the wrapped long sentence has 19 words: not "at most 18", but "at least 18"
+    long_wrapped = ("Both of the birds in the first image are standing in shallow water\n"
+                    "beside a wooden pier at sunset today.")
+    assert check_instruction(long_wrapped, "sentence_length_long")
+    assert not check_instruction(long_wrapped, "sentence_length_short")
+    # a wrapped question ends with its question mark, not at the break
+    assert check_instruction("Is the bird standing\non one leg?", "end_char_question")
+
+
+def test_line_breaks_that_end_sentences() -> None:
+    # list items, headings, blank lines and complete lines end at the break
+    assert split_sentences("Colours:\n- red\n- green\n1. blue\n2) white") == [
+        "Colours:", "red", "green", "blue", "white"]
+    assert split_sentences("## Summary\nThe bird is a stork") == ["Summary", "The bird is a stork"]
+    assert split_sentences("**Overview**\nThe bird is a stork") == ["**Overview**", "The bird is a stork"]
+    assert split_sentences("The bird is a stork\n\nIt stands") == ["The bird is a stork", "It stands"]
+    assert split_sentences("It is a stork.\nIt stands.") == ["It is a stork.", "It stands."]
+    assert split_sentences("| a | b |\n| c | d |") == ["| a | b |", "| c | d |"]
+    # a wrapped list item continues in lower case
+    assert split_sentences("- the bird stands on\n  one leg\n- it sleeps") == [
+        "the bird stands on one leg", "it sleeps"]
+
+
+@pytest.mark.parametrize("text,n", [
+    ("The U.S. Navy uses it. It works.", 2),
+    ("Birds from the U.K. and the U.S. migrate. They fly far.", 2),
+    ("Many birds, e.g. storks, migrate. They fly far.", 2),
+    ("Dr. Smith saw it. He left.", 2),
+    ("Mr. and Mrs. Brown, i.e. the owners, smiled.", 1),
+    ("No. It is a stork.", 2),
+    ("Yes. It is a stork.", 2),
+    ("No. 5 is the answer.", 1),
+    ("No. (It is a stork.)", 2),
+    ("No. \"It is a stork.\"", 2),
+    ("It is in Washington, D.C. The bird flew there.", 2),
+    ("It was made in the U.S.A. by hand.", 1),
+    ("Vitamin C. Then more.", 2),
+    ("J. K. Rowling wrote it.", 1),
+])
+def test_abbreviations_and_standalone_answers(text: str, n: int) -> None:
+    assert len(split_sentences(text)) == n, split_sentences(text)
+
+
+def test_unicode_ellipsis_ends_like_three_dots() -> None:
+    for dots in ("...", "\u2026"):
+        assert split_sentences(f"Wait{dots} Then it flew.") == [f"Wait{dots}", "Then it flew."]
+        assert split_sentences(f"Well{dots} maybe.") == [f"Well{dots} maybe."]
+    assert check_instruction("So it waits\u2026 Slowly it flies\u2026 Still there!",
+                             "response_length_short")
+    assert len(split_sentences("A bird\u2026 A stork\u2026 A crane\u2026 An owl\u2026 A duck.")) == 5
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Key Features\nThe bird has long legs.", ["Key Features", "The bird has long legs."]),
+    ("Overview of the Scene\nA stork stands.", ["Overview of the Scene", "A stork stands."]),
+    ("The photo shows the\nEiffel Tower at night.", ["The photo shows the Eiffel Tower at night."]),
+    ("1. The bird on the left\n   Stands on one leg.\n2. It sleeps.", ["The bird on the left Stands on one leg.",
+                                                                   "It sleeps."]),
+    ("- Red legs\nThe bird is a stork.", ["Red legs", "The bird is a stork."]),
+    ("She has a Ph.D. in biology. It helps.", ["She has a Ph.D. in biology.", "It helps."]),
+    ("I saw it go. Birds fly.", ["I saw it go.", "Birds fly."]),
+    ("> Storks are tall\n> and white.\n> They fly.", ["Storks are tall and white.", "They fly."]),
+    ("> Key Features\n> Storks are tall.", ["Key Features", "Storks are tall."]),
+    ("It lands at 5 p.m. Then it sleeps.", ["It lands at 5 p.m.", "Then it sleeps."]),
+])
+def test_more_line_and_abbreviation_cases(text: str, expected: list) -> None:
+    assert split_sentences(text) == expected

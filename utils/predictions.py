@@ -37,6 +37,16 @@ def register_results_exporter(benchmark: str, writer: Callable[..., None]) -> No
     RESULTS_EXPORTERS[benchmark] = writer
 
 
+#: (benchmark, file extension) -> reader(path) -> records, for files that are not prediction
+#: JSON (e.g. the MMMT-IF release CSV with its per-model scores). Registered by metric modules.
+PREDICTION_FILE_READERS: Dict[Tuple[str, str], Callable[[str], List[Dict[str, Any]]]] = {}
+
+
+def register_prediction_file_reader(benchmark: str, extension: str,
+                                    reader: Callable[[str], List[Dict[str, Any]]]) -> None:
+    PREDICTION_FILE_READERS[(benchmark, extension.lower())] = reader
+
+
 def record_key(rec: Dict[str, Any]) -> RecordKey:
     return (str(rec["sample_id"]), int(rec.get("dup_index", 0)))
 

@@ -1,7 +1,10 @@
-"""Weight-free baselines that show chance level: ``random`` and ``constant``.
+"""Weight-free baselines: ``random`` and ``constant`` (chance level) and ``reference``.
 
-They answer from the sample's closed answer vocabulary (its options or ``candidates``), so
-they need no model; ``random`` is seeded per (seed, sample_id, dup_index).
+``random`` and ``constant`` answer from the sample's closed answer vocabulary (its options
+or ``candidates``), so they need no model; ``random`` is seeded per (seed, sample_id,
+dup_index). ``reference`` answers open questions with the sample's own reference answer
+(for MMMT-IF the MMDU answer, written without the format instructions): the score of a
+correct answer that ignores the instructions.
 """
 from __future__ import annotations
 
@@ -56,3 +59,29 @@ class ConstantBaseline(_Baseline):
 
     def pick(self, sample: Dict[str, Any], n: int) -> int:
         return 0
+
+
+@register_model("reference")
+class ReferenceBaseline(BaseInterface):
+    """Generation: the sample's reference answer (``answer``), verbatim.
+
+    Why: on MMMT-IF this is the PIF of instruction-unaware answers (issue 10 §3). It reads
+    the answer from the sample and refuses samples that have none (``release_only`` chats).
+    """
+
+    def make_preprocessor(self, config: Dict[str, Any]) -> ConvProcessor:
+        return ConvProcessor()
+
+    def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],
+                **gen_kwargs: Any) -> List[Any]:
+        if inference_method != "generation":
+            raise ReformError("the 'reference' baseline answers by generation only; use --infer_method generation")
+        out: List[Any] = []
+        for s in samples:
+            answer = s.get("answer")
+            if not isinstance(answer, str) or not answer.strip():
+                raise ReformError(f"sample {s.get('sample_id')}: the 'reference' baseline needs a reference "
+                                  "answer text in 'answer' (the MMMT-IF release CSV alone has none: use "
+                                  "source mmdu or release)")
+            out.append(answer)
+        return out

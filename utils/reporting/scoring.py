@@ -250,6 +250,14 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
         if name not in PREDICTION_DIR_READERS:
             raise ReformError(f"{prediction_file}: is a directory, and {name} has no results-directory reader")
         return PREDICTION_DIR_READERS[name](prediction_file)
+    if dataset_name and os.path.isfile(prediction_file):
+        import metrics  # noqa: F401  (metric modules register file readers)
+        from build.registry import get_builder_class
+        from utils.predictions import PREDICTION_FILE_READERS
+        ext = os.path.splitext(prediction_file)[1].lower()
+        reader = PREDICTION_FILE_READERS.get((get_builder_class(dataset_name).name, ext))
+        if reader is not None:
+            return reader(prediction_file)
     return read_predictions(prediction_file)
 
 
@@ -284,6 +292,9 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
     records = load_records(prediction_file, dataset_name)
     if not records:
         raise ReformError(f"{prediction_file}: holds no prediction records")
+    if any(r.get("release_reference") for r in records):
+        from metrics.mmmt_if_release import print_release_report
+        return print_release_report(records, prediction_file, output_dir, write=write, quiet=quiet)
     tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
                       likelihood_reduction=likelihood_reduction, metric_options=metric_options)
     result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
@@ -313,6 +324,11 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
         records = load_records(path, dataset_name)
         if not records:
             raise ReformError(f"{path}: holds no prediction records")
+        if len(files) == 1 and any(r.get("release_reference") for r in records):
+            # the MMMT-IF release CSV: the paper's analyses of its three models
+            from metrics.mmmt_if_release import print_release_report
+            return {"runs": [], "comparison": None,
+                    "release_report": print_release_report(records, path, output_dir, quiet=quiet)}
         groups = split_by_model(records)
         tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
                           likelihood_reduction=likelihood_reduction, metric_options=metric_options)
@@ -326,6 +342,7 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
                          "result": result})
         if export_mme_results:
             export_results(records, "MME", export_mme_results, likelihood_reduction=likelihood_reduction)
+    runs += release_reference_runs(runs)
     _unique_names(runs)
     comparison = None
     if len(runs) > 1:
@@ -339,6 +356,22 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
     elif not quiet:
         print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
     return {"runs": runs, "comparison": comparison}
+
+
+def release_reference_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """For MMMT-IF runs built from the release: the three released models' per-turn PIF on the
+    same turns, as extra runs beside the user's (paired on (chat, turn))."""
+    if not runs or any(str(r["records"][0].get("benchmark")) != "MMMT-IF" for r in runs):
+        return []
+    if any(r["records"][0].get("release_reference") for r in runs):
+        return []
+    from metrics.mmmt_if_release import reference_records_from
+    refs = reference_records_from(runs[0]["records"])
+    out = []
+    for model, recs in split_by_model(refs).items():
+        result = score_records(recs, write=False, quiet=True)
+        out.append({"name": f"{model} (release)", "records": recs, "result": result})
+    return out
 
 
 def split_by_model(records: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
