@@ -45,4 +45,5 @@ def test_wheel_ships_dataset_configs_and_data(tmp_path):
     assert shipped and shipped <= names
     data = os.path.join(ROOT, "configs", "data")
     if os.path.isdir(data):
-        assert {f"configs/data/{n}" for n in os.listdir(data)} <= names
+        files = {os.path.relpath(os.path.join(r, n), ROOT) for r, _, fs in os.walk(data) for n in fs}
+        assert files and files <= names, files - names
