@@ -61,14 +61,50 @@ def model_option_names(name: str) -> Tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _dtype_names() -> Tuple[str, ...]:
+    from models.hf_base import _DTYPES
+    return tuple(_DTYPES)
+
+
+def _is_int(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_number(v: Any, low: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v >= low
+
+
+#: value checks of the shared ``--model_option`` keys: (predicate, what it must be), so a bad
+#: value fails before any model is loaded
+OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "dtype": (lambda v: str(v).replace("torch.", "") in _dtype_names(), "a dtype name: float32, float16 or bfloat16"),
+    "trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
+    "candidate_batch_size": (lambda v: v is None or _is_int(v, 1), "a whole number >= 1"),
+    "likelihood_strategy": (lambda v: v in ("expand", "packed"), "expand or packed"),
+    "tiny_size": (lambda v: v in ("tiny", "bench"), "tiny or bench"),
+    "max_new_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
+    "gpus_per_rank": (lambda v: _is_int(v, 1), "a whole number >= 1"),
+    "timeout": (lambda v: _is_number(v, 0) and v > 0, "a number of seconds > 0"),
+    "max_retries": (lambda v: _is_int(v, 0), "a whole number >= 0"),
+    "max_concurrency": (lambda v: _is_int(v, 1), "a whole number >= 1"),
+    "backoff_base": (lambda v: _is_number(v, 0), "a number >= 0"),
+    "backoff_max": (lambda v: _is_number(v, 0), "a number >= 0"),
+    "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),
+}
+
+
 def check_model_options(name: str, options: Dict[str, Any]) -> None:
-    """Unknown ``--model_option`` keys (``dtyp=bfloat16``) are errors that list the valid keys."""
+    """Unknown ``--model_option`` keys (``dtyp=bfloat16``) are errors that list the valid keys;
+    values of the shared keys are checked (``OPTION_CHECKS``) before anything is loaded."""
     valid = set(model_option_names(name)) | set(RUN_CONFIG_KEYS)
     unknown = sorted(k for k in options if k not in valid)
     if unknown:
         raise ReformError(f"--model_option: unknown option{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(repr(k) for k in unknown)} for model '{name}'; valid options: "
                           f"{', '.join(model_option_names(name))}")
+    for key, value in options.items():
+        if key in OPTION_CHECKS and not OPTION_CHECKS[key][0](value):
+            raise ReformError(f"--model_option {key}: must be {OPTION_CHECKS[key][1]}, got {value!r}")
 
 
 def get_model(name: str, config: Optional[Dict[str, Any]] = None) -> Tuple[Any, Callable]:

@@ -325,11 +325,27 @@ def test_10_bad_shard_lines_are_one_line(custom_cfg, tmp_path, line, needle):
     (["--num_workers", "-1"], ["--num_workers"]),
     (["--eval_stability"], ["--dataset_duplication >= 2"]),
     (["--model_option", "seed"], ["KEY=VALUE"]),
+    (["--per_gpu_eval_batch_size", "0"], ["--per_gpu_eval_batch_size"]),
+    (["--dataset_duplication", "-1"], ["--dataset_duplication"]),
 ])
 def test_11_strict_options_fail_before_anything(custom_cfg, tmp_path, extra, needles):
     out = tmp_path / "out"
     one_line_error(cli("run_eval.py", *args(custom_cfg, out), *extra), *needles)
     assert not os.path.exists(out) or not prediction_files(out)
+
+
+@pytest.mark.parametrize("model,option,needle", [
+    ("llava", "dtype=float64", "a dtype name"), ("llava", "candidate_batch_size=0", ">= 1"),
+    ("llava", "trust_remote_code=maybe", "true or false"), ("openai_api", "max_concurrency=many", ">= 1"),
+    ("openai_api", "timeout=-5", "> 0"), ("openai_api", "base_url=localhost:8000", "http"),
+])
+def test_11_model_option_values_fail_before_loading(custom_cfg, tmp_path, model, option, needle):
+    argv = ["--model", model, "--model_name", "tiny" if model == "llava" else "gpt-x", "--dataset_name", "custom",
+            "--dataset_config", str(custom_cfg), "--output_dir", str(tmp_path / "o"), "--model_option", option]
+    t0 = time.time()
+    one_line_error(cli("run_eval.py", *argv), f"--model_option {option.split('=')[0]}", needle)
+    assert not os.path.exists(tmp_path / "o") or not prediction_files(tmp_path / "o")
+    assert time.time() - t0 < 60
 
 
 def test_11_unknown_yaml_key_and_foreign_config(tmp_path):
