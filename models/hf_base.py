@@ -102,6 +102,10 @@ class HFBaseInterface(BaseInterface):
     #: positions; needs a family whose text model takes plain position_ids and custom
     #: 4D masks). Config ``likelihood_strategy`` overrides.
     likelihood_strategy: str = "expand"
+    #: whether a row's logits are independent of its batch neighbours (up to float rounding);
+    #: False (Mllama: padded image slots change the logits) makes seeded sampling run one
+    #: prompt at a time and likelihood one sample at a time, so results never depend on the batch
+    batch_invariant: bool = True
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -290,8 +294,11 @@ class HFBaseInterface(BaseInterface):
                            **gen_kwargs: Any) -> List[str]:
         """Greedy (temperature 0/None) or sampled generation; the prompt is stripped.
 
-        Sampling with ``seeds`` (one int per prompt) runs each prompt alone under its own
-        seed, so a sample's output never depends on its batch neighbours.
+        Sampling with ``seeds`` (one int per prompt) runs batched and batch-invariant: each
+        row draws its tokens from its own generator (``models.sampling``: Gumbel-max keyed by
+        the row's seed and the step, after temperature/top-k/top-p), so a sample's output
+        never depends on its batch neighbours or padding. Beam sampling with seeds runs each
+        prompt alone under its own seed (rows of a beam search are not one sample each).
         """
         unknown = set(gen_kwargs) - set(GEN_KEYS)
         if unknown:
@@ -322,6 +329,13 @@ class HFBaseInterface(BaseInterface):
         if temperature > 0 and seeds is not None:
             if len(seeds) != len(texts):
                 raise ReformError(f"model {self.label}: {len(seeds)} seeds for {len(texts)} prompts")
+            if int(hf_kwargs.get("num_beams") or 1) == 1:
+                if self.batch_invariant:
+                    return self._generate(texts, images,
+                                          self._seeded_kwargs(hf_kwargs, seeds, temperature, gen_kwargs))
+                return [out for i, (t, ims, seed) in enumerate(zip(texts, images, seeds))
+                        for out in self._generate([t], [ims], self._seeded_kwargs(hf_kwargs, [seed], temperature,
+                                                                                   gen_kwargs), offset=i)]
             outs = []
             for i, (t, ims, seed) in enumerate(zip(texts, images, seeds)):
                 devices = [self.device] if self.device.type == "cuda" else []
@@ -330,6 +344,27 @@ class HFBaseInterface(BaseInterface):
                     outs.extend(self._generate([t], [ims], hf_kwargs, offset=i))
             return outs
         return self._generate(texts, images, hf_kwargs)
+
+    def _seeded_kwargs(self, hf_kwargs: Dict[str, Any], seeds: Sequence[int], temperature: float,
+                       gen_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """``generate`` arguments for per-row seeded sampling: greedy decoding over the
+        logits as warped by ``SeededGumbelSampler``. top-k / top-p / min-p come from the call,
+        else from the checkpoint's generation config (what ``do_sample=True`` would use)."""
+        from transformers import LogitsProcessorList
+
+        from models.sampling import SeededGumbelSampler
+
+        gc = getattr(self.model, "generation_config", None)
+        warp = {k: gen_kwargs[k] if gen_kwargs.get(k) is not None else getattr(gc, k, None)
+                for k in ("top_k", "top_p", "min_p")}
+        unsupported = [k for k in ("typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+                       if getattr(gc, k, None) not in (None, 0.0, 1.0)]
+        if unsupported:
+            logger.warning("seeded sampling ignores the checkpoint's generation-config %s", ", ".join(unsupported))
+        kwargs = {k: v for k, v in hf_kwargs.items() if k not in ("do_sample", "temperature", "top_p", "top_k")}
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None,
+                      logits_processor=LogitsProcessorList([SeededGumbelSampler(seeds, temperature, **warp)]))
+        return kwargs
 
     def _generate(self, texts: List[str], images: List[List[Image.Image]], hf_kwargs: Dict[str, Any],
                   offset: int = 0) -> List[str]:
