@@ -106,6 +106,12 @@ class HFBaseInterface(BaseInterface):
     #: False (Mllama: padded image slots change the logits) makes seeded sampling run one
     #: prompt at a time and likelihood one sample at a time, so results never depend on the batch
     batch_invariant: bool = True
+    #: whether likelihood may run a batch's prefixes as one left-padded pass
+    batch_prefix: bool = True
+    #: positions of a left-padded pass: ``mask`` (explicit position_ids, a row's real tokens
+    #: counted from ``position_offset``) or ``model`` (the model derives them from the mask)
+    position_source: str = "mask"
+    position_offset: int = 0
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -405,10 +411,162 @@ class HFBaseInterface(BaseInterface):
     @torch.inference_mode()
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
-        """Prefix-shared scoring: one image+prompt pass per sample, then all candidates from
-        the shared KV cache. Summed log-probs; normalisation is the metrics' job."""
+        """Prefix-shared scoring: one image+prompt pass, then all candidates from the shared
+        KV cache. Batched (``batched_likelihood()``): one left-padded prefix pass for the whole
+        batch and one candidate pass per chunk; else one prefix pass per sample. Summed
+        log-probs; normalisation is the metrics' job."""
+        if len(prompts) > 1 and self.batched_likelihood():
+            return self._predict_batch(images_list, prompts, candidates_list)
         return [self._predict_one(ims, p, c, i)
                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
+
+    def batched_likelihood(self) -> bool:
+        """Whether a batch's prefixes run as one left-padded pass (config
+        ``batched_likelihood``, default on; never for a family that is not ``batch_invariant``)."""
+        return self.batch_invariant and self.batch_prefix and bool(self.config.get("batched_likelihood", True))
+
+    # -- batched likelihood ----------------------------------------------------------------
+    def prefix_position_inputs(self, mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Position inputs of a left-padded prefix pass (hook): each real token at its index
+        among the row's real tokens (+ ``position_offset``), exactly as in the unpadded
+        one-sample pass; nothing when the model derives positions from the attention mask
+        (``position_source = "model"``: Qwen2-VL's M-RoPE, OPT's learned positions)."""
+        if self.position_source == "model":
+            return {}
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0) + self.position_offset
+        return {"position_ids": pos}
+
+    def candidate_position_inputs(self, index: torch.Tensor, real: torch.Tensor,
+                                  length: int) -> Dict[str, torch.Tensor]:
+        """Position inputs of candidate rows (hook): row r belongs to sample ``index[r]`` and
+        its tokens continue at that sample's real prefix length ``real[index[r]]``.
+        Qwen2-VL adds its M-RoPE offset."""
+        if self.position_source == "model":
+            return {}
+        pos = real[index][:, None] + self.position_offset + torch.arange(length, device=real.device)[None, :]
+        return {"position_ids": pos}
+
+    def _predict_batch(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
+                       candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
+        """All prefixes in one left-padded pass (explicit positions, so every row sees what
+        its one-sample pass sees), then each chunk of every sample's candidates in one
+        candidate pass over the batch cache (``packed``: one row per sample; ``expand``: one
+        row per candidate, cache rows selected per candidate)."""
+        preps = [self._prepare(ims, p, c, i)
+                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
+        enc = self._encode([t for t, _, _ in preps], [im for _, ims, _ in preps for im in ims])
+        ids = enc["input_ids"]
+        mask = enc.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(ids)
+        real = mask.long().sum(-1)
+        for i, (_, _, cand_ids) in enumerate(preps):
+            self._check_context(int(real[i]) + max(len(c) for c in cand_ids), i, "prompt + longest candidate")
+        out = self.model(**enc, **self.prefix_position_inputs(mask), use_cache=True, logits_to_keep=1)
+        first_lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        self.after_batch_prefix(out)
+        prefix_cache = self.prefix_cache(out)
+        del out
+
+        cand_lists = [c for _, _, c in preps]
+        k_max = max(len(c) for c in cand_lists)
+        chunk = int(self.config.get("candidate_batch_size") or k_max)
+        strategy = self.strategy()
+        scores: List[List[CandidateScore]] = [[] for _ in preps]
+        n_chunks = (k_max + chunk - 1) // chunk
+        for start in range(0, k_max, chunk):
+            pieces = [c[start:start + chunk] for c in cand_lists]
+            cache = prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache)
+            if strategy == "packed":
+                got = self._score_packed_batch(cache, first_lp, pieces, mask, real)
+            else:
+                got = self._score_expand_batch(cache, first_lp, pieces, mask, real)
+            for b, g in enumerate(got):
+                scores[b].extend(g)
+        return scores
+
+    def after_batch_prefix(self, out: Any) -> None:
+        """Read per-row state the candidate pass needs from the prefix pass (hook; Qwen2-VL's
+        ``rope_deltas``). Default: nothing."""
+
+    def _score_packed_batch(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
+                            mask: torch.Tensor, real: torch.Tensor) -> List[List[CandidateScore]]:
+        """``_score_packed`` for a batch: row b packs sample b's candidates after its
+        (left-padded) prefix; its 4D mask shows the real prefix tokens and each candidate's
+        own earlier tokens; rows are right-padded (a pad token sees only itself)."""
+        dev = self.device
+        totals = [[float(first_lp[b, c[0]]) for c in cands] for b, cands in enumerate(pieces)]
+        feeds = [[c[:-1] for c in cands] for cands in pieces]
+        n_row = [sum(len(f) for f in fs) for fs in feeds]
+        n = max(n_row)
+        if n:
+            bsz, p_len = mask.shape
+            pad = self.tokenizer.pad_token_id or 0
+            ids = torch.full((bsz, n), pad, dtype=torch.long, device=dev)
+            pos = torch.zeros((bsz, n), dtype=torch.long, device=dev)
+            seg = torch.full((bsz, n), -1, dtype=torch.long, device=dev)
+            for b, fs in enumerate(feeds):
+                flat = [t for f in fs for t in f]
+                if not flat:
+                    continue
+                ids[b, :len(flat)] = torch.tensor(flat, dtype=torch.long)
+                pos[b, :len(flat)] = torch.tensor([j for f in fs for j in range(len(f))], dtype=torch.long)
+                seg[b, :len(flat)] = torch.tensor([r for r, f in enumerate(fs) for _ in f], dtype=torch.long)
+            pos = pos + real[:, None].to(dev) + self.position_offset
+            idx = torch.arange(n, device=dev)
+            causal = idx[None, :] <= idx[:, None]
+            same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
+            own = (seg[:, :, None] < 0) & torch.eye(n, dtype=torch.bool, device=dev)[None]
+            allowed = torch.cat([mask.bool()[:, None, :].expand(bsz, n, p_len) & (seg[:, :, None] >= 0),
+                                 (same & causal[None]) | own], dim=-1)
+            mask4d = torch.zeros(bsz, 1, n, p_len + n, dtype=self.dtype, device=dev)
+            mask4d.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
+            out = self.candidate_model()(input_ids=ids, position_ids=pos, attention_mask=mask4d,
+                                         past_key_values=cache, use_cache=True)
+            lp = torch.log_softmax(out.logits.float(), dim=-1)
+            for b, cands in enumerate(pieces):
+                off = 0
+                for r, c in enumerate(cands):
+                    m = len(c) - 1
+                    if m:
+                        tgt = torch.tensor(c[1:], dtype=torch.long, device=dev)
+                        totals[b][r] += float(lp[b, off:off + m].gather(-1, tgt[:, None]).sum())
+                    off += m
+        return [[CandidateScore(s, len(c)) for s, c in zip(tot, cands)] for tot, cands in zip(totals, pieces)]
+
+    def _score_expand_batch(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
+                            mask: torch.Tensor, real: torch.Tensor) -> List[List[CandidateScore]]:
+        """``_score_chunk`` for a batch: one right-padded row per candidate over a copy of its
+        sample's cache row; the attention mask hides the prefix's left padding."""
+        dev = self.device
+        rows = [(b, c) for b, cands in enumerate(pieces) for c in cands]
+        if not rows:
+            return [[] for _ in pieces]
+        index = torch.tensor([b for b, _ in rows], dtype=torch.long, device=dev)
+        lengths = torch.tensor([len(c) for _, c in rows], device=dev)
+        max_len = int(lengths.max())
+        pad = self.tokenizer.pad_token_id or 0
+        targets = torch.full((len(rows), max_len), pad, dtype=torch.long, device=dev)
+        for r, (_, c) in enumerate(rows):
+            targets[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+        total = first_lp[index, targets[:, 0]]
+        if max_len > 1:
+            cache.batch_select_indices(index)
+            am = torch.cat([mask[index].to(dev), torch.ones(len(rows), max_len - 1, dtype=mask.dtype, device=dev)], 1)
+            out = self.candidate_model()(input_ids=targets[:, :-1], attention_mask=am, past_key_values=cache,
+                                         use_cache=True,
+                                         **self.candidate_position_inputs(index, real.to(dev), max_len - 1))
+            lp = torch.log_softmax(out.logits.float(), dim=-1)
+            tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
+            keep = torch.arange(1, max_len, device=dev)[None, :] < lengths[:, None]
+            total = total + (tok_lp * keep).sum(-1)
+        flat = [CandidateScore(float(s), int(n)) for s, n in zip(total.tolist(), lengths.tolist())]
+        out_lists: List[List[CandidateScore]] = []
+        k = 0
+        for cands in pieces:
+            out_lists.append(flat[k:k + len(cands)])
+            k += len(cands)
+        return out_lists
 
     def _predict_one(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str],
                      i: int) -> List[CandidateScore]:

@@ -96,3 +96,57 @@ def test_gumbel_noise_depends_on_seed_and_step_only():
     # standard Gumbel: mean = Euler-Mascheroni constant, variance pi^2/6 (loose bounds, n=20000)
     big = gumbel_noise(3, 0, 20000)
     assert abs(float(big.mean()) - 0.5772) < 0.05 and abs(float(big.var()) - 1.6449) < 0.1
+
+
+LIKELIHOOD_FAMILIES = ["llava", "llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2",
+                       "instructblip", "paligemma", "mllama"]
+
+
+def _likelihood_batch(pre, n: int = 5):
+    """n samples, 1-3 images, one multi-turn, candidate lists of different sizes and lengths."""
+    samples = _samples(n)
+    samples[1]["history"] = [{"from": "human", "value": f"{IMAGE_TOKEN}What is in the first image?"},
+                             {"from": "assistant", "value": "A red circle."}]
+    samples[1]["question"] = f"{IMAGE_TOKEN}And in the second one?"
+    samples[1]["images"] = samples[1]["images"][:2]
+    prompts = [pre(s) for s in samples]
+    cands = [CANDIDATES[i % 2:] for i in range(n)]  # 5 or 4 candidates per sample
+    return [s["images"] for s in samples], prompts, cands
+
+
+@pytest.mark.parametrize("fam", LIKELIHOOD_FAMILIES)
+def test_batched_likelihood_equals_one_sample_path(fam):
+    interface, pre = _model(fam)
+    images, prompts, cands = _likelihood_batch(pre)
+    single = [interface.raw_predict(im, p, c) for im, p, c in zip(images, prompts, cands)]
+    for extra in ({}, {"candidate_batch_size": 2}):
+        interface.config.update(extra)
+        try:
+            batched = interface.raw_batch_predict(images, prompts, cands)
+        finally:
+            for key in extra:
+                interface.config.pop(key)
+        assert [[c.num_tokens for c in s] for s in batched] == [[c.num_tokens for c in s] for s in single]
+        diff = max(abs(a.logprob - b.logprob) for s, t in zip(single, batched) for a, b in zip(s, t))
+        assert diff <= 1e-4, (fam, extra, diff)
+    assert len({round(c.logprob, 3) for s in single for c in s}) > 5  # not degenerate
+
+
+def test_batched_likelihood_is_the_batched_path():
+    """The batched path really runs: one prefix pass for the batch, and switching it off
+    (``batched_likelihood: false``) runs one prefix pass per sample."""
+    interface, pre = _model("llava")
+    images, prompts, cands = _likelihood_batch(pre, 3)
+    calls = []
+    handle = interface.model.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape[0]),
+                                                       with_kwargs=True)
+    try:
+        interface.raw_batch_predict(images, prompts, cands)
+        assert calls == [3, 3]  # prefix pass, packed candidate pass
+        calls.clear()
+        interface.config["batched_likelihood"] = False
+        interface.raw_batch_predict(images, prompts, cands)
+        assert calls == [1, 1] * 3
+    finally:
+        handle.remove()
+        interface.config.pop("batched_likelihood", None)

@@ -64,6 +64,8 @@ class Blip2Interface(HFBaseInterface):
 
     family = "blip2"
     model_types = ("blip-2",)
+    #: OPT derives its (learned, absolute) positions from the attention mask itself
+    position_source = "model"
 
     # ------------------------------------------------------------------ prompts / inputs
     @property
@@ -84,6 +86,10 @@ class Blip2Interface(HFBaseInterface):
         """The processor keeps its image token as an ``AddedToken``; its text is ``<image>``."""
         tok = getattr(self.processor, "image_token", IMAGE_TOKEN)
         return str(getattr(tok, "content", tok))
+
+    def batched_likelihood(self) -> bool:
+        """Encoder-decoder (Flan-T5) variants score one sample at a time on the decoder."""
+        return not self.seq2seq and super().batched_likelihood()
 
     def prefix_cache(self, out: Any) -> Any:
         """BLIP-2's output keeps the language model's cache in ``language_model_outputs``."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict
 
+import torch
+
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
@@ -47,6 +49,20 @@ class Qwen2VLInterface(HFBaseInterface):
     #: candidates must continue from the prefix's M-RoPE offset (``rope_deltas``), which the
     #: model applies only when it derives positions itself: never pack with explicit positions
     likelihood_strategy = "expand"
+    #: a left-padded prefix pass gets its M-RoPE positions from the model (from the mask)
+    position_source = "model"
+
+    def after_batch_prefix(self, out: Any) -> None:
+        """Keep the prefix pass's per-row M-RoPE offsets (``rope_deltas``, shape (batch, 1))."""
+        self._rope_deltas = self.model.model.rope_deltas
+
+    def candidate_position_inputs(self, index: torch.Tensor, real: torch.Tensor,
+                                  length: int) -> Dict[str, torch.Tensor]:
+        """Candidate tokens are text: all three M-RoPE sections at ``real length + delta + j``
+        of their sample's row (what ``generate`` continues with)."""
+        deltas = self._rope_deltas.to(real.device)[index]  # (rows, 1)
+        pos = (real[index] + deltas[:, 0])[:, None] + torch.arange(length, device=real.device)[None, :]
+        return {"position_ids": pos[None].expand(3, -1, -1)}
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
         return chat_template_preprocessor(self, config)
