@@ -102,10 +102,6 @@ class HFBaseInterface(BaseInterface):
     #: positions; needs a family whose text model takes plain position_ids and custom
     #: 4D masks). Config ``likelihood_strategy`` overrides.
     likelihood_strategy: str = "expand"
-    #: whether a row's logits are independent of its batch neighbours (up to float rounding);
-    #: False (Mllama: padded image slots change the logits) makes seeded sampling run one
-    #: prompt at a time and likelihood one sample at a time, so results never depend on the batch
-    batch_invariant: bool = True
     #: whether likelihood may run a batch's prefixes as one left-padded pass
     batch_prefix: bool = True
     #: positions of a left-padded pass: ``mask`` (explicit position_ids, a row's real tokens
@@ -336,12 +332,9 @@ class HFBaseInterface(BaseInterface):
             if len(seeds) != len(texts):
                 raise ReformError(f"model {self.label}: {len(seeds)} seeds for {len(texts)} prompts")
             if int(hf_kwargs.get("num_beams") or 1) == 1:
-                if self.batch_invariant:
-                    return self._generate(texts, images,
-                                          self._seeded_kwargs(hf_kwargs, seeds, temperature, gen_kwargs))
-                return [out for i, (t, ims, seed) in enumerate(zip(texts, images, seeds))
-                        for out in self._generate([t], [ims], self._seeded_kwargs(hf_kwargs, [seed], temperature,
-                                                                                   gen_kwargs), offset=i)]
+                return self._by_groups(self.batch_groups(images), lambda g: self._generate(
+                    [texts[i] for i in g], [images[i] for i in g],
+                    self._seeded_kwargs(hf_kwargs, [seeds[i] for i in g], temperature, gen_kwargs)))
             outs = []
             for i, (t, ims, seed) in enumerate(zip(texts, images, seeds)):
                 devices = [self.device] if self.device.type == "cuda" else []
@@ -349,7 +342,30 @@ class HFBaseInterface(BaseInterface):
                     torch.manual_seed(int(seed))
                     outs.extend(self._generate([t], [ims], hf_kwargs, offset=i))
             return outs
-        return self._generate(texts, images, hf_kwargs)
+        return self._by_groups(self.batch_groups(images), lambda g: self._generate(
+            [texts[i] for i in g], [images[i] for i in g], hf_kwargs))
+
+    def batch_groups(self, images_list: Sequence[Sequence[Any]]) -> List[List[int]]:
+        """How the rows of a batch may run together so that no row's result depends on the
+        others (hook): one group by default (left padding is neutral); Mllama groups rows by
+        image count (padded image slots change its logits)."""
+        return [list(range(len(images_list)))]
+
+    def _by_groups(self, groups: List[List[int]], run: Any) -> List[Any]:
+        """``run(group)`` per group of row indices, results put back in row order; errors
+        raised inside name the group's samples."""
+        if len(groups) == 1:
+            return run(groups[0])
+        out: List[Any] = [None] * sum(len(g) for g in groups)
+        ids = self._sample_ids
+        try:
+            for g in groups:
+                self._sample_ids = [ids[i] if ids is not None and i < len(ids) else f"#{i}" for i in g]
+                for i, r in zip(g, run(g)):
+                    out[i] = r
+        finally:
+            self._sample_ids = ids
+        return out
 
     def _seeded_kwargs(self, hf_kwargs: Dict[str, Any], seeds: Sequence[int], temperature: float,
                        gen_kwargs: Dict[str, Any]) -> Dict[str, Any]:
@@ -416,14 +432,19 @@ class HFBaseInterface(BaseInterface):
         batch and one candidate pass per chunk; else one prefix pass per sample. Summed
         log-probs; normalisation is the metrics' job."""
         if len(prompts) > 1 and self.batched_likelihood():
-            return self._predict_batch(images_list, prompts, candidates_list)
+            def run(g: List[int]) -> List[List[CandidateScore]]:
+                if len(g) == 1:
+                    return [self._predict_one(images_list[g[0]], prompts[g[0]], candidates_list[g[0]], 0)]
+                return self._predict_batch([images_list[i] for i in g], [prompts[i] for i in g],
+                                           [candidates_list[i] for i in g])
+            return self._by_groups(self.batch_groups(images_list), run)
         return [self._predict_one(ims, p, c, i)
                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
 
     def batched_likelihood(self) -> bool:
-        """Whether a batch's prefixes run as one left-padded pass (config
-        ``batched_likelihood``, default on; never for a family that is not ``batch_invariant``)."""
-        return self.batch_invariant and self.batch_prefix and bool(self.config.get("batched_likelihood", True))
+        """Whether a batch's prefixes run as one left-padded pass (per ``batch_groups``; config
+        ``batched_likelihood``, default on)."""
+        return self.batch_prefix and bool(self.config.get("batched_likelihood", True))
 
     # -- batched likelihood ----------------------------------------------------------------
     def prefix_position_inputs(self, mask: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -484,6 +505,10 @@ class HFBaseInterface(BaseInterface):
             for b, g in enumerate(got):
                 scores[b].extend(g)
         return scores
+
+    def select_candidate_rows(self, index: torch.Tensor) -> None:
+        """Expand per-sample state of the batched prefix pass to candidate rows (hook; row r
+        belongs to sample ``index[r]``; Mllama's last cross-attention mask row). Default: nothing."""
 
     def after_batch_prefix(self, out: Any) -> None:
         """Read per-row state the candidate pass needs from the prefix pass (hook; Qwen2-VL's
@@ -552,6 +577,7 @@ class HFBaseInterface(BaseInterface):
         total = first_lp[index, targets[:, 0]]
         if max_len > 1:
             cache.batch_select_indices(index)
+            self.select_candidate_rows(index)
             am = torch.cat([mask[index].to(dev), torch.ones(len(rows), max_len - 1, dtype=mask.dtype, device=dev)], 1)
             out = self.candidate_model()(input_ids=targets[:, :-1], attention_mask=am, past_key_values=cache,
                                          use_cache=True,

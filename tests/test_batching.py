@@ -62,8 +62,8 @@ def _sampled(interface, prompts, images, batch: int, n_resp: int = 4, **kw) -> L
 
 @pytest.mark.parametrize("fam", ["llava", "qwen2_vl", "llava_onevision", "mllama"])
 def test_sampled_generation_is_batch_invariant(fam):
-    """mllama is not batch-invariant itself (``batch_invariant = False``): it samples one
-    prompt at a time and must give the same outputs all the same."""
+    """Samples have 1-3 images; mllama batches only rows of equal image count (its padded
+    image slots are not neutral), the others batch everything."""
     interface, pre = _model(fam)
     samples = _samples()
     prompts, images = [pre(s) for s in samples], [s["images"] for s in samples]
@@ -150,3 +150,20 @@ def test_batched_likelihood_is_the_batched_path():
     finally:
         handle.remove()
         interface.config.pop("batched_likelihood", None)
+
+
+def test_mllama_groups_rows_by_image_count():
+    """Mllama: a prompt's logits change next to a prompt with more images (so its batches
+    are split by image count); with equal counts the rows agree."""
+    interface, pre = _model("mllama")
+    samples = _samples(4)  # image counts 1, 2, 3, 1
+    assert interface.batch_groups([s["images"] for s in samples]) == [[0, 3], [1], [2]]
+    texts = [interface.render(pre(s)) for s in samples]
+
+    def last_logits(idx):
+        enc = interface._encode([texts[i] for i in idx], [im for i in idx for im in samples[i]["images"]])
+        with torch.inference_mode():
+            return interface.model(**enc).logits[0, -1]
+    alone = last_logits([0])
+    assert (alone - last_logits([0, 3])).abs().max() < 1e-4
+    assert (alone - last_logits([0, 1])).abs().max() > 1e-2  # why the groups exist
