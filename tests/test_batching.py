@@ -26,11 +26,17 @@ _LOADED: Dict[str, tuple] = {}
 
 
 def _model(fam: str):
+    """``fam`` or ``fam:variant`` (a tiny checkpoint of another builder, e.g. ``blip2:blip2_t5``)."""
+    import models
     from models import get_model
+    from models.tiny import tiny_model_path
     torch.set_num_threads(1)
     if fam not in _LOADED:
         _LOADED.clear()  # one family in memory at a time
-        _LOADED[fam] = get_model(fam, {"model_name": "tiny", "device": "cpu"})
+        name, _, variant = fam.partition(":")
+        models._load_all()
+        path = tiny_model_path(variant) if variant else "tiny"
+        _LOADED[fam] = get_model(name, {"model_name": path, "device": "cpu"})
     return _LOADED[fam]
 
 
@@ -99,7 +105,7 @@ def test_gumbel_noise_depends_on_seed_and_step_only():
 
 
 LIKELIHOOD_FAMILIES = ["llava", "llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2",
-                       "instructblip", "paligemma", "mllama"]
+                       "instructblip", "paligemma", "mllama", "blip2:blip2_t5", "instructblip:instructblip_t5"]
 
 
 def _likelihood_batch(pre, n: int = 5):

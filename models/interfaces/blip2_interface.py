@@ -87,10 +87,6 @@ class Blip2Interface(HFBaseInterface):
         tok = getattr(self.processor, "image_token", IMAGE_TOKEN)
         return str(getattr(tok, "content", tok))
 
-    def batched_likelihood(self) -> bool:
-        """Encoder-decoder (Flan-T5) variants score one sample at a time on the decoder."""
-        return not self.seq2seq and super().batched_likelihood()
-
     def prefix_cache(self, out: Any) -> Any:
         """BLIP-2's output keeps the language model's cache in ``language_model_outputs``."""
         return out.language_model_outputs.past_key_values
@@ -188,6 +184,34 @@ class Blip2Interface(HFBaseInterface):
         scores: List[CandidateScore] = []
         for s in range(0, len(cand_ids), chunk):
             scores.extend(self._score_decoder(enc_h, enc["attention_mask"], cand_ids[s:s + chunk], start))
+        return scores
+
+    def _predict_batch(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
+                       candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
+        """Encoder-decoder: one encoder pass for the batch (left-padded; T5's relative
+        position bias and the padding mask make it the one-sample pass row by row), then each
+        candidate chunk of all samples as decoder rows over their sample's encoder output."""
+        if not self.seq2seq:
+            return super()._predict_batch(images_list, prompts, candidates_list)
+        preps = [self._prepare(ims, p, c, i)
+                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
+        enc = self._encode([t for t, _, _ in preps], [im for _, ims, _ in preps for im in ims])
+        for i in range(len(preps)):
+            self._check_context(int(enc["attention_mask"][i].sum()), i, "prompt")
+        start = self._decoder_start()
+        dec = torch.full((len(preps), 1), start, dtype=torch.long, device=self.device)
+        out = self.model(**enc, decoder_input_ids=dec, use_cache=False)
+        enc_h = out.language_model_outputs.encoder_last_hidden_state
+        cand_lists = [c for _, _, c in preps]
+        k_max = max(len(c) for c in cand_lists)
+        chunk = int(self.config.get("candidate_batch_size") or k_max)
+        scores: List[List[CandidateScore]] = [[] for _ in preps]
+        for s in range(0, k_max, chunk):
+            rows = [(b, c) for b, cands in enumerate(cand_lists) for c in cands[s:s + chunk]]
+            index = torch.tensor([b for b, _ in rows], dtype=torch.long, device=self.device)
+            got = self._score_decoder(enc_h[index], enc["attention_mask"][index], [c for _, c in rows], start)
+            for (b, _), g in zip(rows, got):
+                scores[b].append(g)
         return scores
 
     def _score_decoder(self, enc_h: torch.Tensor, enc_mask: torch.Tensor, cand_ids: List[List[int]],
