@@ -447,7 +447,7 @@ class HFBaseInterface(BaseInterface):
         return self.batch_prefix and bool(self.config.get("batched_likelihood", True))
 
     # -- batched likelihood ----------------------------------------------------------------
-    def prefix_position_inputs(self, mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def prefix_position_inputs(self, enc: Dict[str, Any], mask: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Position inputs of a left-padded prefix pass (hook): each real token at its index
         among the row's real tokens (+ ``position_offset``), exactly as in the unpadded
         one-sample pass; nothing when the model derives positions from the attention mask
@@ -457,15 +457,15 @@ class HFBaseInterface(BaseInterface):
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0) + self.position_offset
         return {"position_ids": pos}
 
-    def candidate_position_inputs(self, index: torch.Tensor, real: torch.Tensor,
-                                  length: int) -> Dict[str, torch.Tensor]:
-        """Position inputs of candidate rows (hook): row r belongs to sample ``index[r]`` and
-        its tokens continue at that sample's real prefix length ``real[index[r]]``.
-        Qwen2-VL adds its M-RoPE offset."""
+    def candidate_positions(self, pos: torch.Tensor, index: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Position inputs of candidate tokens (hook). ``pos`` (rows, length): each token's
+        index in its sample's unpadded sequence (real prefix length + offset in its
+        candidate); row r belongs to sample ``index[r]`` of the prefix pass. Default:
+        ``pos + position_offset``, or nothing when the model derives positions from the mask;
+        Qwen2-VL adds the sample's M-RoPE offset."""
         if self.position_source == "model":
             return {}
-        pos = real[index][:, None] + self.position_offset + torch.arange(length, device=real.device)[None, :]
-        return {"position_ids": pos}
+        return {"position_ids": pos + self.position_offset}
 
     def _predict_batch(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                        candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
@@ -483,9 +483,9 @@ class HFBaseInterface(BaseInterface):
         real = mask.long().sum(-1)
         for i, (_, _, cand_ids) in enumerate(preps):
             self._check_context(int(real[i]) + max(len(c) for c in cand_ids), i, "prompt + longest candidate")
-        out = self.model(**enc, **self.prefix_position_inputs(mask), use_cache=True, logits_to_keep=1)
+        out = self.model(**enc, **self.prefix_position_inputs(enc, mask), use_cache=True, logits_to_keep=1)
         first_lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-        self.after_batch_prefix(out)
+        self.after_prefix(out, enc)
         prefix_cache = self.prefix_cache(out)
         del out
 
@@ -510,8 +510,8 @@ class HFBaseInterface(BaseInterface):
         """Expand per-sample state of the batched prefix pass to candidate rows (hook; row r
         belongs to sample ``index[r]``; Mllama's last cross-attention mask row). Default: nothing."""
 
-    def after_batch_prefix(self, out: Any) -> None:
-        """Read per-row state the candidate pass needs from the prefix pass (hook; Qwen2-VL's
+    def after_prefix(self, out: Any, enc: Dict[str, Any]) -> None:
+        """Read per-row state the candidate pass needs from a prefix pass (hook; Qwen2-VL's
         ``rope_deltas``). Default: nothing."""
 
     def _score_packed_batch(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
@@ -537,7 +537,7 @@ class HFBaseInterface(BaseInterface):
                 ids[b, :len(flat)] = torch.tensor(flat, dtype=torch.long)
                 pos[b, :len(flat)] = torch.tensor([j for f in fs for j in range(len(f))], dtype=torch.long)
                 seg[b, :len(flat)] = torch.tensor([r for r, f in enumerate(fs) for _ in f], dtype=torch.long)
-            pos = pos + real[:, None].to(dev) + self.position_offset
+            pos = pos + real[:, None].to(dev)
             idx = torch.arange(n, device=dev)
             causal = idx[None, :] <= idx[:, None]
             same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
@@ -546,8 +546,8 @@ class HFBaseInterface(BaseInterface):
                                  (same & causal[None]) | own], dim=-1)
             mask4d = torch.zeros(bsz, 1, n, p_len + n, dtype=self.dtype, device=dev)
             mask4d.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
-            out = self.candidate_model()(input_ids=ids, position_ids=pos, attention_mask=mask4d,
-                                         past_key_values=cache, use_cache=True)
+            out = self.candidate_model()(input_ids=ids, attention_mask=mask4d, past_key_values=cache, use_cache=True,
+                                         **self.candidate_positions(pos, torch.arange(bsz, device=dev)))
             lp = torch.log_softmax(out.logits.float(), dim=-1)
             for b, cands in enumerate(pieces):
                 off = 0
@@ -581,7 +581,9 @@ class HFBaseInterface(BaseInterface):
             am = torch.cat([mask[index].to(dev), torch.ones(len(rows), max_len - 1, dtype=mask.dtype, device=dev)], 1)
             out = self.candidate_model()(input_ids=targets[:, :-1], attention_mask=am, past_key_values=cache,
                                          use_cache=True,
-                                         **self.candidate_position_inputs(index, real.to(dev), max_len - 1))
+                                         **self.candidate_positions(
+                                             real.to(dev)[index][:, None] + torch.arange(max_len - 1, device=dev)[None],
+                                             index))
             lp = torch.log_softmax(out.logits.float(), dim=-1)
             tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
             keep = torch.arange(1, max_len, device=dev)[None, :] < lengths[:, None]
@@ -603,6 +605,7 @@ class HFBaseInterface(BaseInterface):
         self._check_context(p_len + max_c, i, "prompt + longest candidate")
         out = self.model(**enc, use_cache=True, logits_to_keep=1)
         first_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        self.after_prefix(out, enc)
         prefix_cache = self.prefix_cache(out)
         del out
 
@@ -643,11 +646,15 @@ class HFBaseInterface(BaseInterface):
 
     def strategy(self) -> str:
         """``packed`` or ``expand`` (see the class docstring); flash attention cannot take the
-        custom 4D mask that packing needs, so it always expands."""
+        custom 4D mask that packing needs, and packing needs explicit candidate positions
+        (a family whose model derives them, like OPT, must expand): both then expand."""
         name = str(self.config.get("likelihood_strategy") or self.likelihood_strategy)
         if name not in ("packed", "expand"):
             raise ReformError(f"model {self.label}: unknown likelihood_strategy '{name}'; valid names: expand, packed")
         if name == "packed" and str(self.config.get("attn_implementation") or "").startswith("flash"):
+            return "expand"
+        if name == "packed" and not self.candidate_positions(torch.zeros(1, 1, dtype=torch.long),
+                                                             torch.zeros(1, dtype=torch.long)):
             return "expand"
         return name
 
@@ -670,8 +677,8 @@ class HFBaseInterface(BaseInterface):
             allowed[:, p_len:] = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
             mask = torch.zeros(1, 1, n_tok, p_len + n_tok, dtype=self.dtype, device=dev)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            out = self.candidate_model()(input_ids=ids, position_ids=pos, attention_mask=mask,
-                             past_key_values=cache, use_cache=True)
+            out = self.candidate_model()(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True,
+                                         **self.candidate_positions(pos, torch.zeros(1, dtype=torch.long, device=dev)))
             lp = torch.log_softmax(out.logits[0].float(), dim=-1)
             off = 0
             for r, c in enumerate(cand_ids):

@@ -173,3 +173,18 @@ def test_mllama_groups_rows_by_image_count():
     alone = last_logits([0])
     assert (alone - last_logits([0, 3])).abs().max() < 1e-4
     assert (alone - last_logits([0, 1])).abs().max() > 1e-2  # why the groups exist
+
+
+def test_qwen2_vl_text_only_prompts_after_an_image_prompt():
+    """Qwen2-VL keeps the M-RoPE offset of its last image pass; a text-only prompt scored
+    after it (alone or batched) must use offset 0: packed and batched scores equal the naive
+    full-sequence scores."""
+    interface, pre = _model("qwen2_vl")
+    img = _samples(1)[0]
+    interface.raw_predict(img["images"], pre(img), CANDIDATES)  # leaves a non-zero rope_deltas
+    texts = [dict(_samples(1)[0], images=[], question=q) for q in ("Is it daytime?", "Name two colours, please.")]
+    prompts = [pre(s) for s in texts]
+    slow = [interface.score_full_sequence([], p, CANDIDATES) for p in prompts]
+    for got in ([interface.raw_predict([], p, CANDIDATES) for p in prompts],
+                interface.raw_batch_predict([[], []], prompts, [CANDIDATES, CANDIDATES])):
+        assert max(abs(a.logprob - b.logprob) for s, t in zip(slow, got) for a, b in zip(s, t)) <= 1e-4

@@ -46,22 +46,35 @@ class Qwen2VLInterface(HFBaseInterface):
 
     family = "qwen2_vl"
     model_types = ("qwen2_vl", "qwen2_5_vl")
-    #: candidates must continue from the prefix's M-RoPE offset (``rope_deltas``), which the
-    #: model applies only when it derives positions itself: never pack with explicit positions
-    likelihood_strategy = "expand"
+    #: candidates continue from the prefix's M-RoPE offset (``rope_deltas``):
+    #: ``candidate_positions`` passes it explicitly, so candidates can be packed
+    likelihood_strategy = "packed"
     #: a left-padded prefix pass gets its M-RoPE positions from the model (from the mask)
     position_source = "model"
 
-    def after_batch_prefix(self, out: Any) -> None:
-        """Keep the prefix pass's per-row M-RoPE offsets (``rope_deltas``, shape (batch, 1))."""
-        self._rope_deltas = self.model.model.rope_deltas
+    def prefix_position_inputs(self, enc: Dict[str, Any], mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """With images the model computes M-RoPE positions from the mask; a text-only batch
+        gets plain positions counted over each row's real tokens (the model would count pads)."""
+        if "image_grid_thw" in enc:
+            return {}
+        return {"position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
 
-    def candidate_position_inputs(self, index: torch.Tensor, real: torch.Tensor,
-                                  length: int) -> Dict[str, torch.Tensor]:
-        """Candidate tokens are text: all three M-RoPE sections at ``real length + delta + j``
-        of their sample's row (what ``generate`` continues with)."""
-        deltas = self._rope_deltas.to(real.device)[index]  # (rows, 1)
-        pos = (real[index] + deltas[:, 0])[:, None] + torch.arange(length, device=real.device)[None, :]
+    def after_prefix(self, out: Any, enc: Dict[str, Any]) -> None:
+        """Keep the prefix pass's per-row M-RoPE offsets (``rope_deltas``, shape (batch, 1));
+        0 for a text-only pass (the model leaves a stale value from its last image pass)."""
+        if "image_grid_thw" in enc:
+            self._rope_deltas = self.model.model.rope_deltas
+        else:
+            self._rope_deltas = torch.zeros(enc["input_ids"].shape[0], 1, dtype=torch.long, device=self.device)
+
+    def candidate_positions(self, pos: torch.Tensor, index: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Candidate tokens are text: all three M-RoPE sections at the token's index plus its
+        sample's offset ``rope_deltas`` (what ``generate`` continues with). Explicit, so
+        candidates can be packed and batched."""
+        deltas = getattr(self, "_rope_deltas", None)
+        if deltas is None:  # no prefix pass yet (strategy probe): positions are explicit anyway
+            return {"position_ids": pos[None].expand(3, -1, -1)}
+        pos = pos + deltas.to(pos.device)[index]
         return {"position_ids": pos[None].expand(3, -1, -1)}
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
