@@ -12,22 +12,24 @@ neighbours and left padding never change a row's draw.
 
 Filtering warpers (temperature, then top-k, top-p, min-p, in ``generate``'s order) run
 before the noise, per row, so filtered tokens stay at ``-inf`` and the argmax samples from
-exactly the renormalised filtered distribution. The noise is drawn on the CPU (the same
-draws on every device) and moved to the logits' device.
+exactly the renormalised filtered distribution. The noise is drawn on the logits' device by that
+device's generator (no per-step host-to-device copy; CPU and CUDA runs draw different
+streams, as their logits differ anyway).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
 from utils.seeding import derive_seed
 
 
-def gumbel_noise(row_seed: int, step: int, width: int) -> torch.Tensor:
-    """Standard Gumbel noise of ``width`` values, a function of (row_seed, step) only."""
-    gen = torch.Generator().manual_seed(derive_seed(int(row_seed), "gumbel", int(step)))
-    u = torch.rand(width, generator=gen, dtype=torch.float64)
+def gumbel_noise(row_seed: int, step: int, width: int, device: Any = "cpu") -> torch.Tensor:
+    """Standard Gumbel noise of ``width`` values on ``device``, a function of (row_seed, step)
+    and the device type only (CPU and CUDA generators give different streams)."""
+    gen = torch.Generator(device=device).manual_seed(derive_seed(int(row_seed), "gumbel", int(step)))
+    u = torch.rand(width, generator=gen, dtype=torch.float64, device=device)
     u = u.clamp_(min=torch.finfo(torch.float64).tiny)
     return -torch.log(-torch.log(u))
 
@@ -65,6 +67,6 @@ class SeededGumbelSampler:
         step = input_ids.shape[1] - self._start
         for warp in self.warpers:
             scores = warp(input_ids, scores)
-        noise = torch.stack([gumbel_noise(s, step, scores.shape[-1]) for s in self.seeds])
+        noise = torch.stack([gumbel_noise(s, step, scores.shape[-1], scores.device) for s in self.seeds])
         # float64, so adding the noise rounds no near-tie away; greedy only takes the argmax
-        return scores.double() + noise.to(scores.device)
+        return scores.double() + noise
