@@ -21,6 +21,14 @@ Likelihood (``raw_batch_predict``), per sample:
    at the prefix length (no cache copies, no padding; ~10x cheaper on CPU).
    Sum the log-probabilities. Returns ``CandidateScore(logprob, num_tokens)``.
 
+Batches (``_predict_batch``): step 1 runs once for all samples of a batch, left-padded, with
+each row's positions counted over its real tokens (hooks ``prefix_position_inputs``,
+``candidate_positions``), so every row computes what its one-sample pass computes; step 3
+then runs each candidate chunk of all samples in one pass. ``batch_groups`` splits a batch
+for families whose rows are not independent of padding (Mllama: by image count).
+
+Sampling with per-row seeds is batched and batch-invariant (``models.sampling``).
+
 ``score_full_sequence`` is the naive reference (one full forward per candidate, images
 included), used by tests and ``bench/likelihood.py``.
 """

@@ -4,10 +4,12 @@ Why this family needs care: its rotary positions are multimodal (M-RoPE: tempora
 and width sections; image tokens share a temporal index and take 2-D grid positions, text
 after an image resumes at ``max(previous) + 1``). On the prefix pass the model computes
 these 3-D positions from ``image_grid_thw`` and stores the offset ``rope_deltas`` between
-them and the plain token index; on the candidate pass (cached prefix, no images) it
-continues from ``cache_position + rope_deltas``. The shared base's prefix-cache scoring is
-therefore right as long as each prefix pass starts a fresh cache (it does); the zoo test
-checks cached scores against full-sequence scores for multi-image prompts.
+them and the plain token index (per row; left padding included). Candidates continue at
+``real prefix length + rope_deltas`` of their row: ``candidate_positions`` passes these
+(all three sections equal, text) explicitly, so candidates can be packed into one row per
+sample and batched; a text-only prefix has offset 0 (the model would keep the stale offset
+of its last image pass). The zoo test checks cached scores against full-sequence scores for
+multi-image prompts, ``tests/test_batching.py`` batched against one-sample scores.
 
 The processor resizes each image to a multiple of ``patch_size * merge_size`` within
 ``[min_pixels, max_pixels]``; set those through the checkpoint's preprocessor config to
