@@ -188,3 +188,25 @@ def test_qwen2_vl_text_only_prompts_after_an_image_prompt():
     for got in ([interface.raw_predict([], p, CANDIDATES) for p in prompts],
                 interface.raw_batch_predict([[], []], prompts, [CANDIDATES, CANDIDATES])):
         assert max(abs(a.logprob - b.logprob) for s, t in zip(slow, got) for a, b in zip(s, t)) <= 1e-4
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, None, 0.8), (1.3, 3, None)])
+def test_seeded_sampler_draws_from_the_warped_softmax(temperature, top_k, top_p):
+    """20000 rows, one seed each, one step: the argmax frequencies match softmax(logits / T)
+    restricted to the top-k / top-p set (filtered tokens never drawn)."""
+    from models.sampling import SeededGumbelSampler
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -3.0])
+    probs = torch.softmax(logits / temperature, -1)
+    keep = torch.ones(6, dtype=torch.bool)
+    if top_k:
+        keep[top_k:] = False
+    if top_p:  # smallest set whose mass reaches top_p (logits are sorted)
+        keep &= (torch.cumsum(probs, -1) - probs) < top_p
+    expected = torch.where(keep, probs, torch.zeros(6))
+    expected = expected / expected.sum()
+    n = 20000
+    sampler = SeededGumbelSampler(range(n), temperature, top_k=top_k, top_p=top_p)
+    draws = sampler(torch.zeros(n, 3, dtype=torch.long), logits.repeat(n, 1)).argmax(-1)
+    freq = torch.bincount(draws, minlength=6).double() / n
+    assert float((freq - expected).abs().max()) < 0.015, (freq, expected)
+    assert bool((freq[~keep] == 0).all())
