@@ -6,7 +6,7 @@ prompts the same way (left padding) and scores candidates the same way (one pref
 KV cache shared by all candidates). A family file only says which ``model_type`` values it
 accepts, how ``IMAGE_TOKEN`` is written for it, and which preprocessor it uses.
 
-Likelihood (``raw_batch_predict``), per sample:
+Likelihood (``raw_batch_predict``), per sample (all samples of a batch together, below):
 
 1. render the prompt (dialogue string, or chat messages through the processor's template),
    encode images + prompt once with ``use_cache=True``; keep the last logits and the cache;
@@ -21,11 +21,12 @@ Likelihood (``raw_batch_predict``), per sample:
    at the prefix length (no cache copies, no padding; ~10x cheaper on CPU).
    Sum the log-probabilities. Returns ``CandidateScore(logprob, num_tokens)``.
 
-Batches (``_predict_batch``): step 1 runs once for all samples of a batch, left-padded, with
-each row's positions counted over its real tokens (hooks ``prefix_position_inputs``,
-``candidate_positions``), so every row computes what its one-sample pass computes; step 3
-then runs each candidate chunk of all samples in one pass. ``batch_groups`` splits a batch
-for families whose rows are not independent of padding (Mllama: by image count).
+Batches (``_predict_batch``; one sample is a batch of one): step 1 runs once for all samples
+of a batch, left-padded, with each row's positions counted over its real tokens (hooks
+``prefix_position_inputs``, ``candidate_positions``), so every row computes what it computes
+alone; step 3 then runs each candidate chunk of all samples in one pass. ``batch_groups``
+splits a batch for families whose rows are not independent of padding (Mllama: by image
+count).
 
 Sampling with per-row seeds is batched and batch-invariant (``models.sampling``).
 
@@ -476,12 +477,12 @@ class HFBaseInterface(BaseInterface):
         return {"position_ids": pos + self.position_offset}
 
     def _predict_batch(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
-                       candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
+                       candidates_list: Sequence[Sequence[str]], offset: int = 0) -> List[List[CandidateScore]]:
         """All prefixes in one left-padded pass (explicit positions, so every row sees what
         its one-sample pass sees), then each chunk of every sample's candidates in one
         candidate pass over the batch cache (``packed``: one row per sample; ``expand``: one
         row per candidate, cache rows selected per candidate)."""
-        preps = [self._prepare(ims, p, c, i)
+        preps = [self._prepare(ims, p, c, offset + i)
                  for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
         enc = self._encode([t for t, _, _ in preps], [im for _, ims, _ in preps for im in ims])
         ids = enc["input_ids"]
@@ -490,7 +491,8 @@ class HFBaseInterface(BaseInterface):
             mask = torch.ones_like(ids)
         real = mask.long().sum(-1)
         for i, (_, _, cand_ids) in enumerate(preps):
-            self._check_context(int(real[i]) + max(len(c) for c in cand_ids), i, "prompt + longest candidate")
+            self._check_context(int(real[i]) + max(len(c) for c in cand_ids), offset + i,
+                                "prompt + longest candidate")
         out = self.model(**enc, **self.prefix_position_inputs(enc, mask), use_cache=True, logits_to_keep=1)
         first_lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
         self.after_prefix(out, enc)
@@ -507,9 +509,9 @@ class HFBaseInterface(BaseInterface):
             pieces = [c[start:start + chunk] for c in cand_lists]
             cache = prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache)
             if strategy == "packed":
-                got = self._score_packed_batch(cache, first_lp, pieces, mask, real)
+                got = self._score_packed(cache, first_lp, pieces, mask, real)
             else:
-                got = self._score_expand_batch(cache, first_lp, pieces, mask, real)
+                got = self._score_expand(cache, first_lp, pieces, mask, real)
             for b, g in enumerate(got):
                 scores[b].extend(g)
         return scores
@@ -522,11 +524,12 @@ class HFBaseInterface(BaseInterface):
         """Read per-row state the candidate pass needs from a prefix pass (hook; Qwen2-VL's
         ``rope_deltas``). Default: nothing."""
 
-    def _score_packed_batch(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
+    def _score_packed(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
                             mask: torch.Tensor, real: torch.Tensor) -> List[List[CandidateScore]]:
-        """``_score_packed`` for a batch: row b packs sample b's candidates after its
-        (left-padded) prefix; its 4D mask shows the real prefix tokens and each candidate's
-        own earlier tokens; rows are right-padded (a pad token sees only itself)."""
+        """``packed``: row b holds all of sample b's candidates after its (left-padded)
+        prefix, each seeing the real prefix tokens and only its own earlier tokens (4D mask;
+        positions restart at the real prefix length). No cache copies; rows are right-padded
+        (a pad token sees only itself). The cache is consumed."""
         dev = self.device
         totals = [[float(first_lp[b, c[0]]) for c in cands] for b, cands in enumerate(pieces)]
         feeds = [[c[:-1] for c in cands] for cands in pieces]
@@ -567,10 +570,11 @@ class HFBaseInterface(BaseInterface):
                     off += m
         return [[CandidateScore(s, len(c)) for s, c in zip(tot, cands)] for tot, cands in zip(totals, pieces)]
 
-    def _score_expand_batch(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
+    def _score_expand(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
                             mask: torch.Tensor, real: torch.Tensor) -> List[List[CandidateScore]]:
-        """``_score_chunk`` for a batch: one right-padded row per candidate over a copy of its
-        sample's cache row; the attention mask hides the prefix's left padding."""
+        """``expand``: one right-padded row per candidate over a copy of its sample's cache
+        row (causal attention keeps real tokens from seeing later pads; the attention mask
+        hides the prefix's left padding). The cache is consumed."""
         dev = self.device
         rows = [(b, c) for b, cands in enumerate(pieces) for c in cands]
         if not rows:
@@ -606,30 +610,8 @@ class HFBaseInterface(BaseInterface):
 
     def _predict_one(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str],
                      i: int) -> List[CandidateScore]:
-        text, imgs, cand_ids = self._prepare(images, prompt, candidates, i)
-        enc = self._encode([text], imgs)
-        p_len = enc["input_ids"].shape[1]
-        max_c = max(len(c) for c in cand_ids)
-        self._check_context(p_len + max_c, i, "prompt + longest candidate")
-        out = self.model(**enc, use_cache=True, logits_to_keep=1)
-        first_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        self.after_prefix(out, enc)
-        prefix_cache = self.prefix_cache(out)
-        del out
-
-        k = len(cand_ids)
-        chunk = int(self.config.get("candidate_batch_size") or k)
-        strategy = self.strategy()
-        scores: List[CandidateScore] = []
-        n_chunks = (k + chunk - 1) // chunk
-        for start in range(0, k, chunk):
-            ids_chunk = cand_ids[start:start + chunk]
-            cache = prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache)
-            if strategy == "packed":
-                scores.extend(self._score_packed(cache, first_lp, ids_chunk, p_len))
-            else:
-                scores.extend(self._score_chunk(cache, first_lp, ids_chunk))
-        return scores
+        """One sample: the batched path with a batch of one (``i`` names it in errors)."""
+        return self._predict_batch([images], [prompt], [candidates], offset=i)[0]
 
     def candidate_token_type(self, key: str) -> int:
         """Value of the per-token input ``key`` for candidate tokens in the full-sequence
@@ -665,59 +647,6 @@ class HFBaseInterface(BaseInterface):
                                                              torch.zeros(1, dtype=torch.long)):
             return "expand"
         return name
-
-    def _score_packed(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]],
-                      p_len: int) -> List[CandidateScore]:
-        """All candidates in ONE batch-1 row after the prefix, each seeing the prefix and only
-        its own earlier tokens (block-diagonal causal 4D mask, positions restarting at the
-        prefix length). No cache copies and no padding; the cache is consumed."""
-        lengths = [len(c) for c in cand_ids]
-        total = [float(first_lp[c[0]]) for c in cand_ids]
-        feed = [c[:-1] for c in cand_ids]  # the last token of a candidate predicts nothing we need
-        n_tok = sum(len(f) for f in feed)
-        if n_tok:
-            dev = self.device
-            ids = torch.tensor([[t for f in feed for t in f]], dtype=torch.long, device=dev)
-            pos = torch.tensor([[p_len + j for f in feed for j in range(len(f))]], dtype=torch.long, device=dev)
-            seg = torch.tensor([r for r, f in enumerate(feed) for _ in f], device=dev)
-            idx = torch.arange(n_tok, device=dev)
-            allowed = torch.ones(n_tok, p_len + n_tok, dtype=torch.bool, device=dev)
-            allowed[:, p_len:] = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-            mask = torch.zeros(1, 1, n_tok, p_len + n_tok, dtype=self.dtype, device=dev)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            out = self.candidate_model()(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True,
-                                         **self.candidate_positions(pos, torch.zeros(1, dtype=torch.long, device=dev)))
-            lp = torch.log_softmax(out.logits[0].float(), dim=-1)
-            off = 0
-            for r, c in enumerate(cand_ids):
-                m = len(feed[r])
-                if m:
-                    tgt = torch.tensor(c[1:], dtype=torch.long, device=dev)
-                    total[r] += float(lp[off:off + m].gather(-1, tgt[:, None]).sum())
-                off += m
-        return [CandidateScore(s, n) for s, n in zip(total, lengths)]
-
-    def _score_chunk(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]]) -> List[CandidateScore]:
-        """Score candidates from a (batch-1) prefix cache repeated K times (right-padded
-        candidate rows); the cache is consumed."""
-        n = len(cand_ids)
-        lengths = torch.tensor([len(c) for c in cand_ids], device=self.device)
-        max_len = int(lengths.max())
-        pad = self.tokenizer.pad_token_id or 0
-        targets = torch.full((n, max_len), pad, dtype=torch.long, device=self.device)
-        for r, c in enumerate(cand_ids):
-            targets[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-        total = first_lp[targets[:, 0]]
-        if max_len > 1:
-            cache.batch_repeat_interleave(n)
-            # feed tokens 0..L-2; the logits at step t predict token t+1. Right padding is
-            # harmless: causal attention keeps real tokens from seeing later pad tokens.
-            out = self.candidate_model()(input_ids=targets[:, :-1], past_key_values=cache, use_cache=True)
-            lp = torch.log_softmax(out.logits.float(), dim=-1)
-            tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
-            mask = torch.arange(1, max_len, device=self.device)[None, :] < lengths[:, None]
-            total = total + (tok_lp * mask).sum(-1)
-        return [CandidateScore(float(s), int(l)) for s, l in zip(total.tolist(), lengths.tolist())]
 
     @torch.inference_mode()
     def score_full_sequence(self, images: Sequence[Any], prompt: Any,
