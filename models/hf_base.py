@@ -6,7 +6,7 @@ prompts the same way (left padding) and scores candidates the same way (one pref
 KV cache shared by all candidates). A family file only says which ``model_type`` values it
 accepts, how ``IMAGE_TOKEN`` is written for it, and which preprocessor it uses.
 
-Likelihood (``raw_batch_predict``), per sample:
+Likelihood (``raw_batch_predict``), per sample (all samples of a batch together, below):
 
 1. render the prompt (dialogue string, or chat messages through the processor's template),
    encode images + prompt once with ``use_cache=True``; keep the last logits and the cache;
@@ -20,6 +20,15 @@ Likelihood (``raw_batch_predict``), per sample:
    one row after the prefix with a block-diagonal causal 4D mask and positions restarting
    at the prefix length (no cache copies, no padding; ~10x cheaper on CPU).
    Sum the log-probabilities. Returns ``CandidateScore(logprob, num_tokens)``.
+
+Batches (``_predict_batch``; one sample is a batch of one): step 1 runs once for all samples
+of a batch, left-padded, with each row's positions counted over its real tokens (hooks
+``prefix_position_inputs``, ``candidate_positions``), so every row computes what it computes
+alone; step 3 then runs each candidate chunk of all samples in one pass. ``batch_groups``
+splits a batch for families whose rows are not independent of padding (Mllama: by image
+count).
+
+Sampling with per-row seeds is batched and batch-invariant (``models.sampling``).
 
 ``score_full_sequence`` is the naive reference (one full forward per candidate, images
 included), used by tests and ``bench/likelihood.py``.
@@ -104,7 +113,13 @@ class HFBaseInterface(BaseInterface):
     likelihood_strategy: str = "expand"
     option_names = ("dtype", "trust_remote_code", "attn_implementation", "candidate_batch_size",
                     "likelihood_strategy", "tiny_size", "device_map", "max_memory", "gpus_per_rank", "tp_plan",
-                    "offload_folder")
+                    "offload_folder", "batched_likelihood", "max_context_tokens")
+    #: whether likelihood may run a batch's prefixes as one left-padded pass
+    batch_prefix: bool = True
+    #: positions of a left-padded pass: ``mask`` (explicit position_ids, a row's real tokens
+    #: counted from ``position_offset``) or ``model`` (the model derives them from the mask)
+    position_source: str = "mask"
+    position_offset: int = 0
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -293,8 +308,11 @@ class HFBaseInterface(BaseInterface):
                            **gen_kwargs: Any) -> List[str]:
         """Greedy (temperature 0/None) or sampled generation; the prompt is stripped.
 
-        Sampling with ``seeds`` (one int per prompt) runs each prompt alone under its own
-        seed, so a sample's output never depends on its batch neighbours.
+        Sampling with ``seeds`` (one int per prompt) runs batched and batch-invariant: each
+        row draws its tokens from its own generator (``models.sampling``: Gumbel-max keyed by
+        the row's seed and the step, after temperature/top-k/top-p), so a sample's output
+        never depends on its batch neighbours or padding. Beam sampling with seeds runs each
+        prompt alone under its own seed (rows of a beam search are not one sample each).
         """
         unknown = set(gen_kwargs) - set(GEN_KEYS)
         if unknown:
@@ -325,6 +343,10 @@ class HFBaseInterface(BaseInterface):
         if temperature > 0 and seeds is not None:
             if len(seeds) != len(texts):
                 raise ReformError(f"model {self.label}: {len(seeds)} seeds for {len(texts)} prompts")
+            if int(hf_kwargs.get("num_beams") or 1) == 1:
+                return self._by_groups(self.batch_groups(images), lambda g: self._generate(
+                    [texts[i] for i in g], [images[i] for i in g],
+                    self._seeded_kwargs(hf_kwargs, [seeds[i] for i in g], temperature, gen_kwargs)))
             outs = []
             for i, (t, ims, seed) in enumerate(zip(texts, images, seeds)):
                 devices = [self.device] if self.device.type == "cuda" else []
@@ -332,7 +354,51 @@ class HFBaseInterface(BaseInterface):
                     torch.manual_seed(int(seed))
                     outs.extend(self._generate([t], [ims], hf_kwargs, offset=i))
             return outs
-        return self._generate(texts, images, hf_kwargs)
+        return self._by_groups(self.batch_groups(images), lambda g: self._generate(
+            [texts[i] for i in g], [images[i] for i in g], hf_kwargs))
+
+    def batch_groups(self, images_list: Sequence[Sequence[Any]]) -> List[List[int]]:
+        """How the rows of a batch may run together so that no row's result depends on the
+        others (hook): one group by default (left padding is neutral); Mllama groups rows by
+        image count (padded image slots change its logits)."""
+        return [list(range(len(images_list)))]
+
+    def _by_groups(self, groups: List[List[int]], run: Any) -> List[Any]:
+        """``run(group)`` per group of row indices, results put back in row order; errors
+        raised inside name the group's samples."""
+        if len(groups) == 1:
+            return run(groups[0])
+        out: List[Any] = [None] * sum(len(g) for g in groups)
+        ids = self._sample_ids
+        try:
+            for g in groups:
+                self._sample_ids = [ids[i] if ids is not None and i < len(ids) else f"#{i}" for i in g]
+                for i, r in zip(g, run(g)):
+                    out[i] = r
+        finally:
+            self._sample_ids = ids
+        return out
+
+    def _seeded_kwargs(self, hf_kwargs: Dict[str, Any], seeds: Sequence[int], temperature: float,
+                       gen_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """``generate`` arguments for per-row seeded sampling: greedy decoding over the
+        logits as warped by ``SeededGumbelSampler``. top-k / top-p / min-p come from the call,
+        else from the checkpoint's generation config (what ``do_sample=True`` would use)."""
+        from transformers import LogitsProcessorList
+
+        from models.sampling import SeededGumbelSampler
+
+        gc = getattr(self.model, "generation_config", None)
+        warp = {k: gen_kwargs[k] if gen_kwargs.get(k) is not None else getattr(gc, k, None)
+                for k in ("top_k", "top_p", "min_p")}
+        unsupported = [k for k in ("typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+                       if getattr(gc, k, None) not in (None, 0.0, 1.0)]
+        if unsupported:
+            logger.warning("seeded sampling ignores the checkpoint's generation-config %s", ", ".join(unsupported))
+        kwargs = {k: v for k, v in hf_kwargs.items() if k not in ("do_sample", "temperature", "top_p", "top_k")}
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None,
+                      logits_processor=LogitsProcessorList([SeededGumbelSampler(seeds, temperature, **warp)]))
+        return kwargs
 
     def _generate(self, texts: List[str], images: List[List[Image.Image]], hf_kwargs: Dict[str, Any],
                   offset: int = 0) -> List[str]:
@@ -373,36 +439,182 @@ class HFBaseInterface(BaseInterface):
     @torch.inference_mode()
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
-        """Prefix-shared scoring: one image+prompt pass per sample, then all candidates from
-        the shared KV cache. Summed log-probs; normalisation is the metrics' job."""
+        """Prefix-shared scoring: one image+prompt pass, then all candidates from the shared
+        KV cache. Batched (``batched_likelihood()``): one left-padded prefix pass for the whole
+        batch and one candidate pass per chunk; else one prefix pass per sample. Summed
+        log-probs; normalisation is the metrics' job."""
+        if len(prompts) > 1 and self.batched_likelihood():
+            def run(g: List[int]) -> List[List[CandidateScore]]:
+                if len(g) == 1:
+                    return [self._predict_one(images_list[g[0]], prompts[g[0]], candidates_list[g[0]], 0)]
+                return self._predict_batch([images_list[i] for i in g], [prompts[i] for i in g],
+                                           [candidates_list[i] for i in g])
+            return self._by_groups(self.batch_groups(images_list), run)
         return [self._predict_one(ims, p, c, i)
                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
 
-    def _predict_one(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str],
-                     i: int) -> List[CandidateScore]:
-        text, imgs, cand_ids = self._prepare(images, prompt, candidates, i)
-        enc = self._encode([text], imgs)
-        p_len = enc["input_ids"].shape[1]
-        max_c = max(len(c) for c in cand_ids)
-        self._check_context(p_len + max_c, i, "prompt + longest candidate")
-        out = self.model(**enc, use_cache=True, logits_to_keep=1)
-        first_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+    def batched_likelihood(self) -> bool:
+        """Whether a batch's prefixes run as one left-padded pass (per ``batch_groups``; config
+        ``batched_likelihood``, default on)."""
+        return self.batch_prefix and bool(self.config.get("batched_likelihood", True))
+
+    # -- batched likelihood ----------------------------------------------------------------
+    def prefix_position_inputs(self, enc: Dict[str, Any], mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Position inputs of a left-padded prefix pass (hook): each real token at its index
+        among the row's real tokens (+ ``position_offset``), exactly as in the unpadded
+        one-sample pass; nothing when the model derives positions from the attention mask
+        (``position_source = "model"``: Qwen2-VL's M-RoPE, OPT's learned positions)."""
+        if self.position_source == "model":
+            return {}
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0) + self.position_offset
+        return {"position_ids": pos}
+
+    def candidate_positions(self, pos: torch.Tensor, index: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Position inputs of candidate tokens (hook). ``pos`` (rows, length): each token's
+        index in its sample's unpadded sequence (real prefix length + offset in its
+        candidate); row r belongs to sample ``index[r]`` of the prefix pass. Default:
+        ``pos + position_offset``, or nothing when the model derives positions from the mask;
+        Qwen2-VL adds the sample's M-RoPE offset."""
+        if self.position_source == "model":
+            return {}
+        return {"position_ids": pos + self.position_offset}
+
+    def _predict_batch(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
+                       candidates_list: Sequence[Sequence[str]], offset: int = 0) -> List[List[CandidateScore]]:
+        """All prefixes in one left-padded pass (explicit positions, so every row sees what
+        its one-sample pass sees), then each chunk of every sample's candidates in one
+        candidate pass over the batch cache (``packed``: one row per sample; ``expand``: one
+        row per candidate, cache rows selected per candidate)."""
+        preps = [self._prepare(ims, p, c, offset + i)
+                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
+        enc = self._encode([t for t, _, _ in preps], [im for _, ims, _ in preps for im in ims])
+        ids = enc["input_ids"]
+        mask = enc.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(ids)
+        real = mask.long().sum(-1)
+        for i, (_, _, cand_ids) in enumerate(preps):
+            self._check_context(int(real[i]) + max(len(c) for c in cand_ids), offset + i,
+                                "prompt + longest candidate")
+        out = self.model(**enc, **self.prefix_position_inputs(enc, mask), use_cache=True, logits_to_keep=1)
+        first_lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        self.after_prefix(out, enc)
         prefix_cache = self.prefix_cache(out)
         del out
 
-        k = len(cand_ids)
-        chunk = int(self.config.get("candidate_batch_size") or k)
+        cand_lists = [c for _, _, c in preps]
+        k_max = max(len(c) for c in cand_lists)
+        chunk = int(self.config.get("candidate_batch_size") or k_max)
         strategy = self.strategy()
-        scores: List[CandidateScore] = []
-        n_chunks = (k + chunk - 1) // chunk
-        for start in range(0, k, chunk):
-            ids_chunk = cand_ids[start:start + chunk]
+        scores: List[List[CandidateScore]] = [[] for _ in preps]
+        n_chunks = (k_max + chunk - 1) // chunk
+        for start in range(0, k_max, chunk):
+            pieces = [c[start:start + chunk] for c in cand_lists]
             cache = prefix_cache if n_chunks == 1 else copy.deepcopy(prefix_cache)
             if strategy == "packed":
-                scores.extend(self._score_packed(cache, first_lp, ids_chunk, p_len))
+                got = self._score_packed(cache, first_lp, pieces, mask, real)
             else:
-                scores.extend(self._score_chunk(cache, first_lp, ids_chunk))
+                got = self._score_expand(cache, first_lp, pieces, mask, real)
+            for b, g in enumerate(got):
+                scores[b].extend(g)
         return scores
+
+    def select_candidate_rows(self, index: torch.Tensor) -> None:
+        """Expand per-sample state of the batched prefix pass to candidate rows (hook; row r
+        belongs to sample ``index[r]``; Mllama's last cross-attention mask row). Default: nothing."""
+
+    def after_prefix(self, out: Any, enc: Dict[str, Any]) -> None:
+        """Read per-row state the candidate pass needs from a prefix pass (hook; Qwen2-VL's
+        ``rope_deltas``). Default: nothing."""
+
+    def _score_packed(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
+                            mask: torch.Tensor, real: torch.Tensor) -> List[List[CandidateScore]]:
+        """``packed``: row b holds all of sample b's candidates after its (left-padded)
+        prefix, each seeing the real prefix tokens and only its own earlier tokens (4D mask;
+        positions restart at the real prefix length). No cache copies; rows are right-padded
+        (a pad token sees only itself). The cache is consumed."""
+        dev = self.device
+        totals = [[float(first_lp[b, c[0]]) for c in cands] for b, cands in enumerate(pieces)]
+        feeds = [[c[:-1] for c in cands] for cands in pieces]
+        n_row = [sum(len(f) for f in fs) for fs in feeds]
+        n = max(n_row)
+        if n:
+            bsz, p_len = mask.shape
+            pad = self.tokenizer.pad_token_id or 0
+            ids = torch.full((bsz, n), pad, dtype=torch.long, device=dev)
+            pos = torch.zeros((bsz, n), dtype=torch.long, device=dev)
+            seg = torch.full((bsz, n), -1, dtype=torch.long, device=dev)
+            for b, fs in enumerate(feeds):
+                flat = [t for f in fs for t in f]
+                if not flat:
+                    continue
+                ids[b, :len(flat)] = torch.tensor(flat, dtype=torch.long)
+                pos[b, :len(flat)] = torch.tensor([j for f in fs for j in range(len(f))], dtype=torch.long)
+                seg[b, :len(flat)] = torch.tensor([r for r, f in enumerate(fs) for _ in f], dtype=torch.long)
+            pos = pos + real[:, None].to(dev)
+            idx = torch.arange(n, device=dev)
+            causal = idx[None, :] <= idx[:, None]
+            same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
+            own = (seg[:, :, None] < 0) & torch.eye(n, dtype=torch.bool, device=dev)[None]
+            allowed = torch.cat([mask.bool()[:, None, :].expand(bsz, n, p_len) & (seg[:, :, None] >= 0),
+                                 (same & causal[None]) | own], dim=-1)
+            mask4d = torch.zeros(bsz, 1, n, p_len + n, dtype=self.dtype, device=dev)
+            mask4d.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
+            out = self.candidate_model()(input_ids=ids, attention_mask=mask4d, past_key_values=cache, use_cache=True,
+                                         **self.candidate_positions(pos, torch.arange(bsz, device=dev)))
+            lp = torch.log_softmax(out.logits.float(), dim=-1)
+            for b, cands in enumerate(pieces):
+                off = 0
+                for r, c in enumerate(cands):
+                    m = len(c) - 1
+                    if m:
+                        tgt = torch.tensor(c[1:], dtype=torch.long, device=dev)
+                        totals[b][r] += float(lp[b, off:off + m].gather(-1, tgt[:, None]).sum())
+                    off += m
+        return [[CandidateScore(s, len(c)) for s, c in zip(tot, cands)] for tot, cands in zip(totals, pieces)]
+
+    def _score_expand(self, cache: Any, first_lp: torch.Tensor, pieces: List[List[List[int]]],
+                            mask: torch.Tensor, real: torch.Tensor) -> List[List[CandidateScore]]:
+        """``expand``: one right-padded row per candidate over a copy of its sample's cache
+        row (causal attention keeps real tokens from seeing later pads; the attention mask
+        hides the prefix's left padding). The cache is consumed."""
+        dev = self.device
+        rows = [(b, c) for b, cands in enumerate(pieces) for c in cands]
+        if not rows:
+            return [[] for _ in pieces]
+        index = torch.tensor([b for b, _ in rows], dtype=torch.long, device=dev)
+        lengths = torch.tensor([len(c) for _, c in rows], device=dev)
+        max_len = int(lengths.max())
+        pad = self.tokenizer.pad_token_id or 0
+        targets = torch.full((len(rows), max_len), pad, dtype=torch.long, device=dev)
+        for r, (_, c) in enumerate(rows):
+            targets[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+        total = first_lp[index, targets[:, 0]]
+        if max_len > 1:
+            cache.batch_select_indices(index)
+            self.select_candidate_rows(index)
+            am = torch.cat([mask[index].to(dev), torch.ones(len(rows), max_len - 1, dtype=mask.dtype, device=dev)], 1)
+            out = self.candidate_model()(input_ids=targets[:, :-1], attention_mask=am, past_key_values=cache,
+                                         use_cache=True,
+                                         **self.candidate_positions(
+                                             real.to(dev)[index][:, None] + torch.arange(max_len - 1, device=dev)[None],
+                                             index))
+            lp = torch.log_softmax(out.logits.float(), dim=-1)
+            tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
+            keep = torch.arange(1, max_len, device=dev)[None, :] < lengths[:, None]
+            total = total + (tok_lp * keep).sum(-1)
+        flat = [CandidateScore(float(s), int(n)) for s, n in zip(total.tolist(), lengths.tolist())]
+        out_lists: List[List[CandidateScore]] = []
+        k = 0
+        for cands in pieces:
+            out_lists.append(flat[k:k + len(cands)])
+            k += len(cands)
+        return out_lists
+
+    def _predict_one(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str],
+                     i: int) -> List[CandidateScore]:
+        """One sample: the batched path with a batch of one (``i`` names it in errors)."""
+        return self._predict_batch([images], [prompt], [candidates], offset=i)[0]
 
     def candidate_token_type(self, key: str) -> int:
         """Value of the per-token input ``key`` for candidate tokens in the full-sequence
@@ -427,66 +639,17 @@ class HFBaseInterface(BaseInterface):
 
     def strategy(self) -> str:
         """``packed`` or ``expand`` (see the class docstring); flash attention cannot take the
-        custom 4D mask that packing needs, so it always expands."""
+        custom 4D mask that packing needs, and packing needs explicit candidate positions
+        (a family whose model derives them, like OPT, must expand): both then expand."""
         name = str(self.config.get("likelihood_strategy") or self.likelihood_strategy)
         if name not in ("packed", "expand"):
             raise ReformError(f"model {self.label}: unknown likelihood_strategy '{name}'; valid names: expand, packed")
         if name == "packed" and str(self.config.get("attn_implementation") or "").startswith("flash"):
             return "expand"
+        if name == "packed" and not self.candidate_positions(torch.zeros(1, 1, dtype=torch.long),
+                                                             torch.zeros(1, dtype=torch.long)):
+            return "expand"
         return name
-
-    def _score_packed(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]],
-                      p_len: int) -> List[CandidateScore]:
-        """All candidates in ONE batch-1 row after the prefix, each seeing the prefix and only
-        its own earlier tokens (block-diagonal causal 4D mask, positions restarting at the
-        prefix length). No cache copies and no padding; the cache is consumed."""
-        lengths = [len(c) for c in cand_ids]
-        total = [float(first_lp[c[0]]) for c in cand_ids]
-        feed = [c[:-1] for c in cand_ids]  # the last token of a candidate predicts nothing we need
-        n_tok = sum(len(f) for f in feed)
-        if n_tok:
-            dev = self.device
-            ids = torch.tensor([[t for f in feed for t in f]], dtype=torch.long, device=dev)
-            pos = torch.tensor([[p_len + j for f in feed for j in range(len(f))]], dtype=torch.long, device=dev)
-            seg = torch.tensor([r for r, f in enumerate(feed) for _ in f], device=dev)
-            idx = torch.arange(n_tok, device=dev)
-            allowed = torch.ones(n_tok, p_len + n_tok, dtype=torch.bool, device=dev)
-            allowed[:, p_len:] = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-            mask = torch.zeros(1, 1, n_tok, p_len + n_tok, dtype=self.dtype, device=dev)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            out = self.candidate_model()(input_ids=ids, position_ids=pos, attention_mask=mask,
-                             past_key_values=cache, use_cache=True)
-            lp = torch.log_softmax(out.logits[0].float(), dim=-1)
-            off = 0
-            for r, c in enumerate(cand_ids):
-                m = len(feed[r])
-                if m:
-                    tgt = torch.tensor(c[1:], dtype=torch.long, device=dev)
-                    total[r] += float(lp[off:off + m].gather(-1, tgt[:, None]).sum())
-                off += m
-        return [CandidateScore(s, n) for s, n in zip(total, lengths)]
-
-    def _score_chunk(self, cache: Any, first_lp: torch.Tensor, cand_ids: List[List[int]]) -> List[CandidateScore]:
-        """Score candidates from a (batch-1) prefix cache repeated K times (right-padded
-        candidate rows); the cache is consumed."""
-        n = len(cand_ids)
-        lengths = torch.tensor([len(c) for c in cand_ids], device=self.device)
-        max_len = int(lengths.max())
-        pad = self.tokenizer.pad_token_id or 0
-        targets = torch.full((n, max_len), pad, dtype=torch.long, device=self.device)
-        for r, c in enumerate(cand_ids):
-            targets[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-        total = first_lp[targets[:, 0]]
-        if max_len > 1:
-            cache.batch_repeat_interleave(n)
-            # feed tokens 0..L-2; the logits at step t predict token t+1. Right padding is
-            # harmless: causal attention keeps real tokens from seeing later pad tokens.
-            out = self.candidate_model()(input_ids=targets[:, :-1], past_key_values=cache, use_cache=True)
-            lp = torch.log_softmax(out.logits.float(), dim=-1)
-            tok_lp = lp.gather(-1, targets[:, 1:, None]).squeeze(-1)
-            mask = torch.arange(1, max_len, device=self.device)[None, :] < lengths[:, None]
-            total = total + (tok_lp * mask).sum(-1)
-        return [CandidateScore(float(s), int(l)) for s, l in zip(total.tolist(), lengths.tolist())]
 
     @torch.inference_mode()
     def score_full_sequence(self, images: Sequence[Any], prompt: Any,

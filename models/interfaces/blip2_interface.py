@@ -64,6 +64,8 @@ class Blip2Interface(HFBaseInterface):
 
     family = "blip2"
     model_types = ("blip-2",)
+    #: OPT derives its (learned, absolute) positions from the attention mask itself
+    position_source = "model"
 
     # ------------------------------------------------------------------ prompts / inputs
     @property
@@ -167,21 +169,32 @@ class Blip2Interface(HFBaseInterface):
         start = cfg.decoder_start_token_id
         return int(start if start is not None else cfg.pad_token_id)
 
-    def _predict_one(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str],
-                     i: int) -> List[CandidateScore]:
+    def _predict_batch(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
+                       candidates_list: Sequence[Sequence[str]], offset: int = 0) -> List[List[CandidateScore]]:
+        """Encoder-decoder: one encoder pass for the batch (left-padded; T5's relative
+        position bias and the padding mask make it the one-sample pass row by row), then each
+        candidate chunk of all samples as decoder rows over their sample's encoder output."""
         if not self.seq2seq:
-            return super()._predict_one(images, prompt, candidates, i)
-        text, imgs, cand_ids = self._prepare(images, prompt, candidates, i)
-        enc = self._encode([text], imgs)
-        self._check_context(enc["input_ids"].shape[1], i, "prompt")
+            return super()._predict_batch(images_list, prompts, candidates_list, offset)
+        preps = [self._prepare(ims, p, c, offset + i)
+                 for i, (ims, p, c) in enumerate(zip(images_list, prompts, candidates_list))]
+        enc = self._encode([t for t, _, _ in preps], [im for _, ims, _ in preps for im in ims])
+        for i in range(len(preps)):
+            self._check_context(int(enc["attention_mask"][i].sum()), offset + i, "prompt")
         start = self._decoder_start()
-        # one pass encodes images + prompt; keep the encoder output for all candidates
-        out = self.model(**enc, decoder_input_ids=torch.tensor([[start]], device=self.device), use_cache=False)
+        dec = torch.full((len(preps), 1), start, dtype=torch.long, device=self.device)
+        out = self.model(**enc, decoder_input_ids=dec, use_cache=False)
         enc_h = out.language_model_outputs.encoder_last_hidden_state
-        chunk = int(self.config.get("candidate_batch_size") or len(cand_ids))
-        scores: List[CandidateScore] = []
-        for s in range(0, len(cand_ids), chunk):
-            scores.extend(self._score_decoder(enc_h, enc["attention_mask"], cand_ids[s:s + chunk], start))
+        cand_lists = [c for _, _, c in preps]
+        k_max = max(len(c) for c in cand_lists)
+        chunk = int(self.config.get("candidate_batch_size") or k_max)
+        scores: List[List[CandidateScore]] = [[] for _ in preps]
+        for s in range(0, k_max, chunk):
+            rows = [(b, c) for b, cands in enumerate(cand_lists) for c in cands[s:s + chunk]]
+            index = torch.tensor([b for b, _ in rows], dtype=torch.long, device=self.device)
+            got = self._score_decoder(enc_h[index], enc["attention_mask"][index], [c for _, c in rows], start)
+            for (b, _), g in zip(rows, got):
+                scores[b].append(g)
         return scores
 
     def _score_decoder(self, enc_h: torch.Tensor, enc_mask: torch.Tensor, cand_ids: List[List[int]],

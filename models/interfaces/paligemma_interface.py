@@ -53,6 +53,8 @@ class PaliGemmaInterface(HFBaseInterface):
     family = "paligemma"
     model_types = ("paligemma",)
     likelihood_strategy = "expand"
+    #: Gemma positions are 1-indexed (explicit in a left-padded batched prefix pass)
+    position_offset = 1
 
     def make_preprocessor(self, config: Dict[str, Any]) -> AllImagesFirstProcessor:
         """Images first, then ``Question: ... Answer:`` turns (``roles``, ``system_msg``,

@@ -4,10 +4,12 @@ Why this family needs care: its rotary positions are multimodal (M-RoPE: tempora
 and width sections; image tokens share a temporal index and take 2-D grid positions, text
 after an image resumes at ``max(previous) + 1``). On the prefix pass the model computes
 these 3-D positions from ``image_grid_thw`` and stores the offset ``rope_deltas`` between
-them and the plain token index; on the candidate pass (cached prefix, no images) it
-continues from ``cache_position + rope_deltas``. The shared base's prefix-cache scoring is
-therefore right as long as each prefix pass starts a fresh cache (it does); the zoo test
-checks cached scores against full-sequence scores for multi-image prompts.
+them and the plain token index (per row; left padding included). Candidates continue at
+``real prefix length + rope_deltas`` of their row: ``candidate_positions`` passes these
+(all three sections equal, text) explicitly, so candidates can be packed into one row per
+sample and batched; a text-only prefix has offset 0 (the model would keep the stale offset
+of its last image pass). The zoo test checks cached scores against full-sequence scores for
+multi-image prompts, ``tests/test_batching.py`` batched against one-sample scores.
 
 The processor resizes each image to a multiple of ``patch_size * merge_size`` within
 ``[min_pixels, max_pixels]``; set those through the checkpoint's preprocessor config to
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Dict
+
+import torch
 
 from models import register_model
 from models.hf_base import HFBaseInterface
@@ -44,9 +48,36 @@ class Qwen2VLInterface(HFBaseInterface):
 
     family = "qwen2_vl"
     model_types = ("qwen2_vl", "qwen2_5_vl")
-    #: candidates must continue from the prefix's M-RoPE offset (``rope_deltas``), which the
-    #: model applies only when it derives positions itself: never pack with explicit positions
-    likelihood_strategy = "expand"
+    #: candidates continue from the prefix's M-RoPE offset (``rope_deltas``):
+    #: ``candidate_positions`` passes it explicitly, so candidates can be packed
+    likelihood_strategy = "packed"
+    #: a left-padded prefix pass gets its M-RoPE positions from the model (from the mask)
+    position_source = "model"
+
+    def prefix_position_inputs(self, enc: Dict[str, Any], mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """With images the model computes M-RoPE positions from the mask; a text-only batch
+        gets plain positions counted over each row's real tokens (the model would count pads)."""
+        if "image_grid_thw" in enc:
+            return {}
+        return {"position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
+
+    def after_prefix(self, out: Any, enc: Dict[str, Any]) -> None:
+        """Keep the prefix pass's per-row M-RoPE offsets (``rope_deltas``, shape (batch, 1));
+        0 for a text-only pass (the model leaves a stale value from its last image pass)."""
+        if "image_grid_thw" in enc:
+            self._rope_deltas = self.model.model.rope_deltas
+        else:
+            self._rope_deltas = torch.zeros(enc["input_ids"].shape[0], 1, dtype=torch.long, device=self.device)
+
+    def candidate_positions(self, pos: torch.Tensor, index: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Candidate tokens are text: all three M-RoPE sections at the token's index plus its
+        sample's offset ``rope_deltas`` (what ``generate`` continues with). Explicit, so
+        candidates can be packed and batched."""
+        deltas = getattr(self, "_rope_deltas", None)
+        if deltas is None:  # no prefix pass yet (strategy probe): positions are explicit anyway
+            return {"position_ids": pos[None].expand(3, -1, -1)}
+        pos = pos + deltas.to(pos.device)[index]
+        return {"position_ids": pos[None].expand(3, -1, -1)}
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
         return chat_template_preprocessor(self, config)
