@@ -1,0 +1,100 @@
+"""Big checkpoints through accelerate (issue 12 section 1), on CPU.
+
+A tiny model loaded with an explicit device map that keeps some layers on ``cpu`` and
+offloads the others to ``disk`` must give exactly the generations and likelihood scores of
+the plain load: placement is an implementation detail, never a source of different numbers.
+"""
+from __future__ import annotations
+
+import pytest
+
+from models import get_model
+from utils.errors import ReformError
+from utils.images import noise_image
+
+#: llava's modules, half kept on cpu and half offloaded to disk (weights read per forward)
+LLAVA_SPLIT = {
+    "model.vision_tower": "cpu",
+    "model.multi_modal_projector": "disk",
+    "model.language_model.embed_tokens": "cpu",
+    "model.language_model.rotary_emb": "cpu",
+    "model.language_model.layers.0": "cpu",
+    "model.language_model.layers.1": "disk",
+    "model.language_model.norm": "disk",
+    "lm_head": "disk",
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    plain, prep = get_model("llava", {"model_name": "tiny", "device": "cpu"})
+    folder = str(tmp_path_factory.mktemp("offload"))
+    split, _ = get_model("llava", {"model_name": "tiny", "device_map": dict(LLAVA_SPLIT),
+                                   "offload_folder": folder})
+    return plain, split, prep, folder
+
+
+def _samples():
+    out = []
+    for i in range(3):
+        out.append({"sample_id": f"s{i}", "images": [noise_image(i, (32, 32))],
+                    "question": ["What is in the image?", "Is there a cat?", "Which colour is it?"][i],
+                    "instruct": "", "history": [], "formulation": "Generation",
+                    "candidates": ["yes", "no", "a red circle", "blue"]})
+    return out
+
+
+def test_split_model_is_really_offloaded(pair):
+    _, split, _, _ = pair
+    assert split.model.hf_device_map["lm_head"] == "disk"
+    lm = split.model.model.language_model
+    # disk-offloaded weights stay on the meta device and are read from disk per forward
+    assert split.model.lm_head.weight.device.type == "meta"
+    assert lm.layers[1].self_attn.q_proj.weight.device.type == "meta"
+    assert split.model.lm_head._hf_hook.offload is True
+    assert lm.layers[0].self_attn.q_proj.weight.device.type == "cpu"
+    assert str(split.device) == "cpu"
+
+
+def test_device_map_generation_equals_plain_load(pair):
+    plain, split, prep, _ = pair
+    samples = _samples()
+    prompts = [prep(s) for s in samples]
+    a = plain.forward("generation", samples, prompts, max_new_tokens=8)
+    b = split.forward("generation", samples, prompts, max_new_tokens=8)
+    assert a == b and any(x for x in a)
+
+
+def test_device_map_likelihood_equals_plain_load(pair):
+    plain, split, prep, _ = pair
+    samples = _samples()
+    prompts = [prep(s) for s in samples]
+    a = plain.forward("likelihood", samples, prompts)
+    b = split.forward("likelihood", samples, prompts)
+    for ra, rb in zip(a, b):
+        assert [n for _, n in ra] == [n for _, n in rb]
+        assert max(abs(x[0] - y[0]) for x, y in zip(ra, rb)) < 1e-5
+    assert len({round(x[0], 4) for x in a[0]}) > 1  # the scores discriminate
+
+
+def test_placement_options_are_validated():
+    with pytest.raises(ReformError, match="unknown device_map 'everywhere'"):
+        get_model("llava", {"model_name": "tiny", "device_map": "everywhere"})
+    with pytest.raises(ReformError, match="names GPU 3"):
+        get_model("llava", {"model_name": "tiny", "device_map": "{model: 3, lm_head: cpu}"})
+    with pytest.raises(ReformError, match="max_memory / offload_folder need device_map"):
+        get_model("llava", {"model_name": "tiny", "max_memory": "{cpu: 1GiB}"})
+    with pytest.raises(ReformError, match="tp_plan=auto needs torchrun"):
+        get_model("llava", {"model_name": "tiny", "tp_plan": "auto"})
+    with pytest.raises(ReformError, match="gpus_per_rank must be an integer >= 1"):
+        get_model("llava", {"model_name": "tiny", "gpus_per_rank": 0})
+
+
+def test_gpu_group_per_rank(monkeypatch):
+    import torch
+
+    from models.hf_base import gpu_group
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert gpu_group(0, 4) == [0, 1, 2, 3] and gpu_group(1, 4) == [4, 5, 6, 7]
+    with pytest.raises(ReformError, match="needs GPUs 8..11 but this node has 8"):
+        gpu_group(2, 4)
