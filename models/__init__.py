@@ -3,12 +3,16 @@
 An interface module registers a factory with ``@register_model("name")``; the factory takes
 the config dict (``model_name``, ``model_type``, ``half_evaluation``, ``device``,
 ``inference_method``, ...) and returns ``(interface, preprocessor)``.
+
+``redact(config)`` masks API keys and other credentials before a config reaches a file, a
+log or the run identity (see ``models.redaction``).
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from models.redaction import redact, redact_text, register_secret  # noqa: F401 - public API
 from utils.errors import unknown_name
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
