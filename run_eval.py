@@ -28,7 +28,8 @@ logger = logging.getLogger("run_eval")
 OUTPUT_ARGS = ("model", "model_name", "model_type", "dataset_name", "formulation", "dataset_duplication",
                "in_context_sample", "random_instruct", "shuffle_options", "option_mark", "infer_method",
                "half_evaluation", "temperature", "max_new_tokens", "dataset_subsample", "seed", "history",
-               "num_samples", "instructions_at_end", "skip_corrupt", "dataset_option", "model_option")
+               "num_samples", "instructions_at_end", "skip_corrupt", "dataset_option", "model_option",
+               "context_policy")
 
 
 def str2bool(v: Any) -> bool:
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MMMT-IF ablation: repeat all given instructions at the end of the input")
     g.add_argument("--skip_corrupt", action="store_true",
                    help="skip (and count in results) images that cannot be decoded instead of failing")
+    g.add_argument("--context_policy", default="error", choices=["error", "truncate_history", "skip"],
+                   help="a prompt longer than the model context: fail naming the sample, drop the oldest "
+                        "turns (images and instructions kept), or skip the sample (counted in results)")
     g = p.add_argument_group("inference")
     g.add_argument("--infer_method", default="generation", choices=["generation", "likelihood"])
     g.add_argument("--per_gpu_eval_batch_size", type=int, default=1)
@@ -248,7 +252,19 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     try:
         for batch in loader:
             batch = [fill_history(s, args.history, done) for s in batch]
-            prompts = [preprocessor(s) for s in batch]
+            # >>> context policy hook (issue 12 section 4; utils/context.py) >>>
+            from utils.context import fit_batch
+            n_in = len(batch)
+            batch, prompts, skipped = fit_batch(batch, preprocessor, interface, args.context_policy,
+                                                args.infer_method, gen_kwargs)
+            if skipped:
+                writer.write(skipped)
+                for r in skipped:
+                    done[(r["sample_id"], r["dup_index"])] = r
+            if not batch:
+                bar.update(n_in)
+                continue
+            # <<< context policy hook <<<
             records = []
             t1 = time.perf_counter()
             if args.infer_method == "generation":
@@ -271,7 +287,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
             writer.write(records)
             for r in records:
                 done[(r["sample_id"], r["dup_index"])] = r
-            bar.update(len(batch))
+            bar.update(n_in)
     finally:
         writer.close()
         bar.close()

@@ -262,6 +262,8 @@ class HFBaseInterface(BaseInterface):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         text_cfg = self.model.config.get_text_config()
         self.max_context: Optional[int] = getattr(text_cfg, "max_position_embeddings", None)
+        if self.config.get("max_context_tokens"):  # a tighter limit (long-context quality, memory)
+            self.max_context = int(self.config["max_context_tokens"])
         logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
                     self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
 
@@ -353,6 +355,30 @@ class HFBaseInterface(BaseInterface):
                     return torch.device(f"cuda:{d}" if isinstance(d, int) else d)
             return torch.device("cpu")
         return self.model.get_input_embeddings().weight.device
+
+    # ---------------------------------------------------------------------------- context
+    def max_context_tokens(self) -> Optional[int]:
+        """``max_position_embeddings`` of the text model, or config ``max_context_tokens``."""
+        return self.max_context
+
+    def count_prompt_tokens(self, images: Sequence[Any], prompt: Any) -> Optional[int]:
+        """Length of the processor's ``input_ids`` for this prompt (image tokens expanded)."""
+        text = self.render(prompt)
+        imgs = self._images(images, 0)
+        kwargs: Dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if imgs:
+            kwargs["images"] = imgs
+        enc = self.processor(**kwargs)
+        return int(enc["input_ids"].shape[1])
+
+    def answer_reserve_tokens(self, inference_method: str, sample: Dict[str, Any],
+                              gen_kwargs: Dict[str, Any]) -> int:
+        """``max_new_tokens`` (as ``raw_batch_generate`` resolves it), or the longest candidate."""
+        if inference_method == "likelihood":
+            cands = sample.get("candidates") or []
+            return max((len(self.tokenizer(" " + str(c), add_special_tokens=False)["input_ids"]) + 1
+                        for c in cands), default=0)
+        return int(gen_kwargs.get("max_new_tokens") or self.config.get("max_new_tokens") or 30)
 
     # ---------------------------------------------------------------------------- prompts
     @property
