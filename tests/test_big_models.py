@@ -98,3 +98,12 @@ def test_gpu_group_per_rank(monkeypatch):
     assert gpu_group(0, 4) == [0, 1, 2, 3] and gpu_group(1, 4) == [4, 5, 6, 7]
     with pytest.raises(ReformError, match="needs GPUs 8..11 but this node has 8"):
         gpu_group(2, 4)
+
+
+def test_rank_device_with_gpus_per_rank(monkeypatch):
+    import torch
+
+    from utils.distributed import DistInfo, default_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_device(DistInfo(rank=1, world_size=2, local_rank=1)) == "cuda:1"
+    assert default_device(DistInfo(rank=1, world_size=2, local_rank=1), gpus_per_rank=4) == "cuda:4"
