@@ -90,7 +90,7 @@ class _Server:
                 elif action == "notjson":
                     self._send(200, b"<html>gateway error</html>")
                 elif isinstance(action, int):
-                    err = json.dumps({"error": {"message": f"scripted {action}"}}).encode()
+                    err = json.dumps({"error": {"message": getattr(outer, "echo", None) or f"scripted {action}"}}).encode()
                     headers = {"Retry-After": "0"} if action == 429 else {}
                     self._send(action, err, headers)
                 else:
@@ -410,6 +410,19 @@ def test_api_key_is_redacted_everywhere_and_never_logged(server, caplog, monkeyp
     assert redact({**config, "api_key": "sk-other-987654"})["api_key"] == out["api_key"]
     assert "abcdef123456" not in redact_text("Authorization: Bearer abcdef123456")
     assert "abcdef123456" not in redact_text("curl -H \"Authorization: Bearer abcdef123456\"")
+
+
+def test_a_server_echoing_the_key_does_not_leak_it(server, caplog):
+    """Some servers put the rejected key in their error message; it must not reach the
+    error line or the log."""
+    model, _ = _model(server, api_key="sk-echoed-back-42")
+    server.script = [401]
+    server.echo = "Incorrect API key provided: sk-echoed-back-42"
+    with caplog.at_level("DEBUG"):
+        with pytest.raises(ReformError) as e:
+            model.raw_generate([], "x")
+    assert "sk-echoed-back-42" not in str(e.value) and "sk-echoed-back-42" not in caplog.text
+    assert "Incorrect API key provided: <redacted>" in str(e.value)
 
 
 def test_credentials_in_base_url_are_not_shown(server):

@@ -57,7 +57,7 @@ from PIL import Image
 
 from build.schema import IMAGE_TOKEN
 from models import register_model
-from models.redaction import register_secret
+from models.redaction import redact_text, register_secret
 from models.interfaces.base_interface import BaseInterface, CandidateScore
 from utils.errors import ReformError
 from utils.images import open_image
@@ -453,11 +453,11 @@ def _error_detail(raw: bytes, reason: str = "") -> str:
     body = raw.decode("utf-8", "replace")
     try:
         msg = json.loads(body).get("error", {})
-        if isinstance(msg, dict) and msg.get("message"):
-            return str(msg["message"])[:200]
+        if isinstance(msg, dict) and msg.get("message"):  # servers may echo the key back
+            return redact_text(str(msg["message"])[:200])
     except (json.JSONDecodeError, AttributeError):
         pass
-    return str(body.strip() or reason or "")[:200]
+    return redact_text(str(body.strip() or reason or "")[:200])
 
 
 def _retry_after(headers: Any) -> Optional[float]:
