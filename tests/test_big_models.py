@@ -107,3 +107,17 @@ def test_rank_device_with_gpus_per_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device(DistInfo(rank=1, world_size=2, local_rank=1)) == "cuda:1"
     assert default_device(DistInfo(rank=1, world_size=2, local_rank=1), gpus_per_rank=4) == "cuda:4"
+
+
+def test_auto_map_with_max_memory_offloads_and_matches_for_qwen2_vl():
+    """``device_map=auto`` with a CPU budget too small for the model: accelerate places what
+    fits on cpu and offloads the rest to disk; outputs still equal the plain load."""
+    plain, prep = get_model("qwen2_vl", {"model_name": "tiny", "device": "cpu"})
+    split, _ = get_model("qwen2_vl", {"model_name": "tiny", "device_map": "auto", "max_memory": "{cpu: 300KB}"})
+    assert set(split.model.hf_device_map.values()) == {"cpu", "disk"}
+    samples = _samples()[:2]
+    prompts = [prep(s) for s in samples]
+    assert plain.forward("generation", samples, prompts, max_new_tokens=6) == \
+        split.forward("generation", samples, prompts, max_new_tokens=6)
+    for ra, rb in zip(plain.forward("likelihood", samples, prompts), split.forward("likelihood", samples, prompts)):
+        assert max(abs(x[0] - y[0]) for x, y in zip(ra, rb)) < 1e-5
