@@ -253,6 +253,7 @@ class HFBaseInterface(BaseInterface):
             raise ReformError(f"model {self.label}: corrupt weights in '{self.model_path}': {_one_line(e)}") from None
         if "device_map" in placement or "distributed_config" in placement or "tp_plan" in placement:
             self.device = self._input_device()
+            self._check_offload()
         else:
             self.model.to(self.device)
         self.model.eval()
@@ -343,6 +344,24 @@ class HFBaseInterface(BaseInterface):
                 atexit.register(shutil.rmtree, folder, True)
             out["offload_folder"] = str(folder)
         return out
+
+    def _check_offload(self) -> None:
+        """Refuse offloaded modules that accelerate cannot run: ``nn.MultiheadAttention``
+        reads its projection weights directly instead of calling the hooked sub-layer, so
+        offloaded (disk, or cpu under a GPU main device) they stay on the meta device and
+        the forward fails deep inside torch."""
+        device_map = getattr(self.model, "hf_device_map", None) or {}
+        offloaded = {"disk"} | ({"cpu"} if self.device.type != "cpu" else set())
+        for name, module in self.model.named_modules():
+            if not isinstance(module, torch.nn.MultiheadAttention):
+                continue
+            keys = [k for k in device_map if k == "" or name == k or name.startswith(k + ".")]
+            where = device_map[max(keys, key=len)] if keys else None
+            if where in offloaded:
+                owner = max(keys, key=len) or "(the whole model)"
+                raise ReformError(f"model {self.label}: device_map offloads '{owner}' to {where}, but it holds "
+                                  f"'{name}' (nn.MultiheadAttention), which accelerate cannot run offloaded; "
+                                  "map that module to a GPU (or cpu when no GPU is used), or give more max_memory")
 
     def _input_device(self) -> torch.device:
         """Where inputs go for a dispatched model: accelerate's main device (the first

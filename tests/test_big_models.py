@@ -121,3 +121,11 @@ def test_auto_map_with_max_memory_offloads_and_matches_for_qwen2_vl():
         split.forward("generation", samples, prompts, max_new_tokens=6)
     for ra, rb in zip(plain.forward("likelihood", samples, prompts), split.forward("likelihood", samples, prompts)):
         assert max(abs(x[0] - y[0]) for x, y in zip(ra, rb)) < 1e-5
+
+
+def test_offloading_a_multihead_attention_is_refused_up_front():
+    """PaliGemma's SigLIP pooling head (nn.MultiheadAttention) cannot run offloaded: one line
+    at load time instead of a meta-device traceback in the first forward."""
+    with pytest.raises(ReformError, match=r"nn.MultiheadAttention.*cannot run offloaded") as e:
+        get_model("paligemma", {"model_name": "tiny", "device_map": "auto", "max_memory": "{cpu: 300KB}"})
+    assert "\n" not in str(e.value)
