@@ -224,7 +224,11 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     for i, s in enumerate(samples):
         if (s["sample_id"], s["dup_index"]) not in done:
             groups.setdefault(builder.group_key(s), []).append(i)
-    todo = order_for_rank(list(groups.values()), dinfo.rank, dinfo.world_size)
+    # >>> tensor-parallel hook (issue 12 section 1): tp_plan ranks share one sample stream >>>
+    from utils.distributed import sample_sharding
+    todo = order_for_rank(list(groups.values()),
+                          *sample_sharding(dinfo, parse_kv(args.model_option, "--model_option")))
+    # <<< tensor-parallel hook <<<
     total_todo = sum(len(g) for g in groups.values())
     if dinfo.is_main:
         logger.info("%d samples, %d already done, %d to run on %d rank(s)", len(samples),

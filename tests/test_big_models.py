@@ -6,6 +6,8 @@ the plain load: placement is an implementation detail, never a source of differe
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from models import get_model
@@ -129,3 +131,80 @@ def test_offloading_a_multihead_attention_is_refused_up_front():
     with pytest.raises(ReformError, match=r"nn.MultiheadAttention.*cannot run offloaded") as e:
         get_model("paligemma", {"model_name": "tiny", "device_map": "auto", "max_memory": "{cpu: 300KB}"})
     assert "\n" not in str(e.value)
+
+
+_TP_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+sys.path.insert(0, {root!r})
+dist.init_process_group("gloo")
+from models import get_model
+from tests.test_big_models import _samples
+model, prep = get_model("llava", {{"model_name": "tiny", "device": "cpu", "tp_plan": "auto"}})
+samples = _samples()
+prompts = [prep(s) for s in samples]
+out = {{"sharded": type(model.model.lm_head.weight).__name__,
+        "generation": model.forward("generation", samples, prompts, max_new_tokens=8),
+        "likelihood": [[x[0] for x in r] for r in model.forward("likelihood", samples, prompts)]}}
+with open({out!r} + str(dist.get_rank()), "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_tensor_parallel_tp_plan_auto_equals_plain_load(tmp_path, pair):
+    """tp_plan=auto over two torchrun ranks (gloo, CPU): the weights are really sharded
+    (DTensor) and both ranks get the plain load's generations and scores."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "tp.py"
+    script.write_text(_TP_SCRIPT.format(root=root, out=str(tmp_path / "rank")))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain, _, prep, _ = pair
+    samples = _samples()
+    prompts = [prep(s) for s in samples]
+    want_gen = plain.forward("generation", samples, prompts, max_new_tokens=8)
+    want_lp = [[x[0] for x in r] for r in plain.forward("likelihood", samples, prompts)]
+    for rank in (0, 1):
+        got = json.load(open(tmp_path / f"rank{rank}"))
+        assert got["sharded"] == "DTensor"
+        assert got["generation"] == want_gen
+        for a, b in zip(got["likelihood"], want_lp):
+            assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+
+
+@pytest.mark.slow
+def test_run_eval_with_tp_plan_equals_one_process(tmp_path):
+    """run_eval under torchrun with tp_plan=auto: the two ranks form one tensor-parallel
+    model running every sample; the merged predictions equal a single-process run."""
+    import glob
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import write_custom_dataset
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=6)
+    args = ["--model", "llava", "--model_name", "tiny", "--dataset_name", "custom", "--dataset_config", cfg,
+            "--infer_method", "likelihood", "--per_gpu_eval_batch_size", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    one = subprocess.run([sys.executable, os.path.join(root, "run_eval.py"), *args, "--output_dir",
+                          str(tmp_path / "one")], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    tp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                         os.path.join(root, "run_eval.py"), *args, "--model_option", "tp_plan=auto",
+                         "--output_dir", str(tmp_path / "tp")], cwd=root, env=env, capture_output=True,
+                        text=True, timeout=600)
+    assert tp.returncode == 0, tp.stderr[-3000:]
+    a = json.load(open(glob.glob(str(tmp_path / "one" / "custom_*.json"))[0]))
+    b = json.load(open(glob.glob(str(tmp_path / "tp" / "custom_*.json"))[0]))
+    assert [r["sample_id"] for r in a] == [r["sample_id"] for r in b] and len(a) == 6
+    for x, y in zip(a, b):
+        assert x["prediction"] == y["prediction"]
+        assert max(abs(p - q) for p, q in zip(x["candidate_logprobs"], y["candidate_logprobs"])) < 1e-4

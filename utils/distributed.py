@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,16 @@ def init_distributed(timeout_s: float = 6 * 3600, gpus_per_rank: int = 1) -> Dis
         dist.init_process_group("nccl" if use_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local_rank)
+
+
+def sample_sharding(info: DistInfo, model_options: Dict[str, Any]) -> Tuple[int, int]:
+    """(rank, world) over which the samples are split. A tensor-parallel model
+    (``tp_plan``) spans all ranks, which must all run the same inputs: they form ONE
+    data-parallel rank (every rank runs every sample and writes the same records; the merge
+    keeps one copy)."""
+    if model_options.get("tp_plan"):
+        return 0, 1
+    return info.rank, info.world_size
 
 
 def barrier(info: DistInfo) -> None:
