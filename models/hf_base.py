@@ -150,7 +150,9 @@ class HFBaseInterface(BaseInterface):
     Config keys: ``model_name`` (local dir, HF id in the offline cache, or ``tiny``),
     ``model_type``, ``half_evaluation``, ``dtype``, ``device``, ``trust_remote_code``,
     ``attn_implementation``, ``candidate_batch_size`` (candidates scored per pass, default
-    all), ``max_new_tokens`` (default 30), ``tiny_size`` (``tiny`` | ``bench``).
+    all), ``max_new_tokens`` (default 30), ``tiny_size`` (``tiny`` | ``bench``); big models:
+    ``device_map``, ``max_memory``, ``offload_folder``, ``gpus_per_rank``, ``tp_plan`` (see
+    ``_placement_kwargs``); ``max_context_tokens`` (a context limit tighter than the model's).
     """
 
     #: tiny-builder family name and the accepted ``config.model_type`` values
@@ -267,7 +269,6 @@ class HFBaseInterface(BaseInterface):
             self.max_context = int(self.config["max_context_tokens"])
         logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
                     self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
-
 
     # ---------------------------------------------------------------------------- placement
     def _placement_kwargs(self) -> Dict[str, Any]:

@@ -18,9 +18,8 @@ from utils.errors import ReformError
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
-    get_model  # the registry import registers every tiny builder
     import models
-    models._load_all()
+    models._load_all()  # importing the interfaces registers every tiny builder
     return tmp_path / "cache"
 
 

@@ -39,14 +39,13 @@ Settings (config key, then environment variable, then default):
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import logging
 import os
-import http.client
 import socket
 import ssl
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -57,8 +56,8 @@ from PIL import Image
 
 from build.schema import IMAGE_TOKEN
 from models import register_model
-from models.redaction import redact_text, register_secret
 from models.interfaces.base_interface import BaseInterface, CandidateScore
+from models.redaction import redact_text, register_secret
 from utils.errors import ReformError
 from utils.images import open_image
 from utils.preprocessors import ChatTemplateProcessor
