@@ -132,7 +132,9 @@ def fit_sample(sample: Dict[str, Any], preprocessor: Callable[[Dict[str, Any]], 
         raise ReformError(f"unknown --context_policy '{policy}'; valid names: {', '.join(CONTEXT_POLICIES)}")
     prompt = preprocessor(sample)
     limit = interface.max_context_tokens()
-    if limit is None:
+    if limit is None or (policy == "error" and not sample.get("history")):
+        # a single-turn prompt under ``error`` is checked by the model's own forward (the
+        # same one-line error naming the sample), which spares a second image preprocessing
         return sample, prompt, None
     reserve = int(interface.answer_reserve_tokens(inference_method, sample, gen_kwargs or {}))
     n = interface.count_prompt_tokens(sample.get("images") or [], prompt)
