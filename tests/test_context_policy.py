@@ -3,6 +3,7 @@ built from a small MMDU fixture, with the tiny llava model and a tight context l
 from __future__ import annotations
 
 import glob
+import os
 import json
 
 import pytest
@@ -161,3 +162,31 @@ def test_run_eval_truncate_and_skip_end_to_end(mmdu_cfg, tmp_path, chat, llava):
     results = json.load(open(tmp_path / "skip" / "results.json"))
     assert results["metrics"]["skipped_samples"] == n_skipped
     assert _run(mmdu_cfg, tmp_path / "skip", "skip", limit) == 0  # a re-run does not fail on them
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_follows_the_same_policy(mmdu_cfg, tmp_path, chat, llava):
+    """Kill a skip-policy run midway and resume it: the skipped samples recorded before the
+    kill count as done, and the final file equals an uninterrupted run's."""
+    import subprocess
+    import sys
+
+    from tests.test_kill_resume import ROOT, run_and_kill_midway
+    interface, prep = llava
+    limit = interface.count_prompt_tokens(chat[1]["images"], prep(chat[1])) + 6
+    ref = tmp_path / "ref"
+    assert _run(mmdu_cfg, ref, "skip", limit) == 0
+    out = tmp_path / "killed"
+    cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), "--model", "llava", "--model_name", "tiny",
+           "--dataset_name", "MMMT-IF", "--dataset_config", mmdu_cfg, "--max_new_tokens", "6", "--history",
+           "reference", "--dataset_option", "num_chats=2", "--output_dir", str(out), "--do_eval",
+           "--model_option", f"max_context_tokens={limit}", "--context_policy", "skip"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    partial = run_and_kill_midway(cmd, out, 3, env)
+    assert 3 <= partial < 10 and not glob.glob(str(out / "MMMT-IF_*.json")), partial
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already done" in again.stderr
+    a = json.load(open(glob.glob(str(ref / "MMMT-IF_*.json"))[0]))
+    b = json.load(open(glob.glob(str(out / "MMMT-IF_*.json"))[0]))
+    assert a == b and any(r.get("skipped") for r in b)
