@@ -95,3 +95,25 @@ def test_stale_build_lock_of_a_dead_process_is_taken_over(tmp_path):
     with pytest.raises(ReformError, match="waited"):
         with _build_lock(str(lock), timeout_s=0.3):
             pass
+
+
+@pytest.mark.slow
+def test_first_torchrun_on_an_empty_cache(tmp_path):
+    """The issue's scenario: ``torchrun --nproc_per_node=2 run_eval.py --model_name tiny`` on
+    an empty cache succeeds, and leaves a complete, verified checkpoint for later runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_custom_dataset
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=4)
+    cache = tmp_path / "empty_cache"
+    env = dict(os.environ, REFORM_CACHE=str(cache), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(root, "run_eval.py"), "--model", "llava", "--model_name", "tiny", "--dataset_name",
+           "custom", "--dataset_config", cfg, "--infer_method", "likelihood", "--output_dir", str(tmp_path / "out")]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = cache / "tiny" / "llava" / "tiny-v1"
+    assert cache_problem(str(path)) is None
+    assert sorted(os.listdir(path.parent)) == ["tiny-v1"]  # no lock, temp or stale directories left
