@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from models.redaction import redact, redact_text, register_secret  # noqa: F401 - public API
 from utils.errors import unknown_name
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
@@ -21,6 +20,10 @@ MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 #: is one new file with a ``@register_model`` line.
 
 _loaded = False
+
+#: secrets never leave memory: ``redact(config)`` before a config reaches a file, a log or
+#: the run identity (imported here, apart from the imports above, as the package's public API)
+from models.redaction import redact, redact_text, register_secret  # noqa: E402,F401
 
 
 def register_model(name: str):
