@@ -159,9 +159,13 @@ def fit_sample(sample: Dict[str, Any], preprocessor: Callable[[Dict[str, Any]], 
 
 
 def fit_batch(batch: Sequence[Dict[str, Any]], preprocessor: Callable[[Dict[str, Any]], Any], interface: Any,
-              policy: str, inference_method: str = "generation", gen_kwargs: Optional[Dict[str, Any]] = None
+              policy: str, inference_method: str = "generation", gen_kwargs: Optional[Dict[str, Any]] = None,
+              finish: Optional[Callable[[Dict[str, Any], Dict[str, Any]], Dict[str, Any]]] = None
               ) -> Tuple[List[Dict[str, Any]], List[Any], List[Dict[str, Any]]]:
-    """``fit_sample`` over a batch: (samples to run, their prompts, records of skipped samples)."""
+    """``fit_sample`` over a batch: (samples to run, their prompts, records of skipped samples).
+
+    ``finish(sample, record) -> record`` completes a skipped sample's record the way the
+    caller completes every other record (model label, sample fingerprint, ...)."""
     from utils.predictions import make_record
 
     run, prompts, skipped = [], [], []
@@ -170,7 +174,7 @@ def fit_batch(batch: Sequence[Dict[str, Any]], preprocessor: Callable[[Dict[str,
         if reason is not None:
             rec = make_record(used, "", None)
             rec["skipped"] = reason
-            skipped.append(rec)
+            skipped.append(finish(s, rec) if finish is not None else rec)
         else:
             run.append(used)
             prompts.append(prompt)
