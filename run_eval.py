@@ -31,7 +31,13 @@ OUTPUT_ARGS = ("model", "model_name", "model_type", "dataset_name", "formulation
                "in_context_sample", "random_instruct", "shuffle_options", "option_mark", "infer_method",
                "half_evaluation", "temperature", "max_new_tokens", "dataset_subsample", "seed", "history",
                "num_samples", "instructions_at_end", "skip_corrupt", "dataset_option", "model_option",
-               "save_images")
+               "save_images", "context_policy")
+
+
+#: model options that decide where and how fast a model runs, never what it outputs: left out of
+#: the run identity, so moving a run to other devices (or a faster endpoint) resumes it
+PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder", "gpus_per_rank", "tp_plan", "max_concurrency",
+                     "timeout", "max_retries", "backoff_base", "backoff_max")
 
 
 def str2bool(v: Any) -> bool:
@@ -85,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save_images", action="store_true",
                    help="write each sample's in-memory images (iWISDM frames) once under OUTPUT_DIR/images/ and "
                         "record every image's path, relative to the output directory, in the prediction records")
+    g.add_argument("--context_policy", default="error", choices=["error", "truncate_history", "skip"],
+                   help="a prompt longer than the model context: fail naming the sample, drop the oldest "
+                        "turns (images and instructions kept), or skip the sample (counted in results)")
     g = p.add_argument_group("inference")
     g.add_argument("--infer_method", default="generation", choices=["generation", "likelihood"])
     g.add_argument("--per_gpu_eval_batch_size", type=int, default=1)
@@ -180,6 +189,8 @@ def output_identity(args: argparse.Namespace, config_content: Dict[str, Any],
     import hashlib
     from utils.secrets import drop_secrets
     ident = {k: getattr(args, k, None) for k in OUTPUT_ARGS}
+    ident["model_option"] = [o for o in (args.model_option or [])
+                             if o.split("=", 1)[0].strip() not in PLACEMENT_OPTIONS]
     ident["dataset_config_content"] = config_content
     ident["data_fingerprint"] = data_fingerprint
     ident = drop_secrets(ident)
@@ -391,6 +402,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     from models import get_model
     from metrics.single_choice import argmax, reduce_scores
     from utils.distributed import barrier, default_device
+    from utils.context import fit_batch
     from utils.predictions import ShardWriter, make_record, read_shard_dir, trim_torn_line
     from utils.seeding import derive_seed
 
@@ -405,7 +417,11 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     for i, s in enumerate(samples):
         if (s["sample_id"], s["dup_index"]) not in done:
             groups.setdefault(builder.group_key(s), []).append(i)
-    todo = order_for_rank(list(groups.values()), dinfo.rank, dinfo.world_size)
+    # >>> tensor-parallel hook (issue 12 section 1): tp_plan ranks share one sample stream >>>
+    from utils.distributed import sample_sharding
+    todo = order_for_rank(list(groups.values()),
+                          *sample_sharding(dinfo, parse_kv(args.model_option, "--model_option")))
+    # <<< tensor-parallel hook <<<
     total_todo = sum(len(g) for g in groups.values())
     if dinfo.is_main:
         logger.info("%d samples, %d already done, %d to run on %d rank(s)", len(samples),
@@ -446,7 +462,16 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     try:
         for batch in loader:
             batch = [fill_history(s, args.history, done) for s in batch]
-            prompts = [preprocessor(s) for s in batch]
+            n_in = len(batch)
+            batch, prompts, skipped = fit_batch(batch, preprocessor, interface, args.context_policy,
+                                                args.infer_method, gen_kwargs, finish=finish)
+            if skipped:
+                writer.write(skipped)
+                for r in skipped:
+                    done[(r["sample_id"], r["dup_index"])] = r
+            if not batch:
+                bar.update(n_in)
+                continue
             records = []
             t1 = time.perf_counter()
             if args.infer_method == "generation":
@@ -470,7 +495,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
             writer.write(records)
             for r in records:
                 done[(r["sample_id"], r["dup_index"])] = r
-            bar.update(len(batch))
+            bar.update(n_in)
     finally:
         writer.close()
         bar.close()
@@ -562,7 +587,10 @@ def run(args: argparse.Namespace) -> int:
     from utils.runlock import RunLock
     from utils.secrets import redact
 
-    dinfo = init_distributed()
+    gpus_per_rank = parse_kv(args.model_option, "--model_option").get("gpus_per_rank", 1)
+    if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 1:
+        raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus_per_rank!r}")
+    dinfo = init_distributed(gpus_per_rank=gpus_per_rank)
     validate_args(args)
     if dinfo.is_main:
         prepare_output_dir(args.output_dir)

@@ -81,9 +81,18 @@ def metric_for(benchmark: Optional[str], formulation: str) -> str:
 def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
              eval_stability: bool = False, likelihood_reduction: str = "sum",
              metric: Optional[str] = None, **options: Any) -> Dict[str, Any]:
-    """Score prediction records. Dispatches on the records' ``benchmark`` unless ``metric`` is given."""
+    """Score prediction records. Dispatches on the records' ``benchmark`` unless ``metric`` is given.
+
+    Records marked ``skipped`` (``--context_policy skip``) are excluded from every metric
+    and counted: ``metrics["skipped_samples"]`` and a "Skipped samples" table.
+    """
     if not records:
         raise ReformError("no prediction records to score")
+    from utils.context import split_skipped
+    records, skipped = split_skipped(records)
+    if not records:
+        raise ReformError(f"all {sum(skipped.values())} prediction records were skipped "
+                          f"({', '.join(sorted(skipped))}); nothing to score")
     benchmarks = sorted({str(r.get("benchmark")) for r in records if r.get("benchmark")})
     if len(benchmarks) > 1:
         raise ReformError(f"prediction records mix benchmarks {benchmarks}; score them separately")
@@ -94,4 +103,10 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
                               **options)
     result.setdefault("tables", {})
     result["metric"] = name
+    if skipped:
+        from utils.report import markdown_table
+        n = sum(skipped.values())
+        result["metrics"]["skipped_samples"] = n
+        result["tables"]["Skipped samples (excluded from every metric)"] = markdown_table(
+            ["reason", "samples"], sorted(skipped.items()) + [("total", n)])
     return result

@@ -3,6 +3,9 @@
 An interface module registers a factory with ``@register_model("name")``; the factory takes
 the config dict (``model_name``, ``model_type``, ``half_evaluation``, ``device``,
 ``inference_method``, ...) and returns ``(interface, preprocessor)``.
+
+``redact(config)`` masks API keys and other credentials before a config reaches a file, a
+log or the run identity (see ``utils.secrets``).
 """
 from __future__ import annotations
 
@@ -17,6 +20,10 @@ MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 #: is one new file with a ``@register_model`` line.
 
 _loaded = False
+
+#: secrets never leave memory: ``redact(config)`` before a config reaches a file, a log or
+#: the run identity (imported here, apart from the imports above, as the package's public API)
+from utils.secrets import redact, redact_text, register_secret  # noqa: E402,F401
 
 
 def register_model(name: str):

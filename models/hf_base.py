@@ -38,12 +38,14 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from PIL import Image
 
 from build.schema import IMAGE_TOKEN
+from models.checkpoint_files import check_checkpoint_dir
 from models.interfaces.base_interface import BaseInterface, CandidateScore
 from utils.errors import ReformError
 from utils.images import open_image
@@ -92,13 +94,74 @@ def _is_path_like(name: str) -> bool:
             or name.count("/") > 1 or os.path.exists(name))
 
 
+#: accelerate's automatic placement strategies
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def gpu_group(local_rank: int, gpus_per_rank: int) -> List[int]:
+    """The GPUs of one torchrun rank: ``local_rank*K .. local_rank*K+K-1`` (must exist)."""
+    group = list(range(local_rank * gpus_per_rank, (local_rank + 1) * gpus_per_rank))
+    have = torch.cuda.device_count()
+    if group[-1] >= have:
+        raise ReformError(f"gpus_per_rank={gpus_per_rank}: local rank {local_rank} needs GPUs "
+                          f"{group[0]}..{group[-1]} but this node has {have}; use --nproc_per_node <= "
+                          f"{max(1, have // gpus_per_rank)}")
+    return group
+
+
+def _parse_mapping(value: Any, key: str, label: str) -> Any:
+    """A ``--model_option`` value that may be a mapping: dicts pass, JSON/YAML text is parsed,
+    plain names (``auto``) stay strings."""
+    if value is None or isinstance(value, dict):
+        return value
+    text = str(value).strip()
+    if text.startswith("{"):
+        import yaml
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ReformError(f"model {label}: {key} is not a valid mapping: {_one_line(e)}") from None
+        if not isinstance(parsed, dict):
+            raise ReformError(f"model {label}: {key} must be a {{name: value}} mapping")
+        return parsed
+    if key == "max_memory":
+        raise ReformError(f"model {label}: max_memory must be a mapping like {{0: 20GiB, cpu: 64GiB}}")
+    return text
+
+
+def _device_name(d: Any, group: Optional[List[int]], label: str, key: str, allow_disk: bool = True) -> Any:
+    """Normalise one device of a device_map / max_memory: GPU index (relative to the rank's
+    GPU group when ``gpus_per_rank`` is set), ``cuda:i``, ``cpu`` or ``disk``."""
+    text = str(d).strip().lower()
+    if text.startswith("cuda:"):
+        text = text[5:]
+    if text.isdigit():
+        idx = int(text)
+        if group is not None:
+            if idx >= len(group):
+                raise ReformError(f"model {label}: {key} names GPU {idx}, but gpus_per_rank gives each rank "
+                                  f"{len(group)} GPUs (indices are relative to the rank's group)")
+            idx = group[idx]
+        if not torch.cuda.is_available() or idx >= torch.cuda.device_count():
+            raise ReformError(f"model {label}: {key} names GPU {idx}, but {torch.cuda.device_count()} GPUs "
+                              "are visible")
+        return idx
+    valid = ("cpu", "disk") if allow_disk else ("cpu",)
+    if text in valid:
+        return text
+    raise ReformError(f"model {label}: {key}: unknown device '{d}'; valid: a GPU index, cuda:N, "
+                      f"{', '.join(valid)}")
+
+
 class HFBaseInterface(BaseInterface):
     """Base for Hugging Face image-text-to-text families.
 
     Config keys: ``model_name`` (local dir, HF id in the offline cache, or ``tiny``),
     ``model_type``, ``half_evaluation``, ``dtype``, ``device``, ``trust_remote_code``,
     ``attn_implementation``, ``candidate_batch_size`` (candidates scored per pass, default
-    all), ``max_new_tokens`` (default 30), ``tiny_size`` (``tiny`` | ``bench``).
+    all), ``max_new_tokens`` (default 30), ``tiny_size`` (``tiny`` | ``bench``); big models:
+    ``device_map``, ``max_memory``, ``offload_folder``, ``gpus_per_rank``, ``tp_plan`` (see
+    ``_placement_kwargs``); ``max_context_tokens`` (a context limit tighter than the model's).
     """
 
     #: tiny-builder family name and the accepted ``config.model_type`` values
@@ -196,19 +259,164 @@ class HFBaseInterface(BaseInterface):
         kwargs: Dict[str, Any] = {"dtype": self.dtype, "local_files_only": True, "trust_remote_code": trust}
         if self.config.get("attn_implementation"):
             kwargs["attn_implementation"] = self.config["attn_implementation"]
+        placement = self._placement_kwargs()
+        kwargs.update(placement)
+        if os.path.isdir(self.model_path):
+            check_checkpoint_dir(self.model_path)  # a truncated weight file: one line naming it
         try:
             self.model = cls.from_pretrained(self.model_path, **kwargs)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:
             raise ReformError(f"model {self.label}: cannot load weights from '{self.model_path}': {_one_line(e)}") from None
-        self.model.to(self.device).eval()
+        except Exception as e:  # noqa: BLE001 - safetensors' Rust errors have no Python base class
+            if "safetensor" not in type(e).__name__.lower():
+                raise
+            raise ReformError(f"model {self.label}: corrupt weights in '{self.model_path}': {_one_line(e)}") from None
+        if "device_map" in placement or "distributed_config" in placement or "tp_plan" in placement:
+            self.device = self._input_device()
+            self._check_offload()
+        else:
+            self.model.to(self.device)
+        self.model.eval()
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         text_cfg = self.model.config.get_text_config()
         self.max_context: Optional[int] = getattr(text_cfg, "max_position_embeddings", None)
+        if self.config.get("max_context_tokens"):  # a tighter limit (long-context quality, memory)
+            self.max_context = int(self.config["max_context_tokens"])
         logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
                     self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
+
+    # ---------------------------------------------------------------------------- placement
+    def _placement_kwargs(self) -> Dict[str, Any]:
+        """``from_pretrained`` arguments for big checkpoints (issue 12 section 1).
+
+        * ``device_map`` (``auto``, ``balanced``, ``balanced_low_0``, ``sequential`` or an
+          explicit ``{module: device}`` map, devices being GPU indices, ``cuda:i``, ``cpu`` or
+          ``disk``) with optional ``max_memory`` (``{device: "20GiB"}``) and
+          ``offload_folder``: accelerate's big-model path; inputs go to the first device,
+          accelerate's top-level hook brings the outputs back there.
+        * ``gpus_per_rank=K`` under torchrun: local rank r owns GPUs r*K .. r*K+K-1; GPU
+          indices in ``device_map``/``max_memory`` are then relative to that group.
+        * ``tp_plan=auto``: transformers tensor parallelism over the torchrun ranks.
+        """
+        cfg = self.config
+        device_map = _parse_mapping(cfg.get("device_map"), "device_map", self.label)
+        max_memory = _parse_mapping(cfg.get("max_memory"), "max_memory", self.label)
+        k = cfg.get("gpus_per_rank")
+        tp_plan = cfg.get("tp_plan")
+        if tp_plan is not None:
+            if str(tp_plan) != "auto":
+                raise ReformError(f"model {self.label}: tp_plan must be 'auto', got '{tp_plan}'")
+            if device_map is not None or k is not None:
+                raise ReformError(f"model {self.label}: tp_plan=auto splits the model over the torchrun ranks; "
+                                  "it cannot be combined with device_map or gpus_per_rank")
+            if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+                raise ReformError(f"model {self.label}: tp_plan=auto needs torchrun with --nproc_per_node >= 2")
+            try:
+                from transformers.distributed import DistributedConfig
+                return {"distributed_config": DistributedConfig(tp_plan="auto")}
+            except ImportError:  # older transformers
+                return {"tp_plan": "auto"}
+        group: Optional[List[int]] = None
+        if k is not None:
+            try:
+                k = int(k)
+            except (TypeError, ValueError):
+                k = 0
+            if k < 1:
+                raise ReformError(f"model {self.label}: gpus_per_rank must be an integer >= 1, got "
+                                  f"'{cfg.get('gpus_per_rank')}'")
+            group = gpu_group(int(os.environ.get("LOCAL_RANK", "0")), k)
+            torch.cuda.set_device(group[0])
+            if device_map is None:
+                if k == 1:
+                    self.device = torch.device(f"cuda:{group[0]}")
+                    return {}
+                device_map = "auto"
+        if device_map is None:
+            if max_memory is not None or cfg.get("offload_folder"):
+                raise ReformError(f"model {self.label}: max_memory / offload_folder need device_map "
+                                  "(auto, balanced, sequential or an explicit map)")
+            return {}
+        out: Dict[str, Any] = {}
+        if isinstance(device_map, str):
+            if device_map not in DEVICE_MAP_STRATEGIES:
+                raise ReformError(f"model {self.label}: unknown device_map '{device_map}'; valid: "
+                                  f"{', '.join(DEVICE_MAP_STRATEGIES)} or an explicit {{module: device}} map")
+            out["device_map"] = device_map
+        else:
+            out["device_map"] = {str(m): _device_name(d, group, self.label, "device_map") for m, d in device_map.items()}
+        if max_memory is not None:
+            out["max_memory"] = {_device_name(d, group, self.label, "max_memory", allow_disk=False): str(v)
+                                 for d, v in max_memory.items()}
+        elif group is not None:
+            out["max_memory"] = {g: torch.cuda.get_device_properties(g).total_memory for g in group}
+        values = list(out["device_map"].values()) if isinstance(out["device_map"], dict) else []
+        if "disk" in values or isinstance(out["device_map"], str):
+            folder = cfg.get("offload_folder")
+            if not folder:
+                import atexit
+                import tempfile
+                folder = tempfile.mkdtemp(prefix="reform-offload-")
+                atexit.register(shutil.rmtree, folder, True)
+            out["offload_folder"] = str(folder)
+        return out
+
+    def _check_offload(self) -> None:
+        """Refuse offloaded modules that accelerate cannot run: ``nn.MultiheadAttention``
+        reads its projection weights directly instead of calling the hooked sub-layer, so
+        offloaded (disk, or cpu under a GPU main device) they stay on the meta device and
+        the forward fails deep inside torch."""
+        device_map = getattr(self.model, "hf_device_map", None) or {}
+        offloaded = {"disk"} | ({"cpu"} if self.device.type != "cpu" else set())
+        for name, module in self.model.named_modules():
+            if not isinstance(module, torch.nn.MultiheadAttention):
+                continue
+            keys = [k for k in device_map if k == "" or name == k or name.startswith(k + ".")]
+            where = device_map[max(keys, key=len)] if keys else None
+            if where in offloaded:
+                owner = max(keys, key=len) or "(the whole model)"
+                raise ReformError(f"model {self.label}: device_map offloads '{owner}' to {where}, but it holds "
+                                  f"'{name}' (nn.MultiheadAttention), which accelerate cannot run offloaded; "
+                                  "map that module to a GPU (or cpu when no GPU is used), or give more max_memory")
+
+    def _input_device(self) -> torch.device:
+        """Where inputs go for a dispatched model: accelerate's main device (the first
+        device of the map that is not cpu/disk, else cpu); for tensor parallelism, the
+        device of the input embeddings."""
+        device_map = getattr(self.model, "hf_device_map", None)
+        if device_map:
+            for d in device_map.values():
+                if d not in ("cpu", "disk", "meta"):
+                    return torch.device(f"cuda:{d}" if isinstance(d, int) else d)
+            return torch.device("cpu")
+        return self.model.get_input_embeddings().weight.device
+
+    # ---------------------------------------------------------------------------- context
+    def max_context_tokens(self) -> Optional[int]:
+        """``max_position_embeddings`` of the text model, or config ``max_context_tokens``."""
+        return self.max_context
+
+    def count_prompt_tokens(self, images: Sequence[Any], prompt: Any) -> Optional[int]:
+        """Length of the processor's ``input_ids`` for this prompt (image tokens expanded)."""
+        text = self.render(prompt)
+        imgs = self._images(images, 0)
+        kwargs: Dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if imgs:
+            kwargs["images"] = imgs
+        enc = self.processor(**kwargs)
+        return int(enc["input_ids"].shape[1])
+
+    def answer_reserve_tokens(self, inference_method: str, sample: Dict[str, Any],
+                              gen_kwargs: Dict[str, Any]) -> int:
+        """``max_new_tokens`` (as ``raw_batch_generate`` resolves it), or the longest candidate."""
+        if inference_method == "likelihood":
+            cands = sample.get("candidates") or []
+            return max((len(self.tokenizer(" " + str(c), add_special_tokens=False)["input_ids"]) + 1
+                        for c in cands), default=0)
+        return int(gen_kwargs.get("max_new_tokens") or self.config.get("max_new_tokens") or 30)
 
     # ---------------------------------------------------------------------------- prompts
     @property

@@ -8,8 +8,9 @@ image processor, processor with chat template) via ``save_pretrained``; ``tiny_m
 builds it once into a cache directory and returns the path.
 
 Cache layout: ``$REFORM_CACHE/tiny/<family>/<size>-v<version>`` (default root
-``~/.cache/reform_eval``). A build writes into a temporary sibling directory and renames it
-into place, so two processes racing (torchrun ranks) both end up with one complete copy.
+``~/.cache/reform_eval``). One process builds (under a lock file) into a temporary sibling
+directory, verifies it and renames it into place; the marker lists every file and its size,
+so a half-built or truncated cache is detected and rebuilt (see ``tiny_model_path``).
 
 Public API::
 
@@ -20,14 +21,18 @@ Public API::
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Iterator, Optional, Sequence
 
+from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
 from utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
@@ -69,8 +74,11 @@ def cache_root() -> str:
 def tiny_model_path(family: str, size: str = "tiny") -> str:
     """Path of the tiny ``family`` checkpoint of ``size``, built on first use.
 
-    Safe under concurrency: the build happens in a private temp dir that is atomically
-    renamed; a loser of the race discards its copy and uses the winner's.
+    Safe under concurrency (torchrun ranks on an empty cache): one process builds, under a
+    lock file, into a private temp dir, with saving forced on (transformers otherwise writes
+    weights on distributed rank 0 only), verifies that the checkpoint loads, writes a marker
+    listing every file and its size, and renames the directory into place. A cache whose
+    marker is missing or whose files do not match it (half-built, truncated) is rebuilt.
     """
     if family not in _BUILDERS:
         raise ReformError(f"no tiny model builder for family '{family}'; "
@@ -80,30 +88,140 @@ def tiny_model_path(family: str, size: str = "tiny") -> str:
     builder = _BUILDERS[family]
     parent = os.path.join(cache_root(), "tiny", family)
     final = os.path.join(parent, f"{size}-v{builder.version}")
-    if os.path.isfile(os.path.join(final, _DONE)):
+    if cache_problem(final) is None:
         return final
     os.makedirs(parent, exist_ok=True)
-    if os.path.isdir(final):
-        # a directory without the marker is debris from an older, non-atomic layout: replace it
-        logger.warning("incomplete tiny checkpoint at %s; rebuilding", final)
-        shutil.rmtree(final, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=f".{size}-v{builder.version}-", dir=parent)
-    try:
-        t0 = time.perf_counter()
-        builder.fn(tmp, size)
-        with open(os.path.join(tmp, _DONE), "w") as f:
-            f.write(f"{family} {size} v{builder.version}\n")
+    with _build_lock(final + ".lock"):
+        problem = cache_problem(final)
+        if problem is None:  # another process built it while we waited
+            return final
+        if os.path.lexists(final):
+            logger.warning("tiny checkpoint at %s is not usable (%s); rebuilding", final, problem)
+            stale = tempfile.mkdtemp(prefix=f".stale-{size}-", dir=parent)
+            os.rename(final, os.path.join(stale, "old"))
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = tempfile.mkdtemp(prefix=f".{size}-v{builder.version}-", dir=parent)
         try:
+            t0 = time.perf_counter()
+            builder.fn(tmp, size)
+            verify_checkpoint(tmp)
+            marker = {"family": family, "size": size, "version": builder.version,
+                      "files": file_manifest(tmp)}
+            with open(os.path.join(tmp, _DONE), "w", encoding="utf-8") as f:
+                json.dump(marker, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
             os.rename(tmp, final)
             logger.info("built tiny %s (%s) in %.1fs at %s", family, size, time.perf_counter() - t0, final)
-        except OSError:
-            if not os.path.isfile(os.path.join(final, _DONE)):
-                raise
-            logger.debug("another process built %s first", final)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            if os.path.isdir(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+    problem = cache_problem(final)
+    if problem is not None:
+        raise ReformError(f"tiny checkpoint {final}: {problem} right after building it")
     return final
+
+
+def cache_problem(directory: str) -> Optional[str]:
+    """Why the cached checkpoint ``directory`` cannot be trusted, or None when it can:
+    the marker must exist and list every file with its size, and weights must be complete."""
+    marker = os.path.join(directory, _DONE)
+    if not os.path.isfile(marker):
+        return "no completion marker" if os.path.lexists(directory) else "not built"
+    try:
+        with open(marker, "r", encoding="utf-8") as f:
+            files = json.load(f)["files"]
+        if not isinstance(files, dict) or not files:
+            raise ValueError
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return "marker without a file list (older or broken cache)"
+    for name, size in files.items():
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            return f"missing {name}"
+        if os.path.getsize(path) != size:
+            return f"{name} has {os.path.getsize(path)} bytes, expected {size}"
+    if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
+        return "no config.json or no weights"
+    try:
+        check_checkpoint_dir(directory)
+    except ReformError as e:
+        return str(e)
+    return None
+
+
+def verify_checkpoint(directory: str) -> None:
+    """A freshly built checkpoint loads: config parses, every weight file is complete and
+    its tensors read back. Raises ReformError naming what is missing."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise ReformError(f"tiny checkpoint build in {directory} wrote no config.json")
+    with open(os.path.join(directory, "config.json"), "r", encoding="utf-8") as f:
+        json.load(f)
+    files = weight_files(directory)
+    if not files:
+        raise ReformError(f"tiny checkpoint build in {directory} wrote no weights (*.safetensors)")
+    n = 0
+    for path in files:
+        check_safetensors(path)
+        with safe_open(path, framework="pt") as st:
+            for key in st.keys():
+                st.get_tensor(key)
+                n += 1
+    if n == 0:
+        raise ReformError(f"tiny checkpoint build in {directory} wrote weight files without tensors")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _build_lock(path: str, timeout_s: float = 1800.0, poll_s: float = 0.2) -> Iterator[None]:
+    """An ``O_EXCL`` lock file holding ``host pid``; a lock left by a dead process on this
+    host is taken over; a live holder is waited for (up to ``timeout_s``)."""
+    me = f"{socket.gethostname()} {os.getpid()}"
+    deadline = time.monotonic() + timeout_s
+    warned = False
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                with open(path, "r", encoding="utf-8") as f:
+                    host, pid = f.read().split()
+                stale = host == socket.gethostname() and not _pid_alive(int(pid))
+            except (OSError, ValueError):
+                host, pid = "?", "?"
+                stale = False  # being written right now, or unreadable: wait for it
+            if stale:
+                logger.warning("taking over the tiny-model build lock %s left by dead process %s", path, pid)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            if time.monotonic() > deadline:
+                raise ReformError(f"{path}: waited {timeout_s:.0f}s for process {pid} on {host} to build the "
+                                  "tiny model; delete the lock file if that process is gone")
+            if not warned:
+                logger.info("waiting for process %s on %s to build the tiny model (%s)", pid, host, path)
+                warned = True
+            time.sleep(poll_s)
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(me)
+        break
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 # ----------------------------------------------------------------------------------------

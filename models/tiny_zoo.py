@@ -60,12 +60,21 @@ def tiny_text_config(config_cls: Any, tok: Any, t: Dict[str, int]) -> Any:
 
 
 def save_checkpoint(model: Any, processor: Any, tokenizer: Any, out_dir: str) -> None:
-    """Set pad/eos/bos in the generation config and write model + processor to ``out_dir``."""
+    """Set pad/eos/bos in the generation config and write model + processor to ``out_dir``.
+
+    The weights are written by THIS process even under torchrun: transformers saves only on
+    distributed rank 0, so a tiny model built by another rank would be left without weights
+    (issue 9 item 7). Each builder writes its own private directory, so forcing is safe.
+    """
     gc = model.generation_config
     gc.pad_token_id = tokenizer.pad_token_id
     gc.eos_token_id = tokenizer.eos_token_id
     gc.bos_token_id = tokenizer.bos_token_id
-    model.save_pretrained(out_dir)
+    model.should_save_on_this_rank = lambda is_main_process: True  # instance override, see above
+    try:
+        model.save_pretrained(out_dir)
+    finally:
+        del model.should_save_on_this_rank
     processor.save_pretrained(out_dir)
 
 

@@ -181,9 +181,14 @@ def test_tiny_builder_is_race_safe(cache_dir):
     from models.tiny import register_tiny_builder, tiny_model_path
 
     def build(out_dir: str, size: str) -> None:
+        from safetensors.torch import save_file
         for i in range(20):
             with open(os.path.join(out_dir, f"part{i}.txt"), "w") as f:
                 f.write(size)
+        # the cache only publishes a checkpoint that loads: a config and complete weights
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            f.write("{}")
+        save_file({"w": torch.zeros(3)}, os.path.join(out_dir, "model.safetensors"))
 
     register_tiny_builder("fake_race", build, version="7")
     paths = []

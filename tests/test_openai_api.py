@@ -21,6 +21,14 @@ from models import get_model
 from utils.errors import ReformError
 
 
+class _Httpd(ThreadingHTTPServer):
+    """A threading server with a listen backlog like a real serving engine's (the default 5
+    drops concurrent connects, which then wait a second for a SYN retry)."""
+
+    request_queue_size = 128
+    daemon_threads = True
+
+
 class _Server:
     """A scripted chat-completions endpoint. ``script`` holds the behaviour of the next requests."""
 
@@ -82,13 +90,13 @@ class _Server:
                 elif action == "notjson":
                     self._send(200, b"<html>gateway error</html>")
                 elif isinstance(action, int):
-                    err = json.dumps({"error": {"message": f"scripted {action}"}}).encode()
+                    err = json.dumps({"error": {"message": getattr(outer, "echo", None) or f"scripted {action}"}}).encode()
                     headers = {"Retry-After": "0"} if action == 429 else {}
                     self._send(action, err, headers)
                 else:
                     raise AssertionError(f"unknown action {action}")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Httpd(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
@@ -275,3 +283,177 @@ def test_run_eval_records_no_failed_call(server, tmp_path):
     assert len(recorded) <= 1 and all("echo:" in r for r in recorded)
     server.script = []
     assert run_eval.main(args) == 0  # the re-run completes the failed samples
+
+
+# -- issue 9 item 15: secrets, redirects, whole-request timeout ---------------------------
+
+class _RawServer:
+    """A loopback server whose handler is a plain function (redirects, drip-feeding)."""
+
+    def __init__(self, respond) -> None:
+        self.requests: List[Dict[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.requests.append(dict(self.headers))
+                try:
+                    respond(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            do_GET = do_POST  # noqa: N815 - a followed 302/303 arrives as GET
+
+        self.httpd = _Httpd(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("code,target_host", [(302, "localhost"), (303, "127.0.0.1"), (307, "127.0.0.1")])
+def test_redirects_are_not_followed_and_the_key_stays_home(code, target_host):
+    """A redirect to another port/host is an error; the other host never sees a request,
+    so it never sees the Authorization header (urllib forwarded it on 302/303)."""
+    def ok(h):
+        payload = json.dumps({"choices": [{"message": {"content": "stolen"}}]}).encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(payload)))
+        h.end_headers()
+        h.wfile.write(payload)
+    other = _RawServer(ok)
+
+    def redirect(h):
+        h.send_response(code)
+        h.send_header("Location", f"http://{target_host}:{other.port}/v1/chat/completions")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    front = _RawServer(redirect)
+    try:
+        model, _ = get_model("openai_api", {"model_name": "m", "base_url": f"http://127.0.0.1:{front.port}/v1",
+                                            "api_key": "sk-never-forward-me", "max_retries": 2, "timeout": 2})
+        with pytest.raises(ReformError, match=rf"redirected \(HTTP {code}\).*not followed") as e:
+            model.raw_generate([], "x")
+        assert "sk-never-forward-me" not in str(e.value)
+        assert len(front.requests) == 1 and front.requests[0]["Authorization"] == "Bearer sk-never-forward-me"
+        assert other.requests == []  # the redirect target saw nothing, no header
+    finally:
+        front.close()
+        other.close()
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_timeout_bounds_the_whole_request_against_a_dripping_server(where):
+    """Each byte arrives well within the socket timeout, so only a deadline on the whole
+    request ends the call (today it hangs as long as the server keeps dripping)."""
+    stop = threading.Event()
+
+    def drip(h):
+        if where == "body":
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", "100000")
+            h.end_headers()
+            chunks = iter(lambda: b" ", None)
+        else:
+            chunks = iter(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100000)
+            chunks = (bytes([c]) for c in chunks)
+        for c in chunks:
+            if stop.is_set():
+                return
+            h.wfile.write(c)
+            h.wfile.flush()
+            time.sleep(0.25)
+    srv = _RawServer(drip)
+    try:
+        model, _ = get_model("openai_api", {"model_name": "m", "base_url": f"http://127.0.0.1:{srv.port}/v1",
+                                            "timeout": 1.0, "max_retries": 0})
+        t0 = time.monotonic()
+        with pytest.raises(ReformError, match=r"no complete reply within 1 s"):
+            model.raw_generate([], "x")
+        assert time.monotonic() - t0 < 2.5
+    finally:
+        stop.set()
+        srv.close()
+
+
+def test_api_key_is_redacted_everywhere_and_never_logged(server, caplog, monkeypatch):
+    from models import redact, redact_text
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    server.script = [500, 500]
+    model, _ = _model(server, api_key="sk-secret-123456", max_retries=1)
+    with caplog.at_level("DEBUG"):
+        with pytest.raises(ReformError) as e:
+            model.raw_generate([], "x")
+    assert "sk-secret-123456" not in caplog.text and "sk-secret-123456" not in str(e.value)
+    assert "sk-secret-123456" not in json.dumps(model.describe())
+    config = {"model": "openai_api", "model_option": ["base_url=http://h/v1", "api_key=sk-secret-123456"],
+              "api_key": "sk-secret-123456", "nested": {"HF_TOKEN": "hf_abcdefgh", "pad_token": "<pad>"},
+              "command": "run_eval.py --model_option api_key=sk-secret-123456 --seed 3",
+              "env_echo": "key is sk-from-the-environment", "temperature": 0.0}
+    out = redact(config)
+    text = json.dumps(out)
+    for secret in ("sk-secret-123456", "hf_abcdefgh", "sk-from-the-environment"):
+        assert secret not in text
+    assert out["model_option"] == ["base_url=http://h/v1", "api_key=<redacted>"]
+    assert out["nested"]["pad_token"] == "<pad>" and out["temperature"] == 0.0
+    assert out["command"] == "run_eval.py --model_option api_key=<redacted> --seed 3"
+    assert config["api_key"] == "sk-secret-123456"  # the input is not modified
+    # a different key gives the same redacted identity (the hash never depends on the key)
+    assert redact({**config, "api_key": "sk-other-987654"})["api_key"] == out["api_key"]
+    assert "abcdef123456" not in redact_text("Authorization: Bearer abcdef123456")
+    assert "abcdef123456" not in redact_text("curl -H \"Authorization: Bearer abcdef123456\"")
+
+
+def test_a_server_echoing_the_key_does_not_leak_it(server, caplog):
+    """Some servers put the rejected key in their error message; it must not reach the
+    error line or the log."""
+    model, _ = _model(server, api_key="sk-echoed-back-42")
+    server.script = [401]
+    server.echo = "Incorrect API key provided: sk-echoed-back-42"
+    with caplog.at_level("DEBUG"):
+        with pytest.raises(ReformError) as e:
+            model.raw_generate([], "x")
+    assert "sk-echoed-back-42" not in str(e.value) and "sk-echoed-back-42" not in caplog.text
+    assert "Incorrect API key provided: <redacted>" in str(e.value)
+
+
+def test_credentials_in_base_url_are_not_shown(server):
+    port = server.url.split(":")[2].split("/")[0]
+    model, _ = get_model("openai_api", {"model_name": "m", "base_url": f"http://user:pw-secret-1@127.0.0.1:{port}/v1?api-key=zz"})
+    assert model.describe()["base_url"] == f"http://127.0.0.1:{port}/v1"
+
+
+def test_run_eval_sampling_sends_temperature_and_per_sample_seed(server):
+    model, _ = _model(server)
+    model.raw_batch_generate([[], []], ["a", "b"], temperature=1.0, seeds=[11, 12])
+    bodies = sorted(server.requests, key=lambda b: b["seed"])
+    assert [b["temperature"] for b in bodies] == [1.0, 1.0] and [b["seed"] for b in bodies] == [11, 12]
+
+
+# -- issue 12 section 6: a served model (vLLM / SGLang) with bounded concurrency -----------
+
+def test_throughput_scales_with_max_concurrency(server):
+    """Against a mock with a fixed 50 ms latency, 16 requests in flight finish a batch of 32
+    far faster than one at a time (the ratio is printed; docs/models.md quotes it)."""
+    server.delay = 0.05
+    prompts = [f"q{i}" for i in range(32)]
+    rates = {}
+    for c in (1, 16):
+        model, _ = _model(server, max_concurrency=c)
+        t0 = time.perf_counter()
+        out = model.raw_batch_generate([[] for _ in prompts], prompts)
+        rates[c] = len(prompts) / (time.perf_counter() - t0)
+        assert out == [f"echo: q{i}" for i in range(32)]
+    ratio = rates[16] / rates[1]
+    print(f"openai_api throughput: {rates[1]:.1f} req/s at max_concurrency=1, {rates[16]:.1f} req/s at 16, "
+          f"ratio {ratio:.1f}x")
+    assert server.max_in_flight > 8
+    assert ratio > 4

@@ -450,12 +450,12 @@ def test_15_api_key_never_written(tmp_path):
 
 
 def test_15_redaction_rules(monkeypatch):
-    from utils.secrets import drop_secrets, redact
+    from utils.secrets import REDACTED as R, drop_secrets, redact
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-abcdefgh")
     cfg = {"model_option": ["api_key=sk-1", "timeout=3"], "note": "uses tok-abcdefgh", "token": "t",
            "nested": {"password": "p", "keep": 1}}
-    assert redact(cfg) == {"model_option": ["api_key=***", "timeout=3"], "note": "uses ***", "token": "***",
-                           "nested": {"password": "***", "keep": 1}}
+    assert redact(cfg) == {"model_option": [f"api_key={R}", "timeout=3"], "note": f"uses {R}", "token": R,
+                           "nested": {"password": R, "keep": 1}}
     assert drop_secrets(cfg) == {"model_option": ["timeout=3"], "note": "uses tok-abcdefgh",
                                  "nested": {"keep": 1}}
     assert math.isfinite(1.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,24 +25,40 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(timeout_s: float = 6 * 3600) -> DistInfo:
+def init_distributed(timeout_s: float = 6 * 3600, gpus_per_rank: int = 1) -> DistInfo:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1), else single process.
 
     A failing rank exits non-zero and torchrun then stops the others; the long timeout only
-    bounds how long ranks wait for the slowest one at the final barrier.
+    bounds how long ranks wait for the slowest one at the final barrier. With
+    ``gpus_per_rank=K`` (a model split over K GPUs per rank) local rank r communicates from
+    its first GPU, r*K, so no two ranks share a device.
+
+    Multi-node: torchrun sets RANK / WORLD_SIZE / LOCAL_RANK on every node (c10d rendezvous);
+    nothing else is needed here, but the output directory must be on a shared filesystem.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+    first_gpu = local_rank * max(1, int(gpus_per_rank))
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > first_gpu
     if use_cuda:
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(first_gpu)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local_rank)
+
+
+def sample_sharding(info: DistInfo, model_options: Dict[str, Any]) -> Tuple[int, int]:
+    """(rank, world) over which the samples are split. A tensor-parallel model
+    (``tp_plan``) spans all ranks, which must all run the same inputs: they form ONE
+    data-parallel rank (every rank runs every sample and writes the same records; the merge
+    keeps one copy)."""
+    if model_options.get("tp_plan"):
+        return 0, 1
+    return info.rank, info.world_size
 
 
 def barrier(info: DistInfo) -> None:
@@ -63,7 +79,8 @@ def shutdown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def default_device(info: DistInfo) -> str:
+def default_device(info: DistInfo, gpus_per_rank: int = 1) -> str:
+    """This rank's (first) device: ``cuda:<local_rank * gpus_per_rank>``, or cpu."""
     if torch.cuda.is_available():
-        return f"cuda:{info.local_rank}"
+        return f"cuda:{info.local_rank * max(1, int(gpus_per_rank))}"
     return "cpu"

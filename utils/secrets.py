@@ -1,45 +1,88 @@
-"""Credentials never leave memory: one redaction rule for results files, logs and the run identity.
+"""Secrets (API keys, tokens) never leave memory: ``redact`` for every file, log and hash.
 
-A value is secret when its key looks like a credential (``api_key``, ``token``, ``password``,
-``secret``, ``authorization``, ...) or when it equals the value of such an environment
-variable (``OPENAI_API_KEY`` set in the shell and passed on the command line by value).
+Why one helper: a key reaches the harness as a ``--model_option api_key=...``, as a config
+entry, or through an environment variable (``OPENAI_API_KEY``), and from there could flow
+into ``results.json``, ``log.txt``, the printed command line and the run identity hash.
+``redact(obj)`` returns a copy in which
+
+* the value of every key that names a credential (``api_key``, ``token``, ``password``,
+  ``authorization``, ``*_secret``, ...) is replaced by ``REDACTED``;
+* ``KEY=VALUE`` strings (``--model_option`` lists, ``sys.argv``) with such a key get their
+  value replaced;
+* every occurrence of a secret value the process has registered (``register_secret``, done
+  by the interfaces that read a key) or of a credential environment variable's value is
+  replaced inside any string.
+
+The run identity leaves credentials out altogether (``drop_secrets``): rotating a key never
+re-runs an evaluation, and the hash does not leak it.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, List
+import threading
+from typing import Any, Set
 
-REDACTED = "***"
-_SECRET_KEY_RE = re.compile(r"(api[_-]?key|token|secret|password|passwd|authorization|credential|bearer)",
-                            re.IGNORECASE)
+REDACTED = "<redacted>"
+
+#: key names (case-insensitive, ``-`` = ``_``) that hold credentials
+_SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secret_key|password|passwd|"
+                          r"authorization|auth|credentials?|bearer)$", re.IGNORECASE)
+#: environment variables whose values are credentials
+SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
+                   "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
+_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>[^\s,;&]+)")
+
+_lock = threading.Lock()
+_registered: Set[str] = set()
 
 
-def is_secret_key(key: Any) -> bool:
-    """True for option or variable names that hold credentials."""
-    return bool(_SECRET_KEY_RE.search(str(key)))
+#: token *names* of tokenizers (``pad_token``), not credentials
+_NOT_SECRET = re.compile(r"(pad|bos|eos|unk|sep|cls|mask|image|video|audio|boi|eoi)_token$", re.IGNORECASE)
 
 
-def secret_env_values() -> List[str]:
-    """Values of credential-named environment variables (long enough to be credentials)."""
-    return [v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= 8]
+def is_secret_key(name: Any) -> bool:
+    """Does a config / option key name a credential?"""
+    key = str(name).strip().replace("-", "_")
+    return bool(_SECRET_NAME.search(key)) and not _NOT_SECRET.search(key)
 
 
-def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with every known secret value replaced, and ``key=value`` credential pairs masked."""
-    for value in list(secrets) + secret_env_values():
-        if value and len(value) >= 4:
-            text = text.replace(value, REDACTED)
-    return re.sub(r"((?:[A-Za-z_]*)(?:api[_-]?key|token|secret|password|authorization)[A-Za-z_]*\s*[=:]\s*)"
-                  r"([^\s,;'\"}]+)", lambda m: m.group(1) + REDACTED, text, flags=re.IGNORECASE)
+def register_secret(value: Any) -> None:
+    """Remember a credential value so ``redact`` removes it from any string (values shorter
+    than 6 characters are ignored: they would redact ordinary words)."""
+    if isinstance(value, str) and len(value) >= 6:
+        with _lock:
+            _registered.add(value)
+
+
+def _secret_values() -> Set[str]:
+    values = {v for n, v in os.environ.items() if (n in SECRET_ENV_VARS or is_secret_key(n)) and v and len(v) >= 6}
+    with _lock:
+        return values | set(_registered)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with registered/environment secrets and ``secret_key=value`` pairs masked."""
+    for value in sorted(_secret_values(), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    text = re.sub(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}", r"\1 " + REDACTED, text)
+
+    def mask(m: "re.Match[str]") -> str:
+        if is_secret_key(m.group("key").split(".")[-1].lstrip("-")):
+            return f"{m.group('key')}{m.group('sep')}{REDACTED}"
+        return m.group(0)
+    return _KV.sub(mask, text)
 
 
 def redact(obj: Any) -> Any:
-    """A copy of ``obj`` (dicts, lists, ``KEY=VALUE`` strings) with credentials replaced by ``***``."""
+    """A deep copy of ``obj`` (dicts, lists, tuples, strings, scalars) with every secret
+    masked as described in the module docstring; other objects are returned as they are."""
     if isinstance(obj, dict):
         return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact(v)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(redact(v) for v in obj)
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(redact(v) for v in obj)
     if isinstance(obj, str):
         return redact_text(obj)
     return obj
@@ -52,6 +95,6 @@ def drop_secrets(obj: Any) -> Any:
         return {k: drop_secrets(v) for k, v in obj.items() if not is_secret_key(k)}
     if isinstance(obj, (list, tuple)):
         out = [drop_secrets(v) for v in obj
-               if not (isinstance(v, str) and "=" in v and is_secret_key(v.split("=", 1)[0]))]
+               if not (isinstance(v, str) and "=" in v and is_secret_key(v.split("=", 1)[0].strip()))]
         return type(obj)(out)
     return obj

@@ -90,6 +90,24 @@ class BaseInterface:
             return self.raw_batch_predict(images_list, prompts, cands)
         raise ReformError(f"unknown inference method '{inference_method}'; valid names: generation, likelihood")
 
+    # -- context length (utils.context applies --context_policy with these) -------------
+    def max_context_tokens(self) -> Optional[int]:
+        """The model context in tokens, or None when unknown (then no sample is cut or
+        skipped). Config ``max_context_tokens`` sets it (APIs: the served model's limit)."""
+        value = self.config.get("max_context_tokens")
+        return int(value) if value else None
+
+    def count_prompt_tokens(self, images: Sequence[Any], prompt: Any) -> Optional[int]:
+        """Tokens the model would see for ``prompt`` with ``images`` (image tokens expanded),
+        or None when this interface cannot count them."""
+        return None
+
+    def answer_reserve_tokens(self, inference_method: str, sample: Dict[str, Any],
+                              gen_kwargs: Dict[str, Any]) -> int:
+        """Tokens to keep free after the prompt: the answer's budget (generation) or the
+        longest candidate (likelihood)."""
+        return 0
+
     def describe(self) -> Dict[str, Any]:
         """What identifies this model in result files and the output hash."""
         return {"model": self.name, "model_name": self.config.get("model_name"),

@@ -13,7 +13,19 @@ Why the details below:
 * a batch is sent with bounded concurrency (``max_concurrency`` threads) so a big
   evaluation does not flood the endpoint;
 * a call that finally fails raises :class:`ReformError`; it is never returned as a
-  prediction, so a re-run retries exactly the samples that failed.
+  prediction, so a re-run retries exactly the samples that failed;
+* ``timeout`` bounds the WHOLE request (send, headers and body): every socket read gets
+  the time left until one deadline, so a server that drips one byte a second cannot hold a
+  call forever (a per-read socket timeout restarts on every byte);
+* redirects are never followed (``http.client``, no redirect handler): a 3xx is an error, so
+  the ``Authorization`` header is only ever sent to the configured host;
+* the API key is registered with ``utils.secrets`` and never logged; ``describe()`` and
+  error messages show the endpoint without credentials.
+
+For a model served by vLLM or SGLang (``vllm serve <model>`` / ``python -m
+sglang.launch_server``), point ``base_url`` at the server's ``/v1`` and raise
+``max_concurrency`` together with ``--per_gpu_eval_batch_size``: a batch is sent with that
+many requests in flight, so the server can batch them (see docs/models.md).
 
 Settings (config key, then environment variable, then default):
 
@@ -27,14 +39,15 @@ Settings (config key, then environment variable, then default):
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import logging
 import os
 import socket
-import threading
+import ssl
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -44,6 +57,7 @@ from PIL import Image
 from build.schema import IMAGE_TOKEN
 from models import register_model
 from models.interfaces.base_interface import BaseInterface, CandidateScore
+from utils.secrets import redact_text, register_secret
 from utils.errors import ReformError
 from utils.images import open_image
 from utils.preprocessors import ChatTemplateProcessor
@@ -61,6 +75,77 @@ class _Retryable(Exception):
     def __init__(self, message: str, retry_after: Optional[float] = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class _DeadlinePassed(socket.timeout):
+    """The whole request outlived its deadline."""
+
+
+def _deadline_socket(base: type) -> type:
+    """``base`` (a socket class) whose reads and writes each get the time left until the
+    instance's ``deadline`` as their timeout, and fail once it has passed: a server that
+    drips one byte a second cannot keep a call alive (a plain socket timeout restarts on
+    every byte)."""
+    class DeadlineSocket(base):  # type: ignore[misc, valid-type]
+        deadline: Optional[float] = None
+
+        def _arm(self) -> None:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise _DeadlinePassed("request deadline passed")
+                self.settimeout(left)
+
+        def recv_into(self, *args: Any, **kwargs: Any) -> int:
+            self._arm()
+            try:
+                return super().recv_into(*args, **kwargs)
+            except socket.timeout:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    raise _DeadlinePassed("request deadline passed") from None
+                raise
+
+        def recv(self, *args: Any, **kwargs: Any) -> bytes:
+            self._arm()
+            return super().recv(*args, **kwargs)
+
+        def sendall(self, *args: Any, **kwargs: Any) -> None:
+            self._arm()
+            return super().sendall(*args, **kwargs)
+
+    return DeadlineSocket
+
+
+_DeadlineSocket = _deadline_socket(socket.socket)
+_DeadlineSSLSocket = _deadline_socket(ssl.SSLSocket)
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    """http.client (which never follows redirects) on a deadline socket."""
+
+    deadline: Optional[float] = None
+
+    def connect(self) -> None:
+        super().connect()
+        raw = self.sock
+        self.sock = _DeadlineSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
+        self.sock.settimeout(self.timeout)
+        self.sock.deadline = self.deadline
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS on a deadline TLS socket (the context builds ``_DeadlineSSLSocket``)."""
+
+    deadline: Optional[float] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        ctx = ssl.create_default_context()
+        ctx.sslsocket_class = _DeadlineSSLSocket
+        super().__init__(*args, context=ctx, **kwargs)
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.deadline = self.deadline
 
 
 def encode_image(image: Union[Image.Image, str], fmt: str = "PNG") -> str:
@@ -153,6 +238,7 @@ class OpenAIAPIInterface(BaseInterface):
         self.base_url: str = (cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL")
                               or DEFAULT_BASE_URL).rstrip("/")
         self.api_key: Optional[str] = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
+        register_secret(self.api_key)
         self.timeout = float(cfg.get("timeout", 60.0))
         self.max_retries = int(cfg.get("max_retries", 5))
         self.backoff_base = float(cfg.get("backoff_base", 1.0))
@@ -163,7 +249,14 @@ class OpenAIAPIInterface(BaseInterface):
         self.extra_body: Dict[str, Any] = dict(cfg.get("extra_body") or {})
         self.url = self.base_url if self.base_url.endswith("/chat/completions") \
             else self.base_url + "/chat/completions"
-        self._local = threading.local()
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ReformError(f"openai_api: base_url must be an http(s) URL, got '{public_url(self.base_url)}'")
+        if parts.password:
+            register_secret(parts.password)
+        self._parts = parts
+        #: the endpoint as logs and errors show it (no credentials, no query)
+        self.public_url = public_url(self.url)
 
     def make_preprocessor(self, config: Dict[str, Any]) -> ChatTemplateProcessor:
         """Chat messages: the server applies its own chat template."""
@@ -173,7 +266,7 @@ class OpenAIAPIInterface(BaseInterface):
     def describe(self) -> Dict[str, Any]:
         """The endpoint and model identify outputs; the key never appears."""
         out = super().describe()
-        out["base_url"] = self.base_url
+        out["base_url"] = public_url(self.base_url)
         return out
 
     # -- request building ------------------------------------------------------------
@@ -182,7 +275,8 @@ class OpenAIAPIInterface(BaseInterface):
         urls = [encode_image(im, self.image_format) for im in images]
         body: Dict[str, Any] = {"model": self.model, "messages": to_openai_messages(prompt, urls)}
         body["max_tokens"] = int(gen_kwargs.get("max_new_tokens", gen_kwargs.get("max_tokens", self.max_new_tokens)))
-        do_sample = gen_kwargs.get("do_sample", False)
+        temperature = float(gen_kwargs.get("temperature") or 0.0)
+        do_sample = gen_kwargs.get("do_sample", temperature > 0)
         if not do_sample:
             body["temperature"] = 0.0
         else:
@@ -197,41 +291,76 @@ class OpenAIAPIInterface(BaseInterface):
 
     # -- transport -------------------------------------------------------------------
     def _post_once(self, payload: bytes) -> Dict[str, Any]:
-        """One HTTP attempt. Raises _Retryable for transient failures, ReformError otherwise."""
+        """One HTTP attempt, bounded as a whole by ``timeout``; no redirects.
+        Raises _Retryable for transient failures, ReformError otherwise."""
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "User-Agent": "reform-eval"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=payload, headers=headers, method="POST")
+        conn, target = self._connection(time.monotonic() + self.timeout)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = _error_detail(e)
-            if e.code in RETRYABLE_STATUS:
-                raise _Retryable(f"HTTP {e.code}: {detail}", _retry_after(e)) from None
-            raise ReformError(f"openai_api model '{self.model}': endpoint {self.url} refused the request "
-                              f"(HTTP {e.code}: {detail})") from None
+            conn.request("POST", target, body=payload, headers=headers)
+            resp = conn.getresponse()
+            status, reason = resp.status, resp.reason
+            raw = resp.read()
+            resp_headers = resp.headers
+        except _DeadlinePassed:
+            raise _Retryable(f"no complete reply within {self.timeout:g} s") from None
         except (socket.timeout, TimeoutError):
             raise _Retryable(f"no reply within {self.timeout:g} s") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (socket.timeout, TimeoutError)):
-                raise _Retryable(f"no reply within {self.timeout:g} s") from None
-            raise _Retryable(f"cannot reach endpoint ({e.reason})") from None
-        except (ConnectionError, http_client_errors()) as e:
+        except (ConnectionRefusedError, socket.gaierror) as e:
+            raise _Retryable(f"cannot reach endpoint ({e})") from None
+        except (OSError, http.client.HTTPException) as e:
             raise _Retryable(f"connection failed ({type(e).__name__}: {e})") from None
+        finally:
+            conn.close()
+        if 300 <= status < 400:
+            location = public_url(resp_headers.get("Location") or "?")
+            raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} redirected "
+                              f"(HTTP {status}) to {location}; redirects are not followed so the API key "
+                              "is never sent to another host: set base_url to the final URL")
+        if status >= 400 or status < 200:
+            detail = _error_detail(raw, reason)
+            if status in RETRYABLE_STATUS:
+                raise _Retryable(f"HTTP {status}: {detail}", _retry_after(resp_headers))
+            raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} refused the request "
+                              f"(HTTP {status}: {detail})")
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ReformError(f"openai_api model '{self.model}': endpoint {self.url} replied with "
+            raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with "
                               f"malformed JSON: {raw[:200]!r}") from None
+
+    def _connection(self, deadline: float) -> "tuple[http.client.HTTPConnection, str]":
+        """A connection to the endpoint whose every socket read and write must finish before
+        ``deadline`` (through ``http(s)_proxy`` when the environment sets one for this host),
+        and the request target."""
+        p = self._parts
+        path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        https = p.scheme == "https"
+        port = p.port or (443 if https else 80)
+        host, conn_port, target = p.hostname, port, path
+        proxy = urllib.request.getproxies().get(p.scheme)
+        if proxy and not urllib.request.proxy_bypass(p.hostname):
+            pp = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            host, conn_port = pp.hostname, pp.port or 8080
+            if not https:
+                target = f"http://{p.hostname}:{port}{path}"
+        if https:
+            conn: http.client.HTTPConnection = _DeadlineHTTPSConnection(host, conn_port, timeout=self.timeout)
+            if host != p.hostname:
+                conn.set_tunnel(p.hostname, port)
+        else:
+            conn = _DeadlineHTTPConnection(host, conn_port, timeout=self.timeout)
+        conn.deadline = deadline
+        return conn, target
 
     def _parse(self, reply: Any) -> str:
         """The assistant text of a chat-completions reply; anything else is a malformed reply."""
         try:
             message = reply["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):
-            raise ReformError(f"openai_api model '{self.model}': malformed reply from {self.url} "
+            raise ReformError(f"openai_api model '{self.model}': malformed reply from {self.public_url} "
                               f"(no choices[0].message): {str(reply)[:200]}") from None
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
@@ -244,7 +373,7 @@ class OpenAIAPIInterface(BaseInterface):
         if isinstance(refusal, str):
             logger.warning("openai_api model '%s' refused to answer: %s", self.model, refusal[:200])
             return refusal
-        raise ReformError(f"openai_api model '{self.model}': malformed reply from {self.url} "
+        raise ReformError(f"openai_api model '{self.model}': malformed reply from {self.public_url} "
                           f"(choices[0].message.content is {type(content).__name__}): {str(reply)[:200]}")
 
     def request(self, body: Dict[str, Any], tag: str = "") -> str:
@@ -265,11 +394,11 @@ class OpenAIAPIInterface(BaseInterface):
                                f" {tag}" if tag else "", attempt + 1, self.max_retries + 1, last, delay)
                 time.sleep(delay)
         raise ReformError(f"openai_api model '{self.model}'{f' {tag}' if tag else ''}: gave up after "
-                          f"{self.max_retries + 1} attempts at {self.url}; last error: {last}")
+                          f"{self.max_retries + 1} attempts at {self.public_url}; last error: {last}")
 
     # -- contract ----------------------------------------------------------------------
     def raw_generate(self, images: Sequence[Any], prompt: Any, **gen_kwargs: Any) -> str:
-        return self.request(self.build_request(images, prompt, **gen_kwargs))
+        return self.raw_batch_generate([images], [prompt], **gen_kwargs)[0]
 
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                            **gen_kwargs: Any) -> List[str]:
@@ -278,7 +407,11 @@ class OpenAIAPIInterface(BaseInterface):
         If any sample fails, the whole batch raises (after the in-flight requests end), so
         no failed call is ever returned as a prediction; the error names the failing sample.
         """
-        bodies = [self.build_request(im, p, **gen_kwargs) for im, p in zip(images_list, prompts)]
+        seeds = gen_kwargs.pop("seeds", None)  # run_eval's per-sample seeds -> the API's ``seed``
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ReformError(f"openai_api: {len(seeds)} seeds for {len(prompts)} prompts")
+        bodies = [self.build_request(im, p, **gen_kwargs, **({"seed": int(seeds[i])} if seeds is not None else {}))
+                  for i, (im, p) in enumerate(zip(images_list, prompts))]
         if len(bodies) <= 1 or self.max_concurrency == 1:
             return [self.request(b, tag=f"batch item {i}") for i, b in enumerate(bodies)]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(bodies)),
@@ -305,30 +438,33 @@ class OpenAIAPIInterface(BaseInterface):
                           "model; use --infer_method generation")
 
 
-def http_client_errors() -> type:
-    """``http.client.HTTPException`` (a server that closes mid-reply raises it)."""
-    import http.client
-    return http.client.HTTPException
-
-
-def _error_detail(e: urllib.error.HTTPError) -> str:
-    """The server's error message, short."""
+def public_url(url: str) -> str:
+    """``url`` without user info and query (where keys hide: ``https://k@host/?api-key=...``)."""
     try:
-        body = e.read().decode("utf-8", "replace")
-    except (OSError, http_client_errors()):
-        body = ""
+        p = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    host = p.hostname or ""
+    if p.port:
+        host += f":{p.port}"
+    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+
+
+def _error_detail(raw: bytes, reason: str = "") -> str:
+    """The server's error message, short."""
+    body = raw.decode("utf-8", "replace")
     try:
         msg = json.loads(body).get("error", {})
-        if isinstance(msg, dict) and msg.get("message"):
-            return str(msg["message"])[:200]
+        if isinstance(msg, dict) and msg.get("message"):  # servers may echo the key back
+            return redact_text(str(msg["message"])[:200])
     except (json.JSONDecodeError, AttributeError):
         pass
-    return (body.strip() or e.reason or "").__str__()[:200]
+    return redact_text(str(body.strip() or reason or "")[:200])
 
 
-def _retry_after(e: urllib.error.HTTPError) -> Optional[float]:
+def _retry_after(headers: Any) -> Optional[float]:
     """Seconds from a numeric ``Retry-After`` header, if any."""
-    value = e.headers.get("Retry-After") if e.headers else None
+    value = headers.get("Retry-After") if headers else None
     try:
         return float(value) if value is not None else None
     except ValueError:
