@@ -583,7 +583,8 @@ def run(args: argparse.Namespace) -> int:
     from utils.distributed import barrier, init_distributed, shutdown
     from utils.fingerprint import samples_fingerprint
     from utils.predictions import remove_stale_temps
-    from utils.reporting.scoring import append_run_index, results_paths, score_records, export_results
+    from utils.reporting.scoring import (append_run_index, export_results, results_paths, run_eval_tag,
+                                         score_records)
     from utils.runlock import RunLock
     from utils.secrets import redact
 
@@ -673,7 +674,8 @@ def run(args: argparse.Namespace) -> int:
                                        eval_stability=args.eval_stability,
                                        likelihood_reduction=args.likelihood_reduction, prediction_file=pred_file,
                                        output_dir=args.output_dir, metric_options=metric_options, extra=extra,
-                                       tool="run_eval")
+                                       tool="run_eval", tag=run_eval_tag(args.likelihood_reduction,
+                                                                         args.eval_stability, metric_options))
                 report = write_single_report(result, records, pred_file, args.output_dir)
                 logger.info("results: %s%s", result["results_files"]["json"],
                             f"; report: {report}" if report else "")
@@ -697,7 +699,7 @@ def write_single_report(result: Dict[str, Any], records: List[Dict[str, Any]], p
     from utils.reporting.compare import write_run_report
     from utils.reporting.scoring import results_paths, run_name
     run = {"name": run_name(records, pred_file), "records": records, "result": result}
-    out = os.path.join(output_dir, results_paths(pred_file)["stem"] + ".report")
+    out = os.path.join(output_dir, os.path.basename(result["results_files"]["json"])[:-len(".results.json")] + ".report")
     return write_run_report(run, out)["files"].get("report_html")
 
 

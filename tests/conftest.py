@@ -69,9 +69,16 @@ def prediction_files(out) -> list:
 
 
 def results_of(pred: str, tag: str = "") -> dict:
-    """The results run_eval (or, with ``tag``, run_loader_eval) wrote for a prediction file."""
+    """The results run_eval wrote for a prediction file (``<stem>.results.json``, or its one
+    ``<stem>.eval-<hash>.results.json`` when scored with other options), or those with ``tag``."""
     stem = pred[:-5] if pred.endswith(".json") else pred
-    with open(f"{stem}{'.' + tag if tag else ''}.results.json", encoding="utf-8") as f:
+    path = f"{stem}.{tag}.results.json" if tag else f"{stem}.results.json"
+    if not tag and not os.path.exists(path):
+        import glob
+        found = glob.glob(glob.escape(stem) + ".eval-*.results.json")
+        assert len(found) == 1, found
+        path = found[0]
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 

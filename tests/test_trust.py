@@ -151,6 +151,16 @@ GOOD = {"sample_id": "a", "dup_index": 0, "benchmark": "custom", "formulation": 
     ("mixmethod", [GOOD, dict(GOOD, sample_id="b", inference_method="generation", prediction="(A)",
                               candidate_logprobs=None, candidate_num_tokens=None)], "mix inference_methods"),
     ("meta", [dict(GOOD, meta="x")], "field 'meta'"),
+    ("marks", [dict(GOOD, inference_method="generation", prediction="(B)", option_marks=5, candidate_logprobs=None,
+                    candidate_num_tokens=None)], "field 'option_marks'"),
+    ("shortmarks", [dict(GOOD, option_marks=["A"])], "field 'option_marks'"),
+    ("cands", [dict(GOOD, formulation="Generation", answer="x", answer_options=None, candidates="xy")],
+     "field 'candidates'"),
+    ("genanswer", [dict(GOOD, formulation="Generation", answer=["x"], answer_options=None, candidates=["x", "y"])],
+     "field 'answer'"),
+    ("ansindex", [dict(GOOD, formulation="Generation", answer="x", answer_options=None, candidates=["x", "y"],
+                       answer_index=7)], "field 'answer_index'"),
+    ("ntokens", [dict(GOOD, candidate_num_tokens=[1, -1])], "field 'candidate_num_tokens'"),
 ])
 def test_3_bad_records_are_refused(tmp_path, name, records, needle):
     path = tmp_path / f"{name}.json"
@@ -159,6 +169,13 @@ def test_3_bad_records_are_refused(tmp_path, name, records, needle):
     proc = cli("run_loader_eval.py", "--prediction_file", str(path))
     one_line_error(proc, f"{name}.json", needle)
     assert sorted(os.listdir(tmp_path)) == [f"{name}.json"]
+
+
+def test_3_stability_without_duplicates_refused_offline(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps([GOOD, dict(GOOD, sample_id="b")]))
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(path), "--eval_stability"),
+                   "one.json", "--eval_stability needs duplicates")
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -191,7 +208,15 @@ def test_5_results_belong_to_their_prediction_file(custom_cfg, tmp_path):
     assert open(a[:-5] + ".results.json").read() == before
     scored = [n for n in os.listdir(out) if ".scored-" in n and n.endswith(".results.json")]
     assert len(scored) == 1 and scored[0].startswith(os.path.basename(a)[:-5])
+    # run_eval scoring the same predictions another way writes beside, never over, the first results
+    seed1 = a if ra["config"]["seed"] == 1 else b
+    seed1_before = open(seed1[:-5] + ".results.json").read()
+    assert run_eval.main(args(custom_cfg, out, "--do_eval", "--likelihood_reduction", "mean")) == 0
+    assert open(seed1[:-5] + ".results.json").read() == seed1_before
+    tagged = [n for n in os.listdir(out) if ".eval-" in n and n.endswith(".results.json")]
+    assert len(tagged) == 1 and tagged[0].startswith(os.path.basename(seed1)[:-5])
     index = [json.loads(ln) for ln in open(out / "runs.jsonl")]
+    index = index[:4]
     assert [e["tool"] for e in index] == ["run_eval", "run_eval", "run_eval", "run_loader_eval"]
     assert index[2].get("run_info", "").endswith(".run.json")
 

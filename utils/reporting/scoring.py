@@ -74,6 +74,23 @@ def validate_records(records: List[Dict[str, Any]], file: Optional[str] = None) 
                     not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts)):
                 raise input_error(f"must be an option index in 0..{len(opts) - 1}, got {ans!r}",
                                   file=file, record=i, field="answer")
+        marks = rec.get("option_marks")
+        if marks is not None and (not isinstance(marks, list) or not all(isinstance(m, str) for m in marks)
+                                  or (isinstance(opts, list) and len(marks) != len(opts))):
+            raise input_error(f"must be a list of {len(opts) if isinstance(opts, list) else 'the'} option marks",
+                              file=file, record=i, field="option_marks")
+        cands = rec.get("candidates")
+        if cands is not None:
+            if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int, float)) for c in cands):
+                raise input_error("must be a non-empty list of candidate texts", file=file, record=i, field="candidates")
+            idx = rec.get("answer_index")
+            if idx is not None and (not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(cands)):
+                raise input_error(f"must be a candidate index in 0..{len(cands) - 1}, got {idx!r}", file=file,
+                                  record=i, field="answer_index")
+        if rec.get("formulation") == "Generation" and "answer" in rec and (
+                isinstance(rec["answer"], (list, dict, bool))):
+            raise input_error(f"must be the reference text, got {type(rec['answer']).__name__}", file=file,
+                              record=i, field="answer")
         if "candidate_logprobs" in rec or "candidate_num_tokens" in rec:
             _check_scores(rec, i, file)
     for name, values in kinds.items():
@@ -125,10 +142,21 @@ def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: O
             "dir": directory, "stem": base}
 
 
-def options_tag(**options: Any) -> str:
-    """``scored-<hash>`` of the scoring options, for results written by ``run_loader_eval``."""
+def options_tag(prefix: str = "scored", **options: Any) -> str:
+    """``<prefix>-<hash>`` of the scoring options: ``scored-`` for results written by
+    ``run_loader_eval``, ``eval-`` for ``run_eval --do_eval`` with non-default scoring options."""
     blob = json.dumps(options, sort_keys=True, default=str).encode("utf-8")
-    return "scored-" + hashlib.sha256(blob).hexdigest()[:8]
+    return f"{prefix}-" + hashlib.sha256(blob).hexdigest()[:8]
+
+
+def run_eval_tag(likelihood_reduction: str = "sum", eval_stability: bool = False,
+                 metric_options: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """The results tag of ``run_eval --do_eval``: none for the default scoring options, else a
+    hash of them, so scoring one prediction file two ways never replaces the other results."""
+    if likelihood_reduction == "sum" and not eval_stability and not metric_options:
+        return None
+    return options_tag("eval", likelihood_reduction=likelihood_reduction, eval_stability=eval_stability,
+                       metric_options=metric_options or {})
 
 
 def append_run_index(directory: str, entry: Dict[str, Any]) -> None:
@@ -169,6 +197,9 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     from utils.report import metrics_report
 
     validate_records(records, prediction_file)
+    if eval_stability and records and all(int(r.get("dup_index", 0)) == 0 for r in records):
+        raise ReformError(f"{prediction_file or 'records'}: --eval_stability needs duplicates of each sample "
+                          "(--dataset_duplication >= 2 at run time); with one copy instability would read 0")
     formulation = _infer(records, "formulation", formulation, "--formulation")
     infer_method = _infer(records, "inference_method", infer_method, "--infer_method")
     result = evaluate(records, formulation, infer_method, eval_stability=eval_stability,
