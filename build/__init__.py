@@ -100,6 +100,9 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
         if isinstance(subsample, bool) or not isinstance(subsample, int) or subsample < 1:
             raise ReformError(f"subsample must be a whole number >= 1, got {subsample!r}")
         items = subsample_groups(items, builder, subsample, seed)
+    if not items:
+        raise ReformError(f"dataset '{cls.name}' ({cfg_path or 'options'}): the build holds no samples; "
+                          "check the data file and the options that select items")
     seen = set()
     for i, it in enumerate(items):
         sid = str(it["sample_id"])

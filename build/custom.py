@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Dict, List
 
-from build.registry import Builder, register_builder
+from build.registry import FLAG, PATH, Builder, register_builder
 from utils.errors import ReformError, input_error
 from utils.predictions import loads_json, read_text_file
 
@@ -22,6 +22,7 @@ class CustomBuilder(Builder):
     """Reads user-supplied items; every field is checked with file/line/field errors."""
 
     option_names = ("data_file", "skip_corrupt")
+    option_specs = {"data_file": PATH, "skip_corrupt": FLAG}
 
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
         data_file = self.require("data_file")

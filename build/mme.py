@@ -28,7 +28,7 @@ import tempfile
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from build.registry import Builder, register_builder
+from build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
 from utils.errors import ReformError, input_error
 
 logger = logging.getLogger(__name__)
@@ -247,6 +247,11 @@ class MMEBuilder(Builder):
     #: every config key this builder reads
     option_names: ClassVar[Tuple[str, ...]] = ("root", "parquet", "subtasks", "prompt", "check_counts",
                                                "verify_images", "skip_corrupt", "image_cache_dir")
+    option_specs = {"root": PATH, "parquet": (is_paths, "a path or a list of paths"),
+                    "subtasks": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
+                                 "a list of subtask names"),
+                    "prompt": one_of("official", "lmms_eval"), "check_counts": one_of("auto", True, False),
+                    "verify_images": FLAG, "skip_corrupt": FLAG, "image_cache_dir": PATH}
 
     def group_key(self, sample: Dict[str, Any]) -> str:
         """An image with its two questions is one unit (acc+ needs both; subsets keep pairs)."""

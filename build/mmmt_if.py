@@ -24,7 +24,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from build.registry import Builder, register_builder
+from build.registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
 from build.schema import IMAGE_TOKEN
 from metrics.pif import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
                          split_instruction_prefix)
@@ -354,6 +354,10 @@ class MMMTIFBuilder(Builder):
     option_names: ClassVar[Tuple[str, ...]] = (
         "source", "mmdu_json", "image_folder", "release_csv", "max_images", "max_turns", "check_images",
         "skip_bad_chats", "skip_unmatched", "instructions_at_end", "num_chats", "injection", "images")
+    option_specs = {"source": one_of("mmdu", "release", "release_only"), "release_csv": PATH, "mmdu_json": PATH,
+                    "image_folder": PATH, "max_images": COUNT, "max_turns": COUNT, "check_images": FLAG,
+                    "skip_bad_chats": FLAG, "skip_unmatched": FLAG, "instructions_at_end": FLAG, "num_chats": COUNT,
+                    "injection": one_of("release", "paper_formula"), "images": one_of("start", "turn")}
 
     def group_key(self, sample: Dict[str, Any]) -> str:
         """A chat is the unit of sharding: its turns run in order on one rank."""

@@ -88,6 +88,31 @@ def load_config(path: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
     return cfg, path
 
 
+def is_flag(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def is_path(v: Any) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+def is_paths(v: Any) -> bool:
+    return is_path(v) or (isinstance(v, list) and bool(v) and all(is_path(x) for x in v))
+
+
+def one_of(*values: Any) -> Tuple[Any, str]:
+    return (lambda v: v in values), "one of " + ", ".join(map(str, values))
+
+
+FLAG = (is_flag, "true or false")
+COUNT = (is_count, "a whole number >= 1")
+PATH = (is_path, "a path")
+
+
 def _check_acyclic(obj: Any, path: str, _stack: Optional[set] = None) -> None:
     """A YAML recursive alias (``&a [*a]``) loads as a self-containing object: refuse it."""
     stack = _stack if _stack is not None else set()
@@ -117,11 +142,16 @@ class Builder:
     #: every config key the builder reads; anything else is an error that lists these
     #: (None: not declared, unchecked; every built-in builder declares its keys)
     option_names: ClassVar[Optional[Tuple[str, ...]]] = None
+    #: value checks: key -> (predicate, what the value must be); a failing value is one line
+    #: naming the config file (or --dataset_option) and the key, before anything is built
+    option_specs: ClassVar[Dict[str, Tuple[Any, str]]] = {}
 
     def __init__(self, config: Optional[Dict[str, Any]] = None, config_path: Optional[str] = None,
                  **options: Any) -> None:
         self.check_option_names(config or {}, config_path or "<dataset config>")
         self.check_option_names(options, "--dataset_option")
+        self.check_option_values(config or {}, config_path or "<dataset config>")
+        self.check_option_values({k: v for k, v in options.items() if v is not None}, "--dataset_option")
         self.config: Dict[str, Any] = dict(config or {})
         self.config.update({k: v for k, v in options.items() if v is not None})
         self.config_path = config_path
@@ -144,6 +174,13 @@ class Builder:
             raise ReformError(f"{where}: unknown {cls.name} option{'s' if len(unknown) > 1 else ''} "
                               f"{', '.join(repr(u) for u in unknown)}; valid options: "
                               f"{', '.join(sorted(cls.option_names))}")
+
+    @classmethod
+    def check_option_values(cls, options: Dict[str, Any], where: str) -> None:
+        for key, value in options.items():
+            spec = cls.option_specs.get(key)
+            if spec is not None and value is not None and not spec[0](value):
+                raise input_error(f"must be {spec[1]}, got {value!r}", file=where, field=key)
 
     def subsample_key(self, item: Dict[str, Any]) -> str:
         """The unit ``--dataset_subsample`` draws: a whole group (an MME image with both of its

@@ -33,6 +33,15 @@ def register_metric(name: str, benchmarks: Optional[Dict[str, List[str]]] = None
     return deco
 
 
+#: option name -> its valid values, for metric options whose default (None) tells nothing;
+#: registered by the metric module (``register_option_choices``) so a bad value fails before inference
+OPTION_CHOICES: Dict[str, tuple] = {}
+
+
+def register_option_choices(option: str, choices: tuple) -> None:
+    OPTION_CHOICES[option] = tuple(choices)
+
+
 for _mod in METRIC_MODULES:
     try:
         importlib.import_module(_mod)
@@ -62,6 +71,9 @@ def check_metric_options(name: str, options: Dict[str, Any]) -> None:
             raise ReformError(f"--metric_option: unknown option '{key}' for metric '{name}'; valid options: "
                               f"{', '.join(sorted(valid)) or 'none'}")
         default = valid[key].default
+        if key in OPTION_CHOICES and value not in OPTION_CHOICES[key]:
+            raise ReformError(f"--metric_option {key}: must be one of {', '.join(map(str, OPTION_CHOICES[key]))}, "
+                              f"got {value!r}")
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ReformError(f"--metric_option {key}: expected true or false, got {value!r}")
         if isinstance(default, (int, float)) and not isinstance(default, bool) and (

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
-from metrics import register_metric
+from metrics import register_metric, register_option_choices
 from metrics.single_choice import (check_record, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
@@ -381,3 +381,4 @@ def write_official_results(records: List[Dict[str, Any]], results_dir: str, dup_
 
 register_prediction_dir_reader("MME", read_official_results)
 register_results_exporter("MME", write_official_results)
+register_option_choices("mme_parse", PARSE_RULES)

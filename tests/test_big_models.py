@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+from tests.conftest import prediction_files
+
 from models import get_model
 from utils.errors import ReformError
 from utils.images import noise_image
@@ -183,7 +185,6 @@ def test_tensor_parallel_tp_plan_auto_equals_plain_load(tmp_path, pair):
 def test_run_eval_with_tp_plan_equals_one_process(tmp_path):
     """run_eval under torchrun with tp_plan=auto: the two ranks form one tensor-parallel
     model running every sample; the merged predictions equal a single-process run."""
-    import glob
     import json
     import subprocess
     import sys
@@ -202,8 +203,8 @@ def test_run_eval_with_tp_plan_equals_one_process(tmp_path):
                          "--output_dir", str(tmp_path / "tp")], cwd=root, env=env, capture_output=True,
                         text=True, timeout=600)
     assert tp.returncode == 0, tp.stderr[-3000:]
-    a = json.load(open(glob.glob(str(tmp_path / "one" / "custom_*.json"))[0]))
-    b = json.load(open(glob.glob(str(tmp_path / "tp" / "custom_*.json"))[0]))
+    a = json.load(open(prediction_files(tmp_path / "one")[0]))
+    b = json.load(open(prediction_files(tmp_path / "tp")[0]))
     assert [r["sample_id"] for r in a] == [r["sample_id"] for r in b] and len(a) == 6
     for x, y in zip(a, b):
         assert x["prediction"] == y["prediction"]

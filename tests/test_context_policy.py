@@ -2,11 +2,12 @@
 built from a small MMDU fixture, with the tiny llava model and a tight context limit."""
 from __future__ import annotations
 
-import glob
 import os
 import json
 
 import pytest
+
+from tests.conftest import prediction_files
 
 from build import build_dataset
 from build.schema import IMAGE_TOKEN
@@ -152,11 +153,11 @@ def test_run_eval_truncate_and_skip_end_to_end(mmdu_cfg, tmp_path, chat, llava):
     limit = interface.count_prompt_tokens(chat[2]["images"], prep(chat[2])) + 6
     assert _run(mmdu_cfg, tmp_path / "err", "error", limit) == 2
     assert _run(mmdu_cfg, tmp_path / "trunc", "truncate_history", limit) == 0
-    recs = json.load(open(glob.glob(str(tmp_path / "trunc" / "MMMT-IF_*.json"))[0]))
+    recs = json.load(open(prediction_files(tmp_path / "trunc")[0]))
     cut = [r for r in recs if r.get("context")]
     assert cut and all(r["context"]["dropped_turns"] >= 1 for r in cut) and not any(r.get("skipped") for r in recs)
     assert _run(mmdu_cfg, tmp_path / "skip", "skip", limit) == 0
-    recs = json.load(open(glob.glob(str(tmp_path / "skip" / "MMMT-IF_*.json"))[0]))
+    recs = json.load(open(prediction_files(tmp_path / "skip")[0]))
     n_skipped = sum(1 for r in recs if r.get("skipped"))
     assert 0 < n_skipped < len(recs)
     results = json.load(open(tmp_path / "skip" / "results.json"))
@@ -183,10 +184,10 @@ def test_killed_and_resumed_run_follows_the_same_policy(mmdu_cfg, tmp_path, chat
            "--model_option", f"max_context_tokens={limit}", "--context_policy", "skip"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     partial = run_and_kill_midway(cmd, out, 3, env)
-    assert 3 <= partial < 10 and not glob.glob(str(out / "MMMT-IF_*.json")), partial
+    assert 3 <= partial < 10 and not prediction_files(out), partial
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already done" in again.stderr
-    a = json.load(open(glob.glob(str(ref / "MMMT-IF_*.json"))[0]))
-    b = json.load(open(glob.glob(str(out / "MMMT-IF_*.json"))[0]))
+    assert "already done" in open(out / "log.txt").read()
+    a = json.load(open(prediction_files(ref)[0]))
+    b = json.load(open(prediction_files(out)[0]))
     assert a == b and any(r.get("skipped") for r in b)

@@ -3,7 +3,6 @@ joined by c10d rendezvous on 127.0.0.1, writing into one shared output directory
 merged predictions equal a single-process run record for record."""
 from __future__ import annotations
 
-import glob
 import json
 import os
 import socket
@@ -11,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import prediction_files
 
 from tests.conftest import write_custom_dataset
 
@@ -30,7 +31,7 @@ def _eval_args(cfg: str, out: str):
 
 
 def _predictions(out: str):
-    files = glob.glob(os.path.join(out, "custom_*.json"))
+    files = prediction_files(out)
     assert len(files) == 1, files
     return files[0], json.load(open(files[0]))
 

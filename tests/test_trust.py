@@ -373,6 +373,37 @@ def test_11_model_option_values_fail_before_loading(custom_cfg, tmp_path, model,
     assert time.time() - t0 < 60
 
 
+def test_11_metric_option_value_fails_before_inference(tmp_path):
+    from build.mme import write_placeholder_release
+    questions = os.path.join(ROOT, "configs", "data", "mme_questions")
+    write_placeholder_release(questions, str(tmp_path / "rel"), subtasks=["OCR"])
+    cfg = tmp_path / "mme.yaml"
+    cfg.write_text("root: rel\nsubtasks: [OCR]\n")
+    base = ["--model", "random", "--dataset_name", "MME", "--dataset_config", str(cfg), "--output_dir",
+            str(tmp_path / "o"), "--do_eval"]
+    one_line_error(cli("run_eval.py", *base, "--metric_option", "mme_parse=wrd"), "mme_parse", "official")
+    assert not os.path.exists(tmp_path / "o") or not prediction_files(tmp_path / "o")
+    for opt, needle in [("subtasks=5", "field 'subtasks'"), ("verify_images=5", "field 'verify_images'"),
+                        ("prompt=fancy", "field 'prompt'")]:
+        one_line_error(cli("run_eval.py", *base, "--dataset_option", opt), "--dataset_option", needle)
+
+
+@pytest.mark.parametrize("opt,needle", [("max_images=abc", "field 'max_images'"), ("num_chats=0", "field 'num_chats'"),
+                                        ("check_images=maybe", "field 'check_images'"),
+                                        ("injection=always", "field 'injection'")])
+def test_11_mmmt_if_option_values(tmp_path, opt, needle):
+    argv = ["--model", "random", "--dataset_name", "MMMT-IF", "--dataset_config", "mmmt_if_release_only",
+            "--dataset_option", opt, "--output_dir", str(tmp_path / "o")]
+    one_line_error(cli("run_eval.py", *argv), needle)
+
+
+def test_11_empty_build_is_an_error(tmp_path):
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=2)
+    open(items_path(cfg), "w").close()
+    one_line_error(cli("run_eval.py", *args(cfg, tmp_path / "o", "--do_eval")), "custom.yaml", "no samples")
+    assert not os.path.exists(tmp_path / "o") or not prediction_files(tmp_path / "o")
+
+
 def test_11_unknown_yaml_key_and_foreign_config(tmp_path):
     cfg = write_custom_dataset(str(tmp_path / "data"), n=2)
     with open(cfg, "a") as f:
