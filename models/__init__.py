@@ -103,7 +103,12 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
 def check_model_options(name: str, options: Dict[str, Any]) -> None:
     """Unknown ``--model_option`` keys (``dtyp=bfloat16``) are errors that list the valid keys;
     values of the shared keys are checked (``OPTION_CHECKS``) before anything is loaded."""
-    valid = set(model_option_names(name)) | set(RUN_CONFIG_KEYS)
+    run_keys = sorted(k for k in options if k in RUN_CONFIG_KEYS)
+    if run_keys:
+        raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself (use its own flag, e.g. "
+                          f"--{'per_gpu_eval_batch_size' if run_keys[0] == 'batch_size' else run_keys[0]}), "
+                          "not a model option")
+    valid = set(model_option_names(name))
     unknown = sorted(k for k in options if k not in valid)
     if unknown:
         raise ReformError(f"--model_option: unknown option{'s' if len(unknown) > 1 else ''} "
