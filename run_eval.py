@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from utils.errors import ReformError
 from utils.options import metric_options, parse_kv
@@ -191,6 +191,8 @@ def output_identity(args: argparse.Namespace, config_content: Dict[str, Any],
     ident = {k: getattr(args, k, None) for k in OUTPUT_ARGS}
     ident["model_option"] = [o for o in (args.model_option or [])
                              if o.split("=", 1)[0].strip() not in PLACEMENT_OPTIONS]
+    from models import identity_env
+    ident["model_env"] = identity_env(args.model)
     ident["dataset_config_content"] = config_content
     ident["data_fingerprint"] = data_fingerprint
     ident = drop_secrets(ident)
@@ -412,7 +414,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
                 trim_torn_line(os.path.join(shard_dir, name))
     barrier(dinfo)
     done = dict(prior or {})
-    done.update(read_shard_dir(shard_dir, run_id))
+    done.update(read_shard_dir(shard_dir, run_id, check=shard_check(samples, digests, run_id)))
     groups: Dict[str, List[int]] = {}
     for i, s in enumerate(samples):
         if (s["sample_id"], s["dup_index"]) not in done:
@@ -501,12 +503,21 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
         bar.close()
 
 
+def shard_check(samples: List[Dict[str, Any]], digests: Optional[List[str]], run_id: Optional[str]
+                ) -> Optional[Callable[[Dict[str, Any], str], Any]]:
+    """The per-line check of shard records (None without the run's fingerprints)."""
+    if digests is None or run_id is None:
+        return None
+    return record_checker(samples, digests, run_id, "delete that shard file (or pass --overwrite) and re-run")
+
+
 def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str, run_id: Optional[str] = None,
-                 prior: Optional[Dict[Tuple[str, int], Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+                 prior: Optional[Dict[Tuple[str, int], Dict[str, Any]]] = None,
+                 digests: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """Rank 0: one record per sample, in dataset order, written atomically; shards removed."""
     from utils.predictions import read_shard_dir, write_json_atomic
     done = dict(prior or {})
-    done.update(read_shard_dir(shard_dir, run_id))
+    done.update(read_shard_dir(shard_dir, run_id, check=shard_check(samples, digests, run_id)))
     missing = [(s["sample_id"], s["dup_index"]) for s in samples if (s["sample_id"], s["dup_index"]) not in done]
     if missing:
         raise ReformError(f"{len(missing)} samples have no prediction after all ranks finished "
@@ -517,23 +528,20 @@ def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str, 
     return records
 
 
-def check_existing(pred_file: str, samples: List[Dict[str, Any]], digests: List[str], run_id: str
-                   ) -> Tuple[Dict[Tuple[str, int], Dict[str, Any]], bool]:
-    """Records of an existing prediction file checked against the current samples.
-
-    Returns (records by key, complete). A record of another sample set (other ids, answers,
-    options, or a changed sample fingerprint) stops the run with what differs and what to do.
-    """
-    from utils.predictions import read_predictions, record_key
-    records = read_predictions(pred_file)
+def record_checker(samples: List[Dict[str, Any]], digests: List[str], run_id: str, fix: str
+                   ) -> Callable[[Dict[str, Any], str], Tuple[str, int]]:
+    """``check(record, where) -> key``: a record (from a prediction file or a shard line) must be
+    a prediction of one of the current samples, made by this run: its key, run identity, sample
+    fingerprint, answer, options and question must match, and it must hold a prediction."""
+    from utils.predictions import record_key
     want = {(s["sample_id"], s["dup_index"]): (s, d) for s, d in zip(samples, digests)}
-    fix = ("pass --overwrite to discard it and run again, or use another --output_dir to keep it")
-    by_key: Dict[Tuple[str, int], Dict[str, Any]] = {}
-    for i, rec in enumerate(records):
-        key = record_key(rec)
-        where = f"{pred_file}: record {i} (sample {key[0]!r}, duplicate {key[1]})"
-        if key in by_key:
-            raise ReformError(f"{where}: appears twice; {fix}")
+
+    def check(rec: Dict[str, Any], where: str) -> Tuple[str, int]:
+        try:
+            key = record_key(rec)
+        except (KeyError, TypeError, ValueError):
+            raise ReformError(f"{where}: not a prediction record (sample_id / dup_index); {fix}") from None
+        where = f"{where} (sample {key[0]!r}, duplicate {key[1]})"
         if key not in want:
             raise ReformError(f"{where}: is not in the current dataset build (the data changed?); {fix}")
         sample, digest = want[key]
@@ -545,8 +553,31 @@ def check_existing(pred_file: str, samples: List[Dict[str, Any]], digests: List[
         for field in ("answer", "answer_options", "question"):
             if field in sample and field in rec and rec[field] != sample[field]:
                 raise ReformError(f"{where}: field '{field}' differs from the current sample; {fix}")
+        if "prediction" not in rec and not rec.get("skipped"):
+            raise ReformError(f"{where}: field 'prediction': missing; {fix}")
+        return key
+    return check
+
+
+def check_existing(pred_file: str, samples: List[Dict[str, Any]], digests: List[str], run_id: str
+                   ) -> Tuple[Dict[Tuple[str, int], Dict[str, Any]], bool]:
+    """Records of an existing prediction file checked against the current samples.
+
+    Returns (records by key, complete). A record of another sample set (other ids, answers,
+    options, or a changed sample fingerprint) stops the run with what differs and what to do.
+    """
+    from utils.predictions import read_predictions
+    records = read_predictions(pred_file)
+    check = record_checker(samples, digests, run_id,
+                           "pass --overwrite to discard it and run again, or use another --output_dir to keep it")
+    by_key: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    for i, rec in enumerate(records):
+        key = check(rec, f"{pred_file}: record {i}")
+        if key in by_key:
+            raise ReformError(f"{pred_file}: record {i} (sample {key[0]!r}, duplicate {key[1]}): appears twice; "
+                              "pass --overwrite to discard the file and run again")
         by_key[key] = rec
-    return by_key, len(by_key) == len(want)
+    return by_key, len(by_key) == len(samples)
 
 
 def environment_info() -> Dict[str, Any]:
@@ -656,7 +687,7 @@ def run(args: argparse.Namespace) -> int:
             run_inference(args, samples, builder, dinfo, shard_dir, timing, run_id=digest, prior=prior,
                           digests=digests)
             barrier(dinfo)
-            records = merge_shards(samples, shard_dir, pred_file, digest, prior) if dinfo.is_main else []
+            records = merge_shards(samples, shard_dir, pred_file, digest, prior, digests) if dinfo.is_main else []
             if dinfo.is_main:
                 logger.info("wrote %d records to %s", len(records), pred_file)
         timing["total_s"] = time.perf_counter() - t_start

@@ -97,7 +97,18 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "backoff_base": (lambda v: _is_number(v, 0), "a number >= 0"),
     "backoff_max": (lambda v: _is_number(v, 0), "a number >= 0"),
     "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),
+    "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG or WEBP"),
+    "extra_body": (lambda v: isinstance(v, dict), "a mapping, e.g. {top_k: 20}"),
 }
+
+
+def identity_env(name: str) -> Dict[str, Optional[str]]:
+    """Values of the environment variables that decide the outputs of family ``name`` (an API's
+    model id and endpoint), for the run identity."""
+    _load_all()
+    names = getattr(MODELS.get(name), "identity_env", ()) or ()
+    import os
+    return {n: os.environ.get(n) for n in names}
 
 
 def check_model_options(name: str, options: Dict[str, Any]) -> None:

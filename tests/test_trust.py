@@ -130,6 +130,26 @@ def test_2_foreign_shard_lines_are_refused(custom_cfg, tmp_path):
     assert not prediction_files(out)
 
 
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda r: dict(r, answer=(r["answer"] + 1) % 4), "field 'answer' differs"),
+    (lambda r: {k: v for k, v in r.items() if k != "prediction"}, "field 'prediction': missing"),
+    (lambda r: dict(r, dup_index="x"), "dup_index"),
+    (lambda r: dict(r, sample_sha="0" * 16), "its sample changed"),
+])
+def test_2_shard_lines_of_this_run_are_checked_against_the_samples(custom_cfg, tmp_path, mutate, needle):
+    out = tmp_path / "out"
+    assert run_eval.main(args(custom_cfg, out)) == 0
+    (pred,) = prediction_files(out)
+    recs = json.load(open(pred))
+    digest = pred.rsplit("_", 1)[1][:-5]
+    os.unlink(pred)
+    shard_dir = out / f".shards_{digest}"
+    shard_dir.mkdir()
+    (shard_dir / "rank0-of-1.jsonl").write_text(json.dumps(recs[0]) + "\n" + json.dumps(mutate(recs[1])) + "\n")
+    one_line_error(cli("run_eval.py", *args(custom_cfg, out, "--do_eval")), "rank0-of-1.jsonl: line 2", needle)
+    assert not prediction_files(out)
+
+
 # ------------------------------------------------------------------ 3. scoring bad records
 GOOD = {"sample_id": "a", "dup_index": 0, "benchmark": "custom", "formulation": "SingleChoice",
         "inference_method": "likelihood", "answer_options": ["x", "y"], "answer": 0, "prediction": 0,
@@ -505,6 +525,33 @@ def test_15_api_key_never_written(tmp_path):
         assert len(prediction_files(out)) == 1 and len(srv.requests) == n_requests
     finally:
         srv.close()
+
+
+def test_1_api_model_from_the_environment_is_part_of_the_identity(tmp_path, monkeypatch):
+    from tests.test_openai_api import _Server
+    srv = _Server()
+    try:
+        cfg = write_custom_dataset(str(tmp_path / "data"), n=2, formulation="Generation")
+        out = tmp_path / "out"
+        argv = ["--model", "openai_api", "--dataset_name", "custom", "--dataset_config", cfg, "--formulation",
+                "Generation", "--output_dir", str(out), "--model_option", f"base_url={srv.url}"]
+        monkeypatch.setenv("OPENAI_MODEL", "model-A")
+        assert run_eval.main(argv) == 0
+        n = len(srv.requests)
+        monkeypatch.setenv("OPENAI_MODEL", "model-B")
+        assert run_eval.main(argv) == 0
+        assert len(srv.requests) == 2 * n and len(prediction_files(out)) == 2
+        assert {r["model"] for r in srv.requests} == {"model-A", "model-B"}
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("text", ["api_key='sk-quoted-secret-777'", 'api_key="sk-quoted-secret-777"',
+                                  "base_url=http://host/v1?key=sk-quoted-secret-777",
+                                  "http://user:sk-quoted-secret-777@host/v1"])
+def test_15_credentials_in_quotes_and_urls_are_redacted(text):
+    from utils.secrets import redact_text
+    assert "sk-quoted-secret-777" not in redact_text(text)
 
 
 def test_15_redaction_rules(monkeypatch):

@@ -260,11 +260,13 @@ def trim_torn_line(path: str) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def read_shard_dir(directory: str, run_id: Optional[str] = None) -> Dict[RecordKey, Dict[str, Any]]:
+def read_shard_dir(directory: str, run_id: Optional[str] = None,
+                   check: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Dict[RecordKey, Dict[str, Any]]:
     """All complete records in a shard directory, first occurrence of each key kept.
 
     With ``run_id``, a line of another run (or without an identity) is an error naming the
-    shard file and line: shards of other arguments are never merged.
+    shard file and line: shards of other arguments are never merged. ``check(record, where)``
+    further checks each line against the current samples (run_eval's record checker).
     """
     done: Dict[RecordKey, Dict[str, Any]] = {}
     if not os.path.isdir(directory):
@@ -291,5 +293,10 @@ def read_shard_dir(directory: str, run_id: Optional[str] = None) -> Dict[RecordK
                     raise ReformError(f"{path}: line {lineno}: record of another run (run_id "
                                       f"{rec.get('run_id')!r}, this run is {run_id!r}); shards of other "
                                       f"arguments or data are never merged; {fix}")
-                done.setdefault(record_key(rec), rec)
+                if check is not None:
+                    check(rec, f"{path}: line {lineno}")
+                try:
+                    done.setdefault(record_key(rec), rec)
+                except (TypeError, ValueError):
+                    raise ReformError(f"{path}: line {lineno}: field 'dup_index' is not a number; {fix}") from None
     return done

@@ -31,7 +31,11 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secr
 #: environment variables whose values are credentials
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                    "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
-_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>[^\s,;&]+)")
+_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
+#: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
+_URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|signature|[A-Za-z0-9_-]*(?:api_?key|token|secret|password)))="
+                        r"(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
 
 _lock = threading.Lock()
 _registered: Set[str] = set()
@@ -66,6 +70,8 @@ def redact_text(text: str) -> str:
     for value in sorted(_secret_values(), key=len, reverse=True):
         text = text.replace(value, REDACTED)
     text = re.sub(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}", r"\1 " + REDACTED, text)
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = _URL_QUERY.sub(lambda m: f"{m.group('lead')}={REDACTED}", text)
 
     def mask(m: "re.Match[str]") -> str:
         if is_secret_key(m.group("key").split(".")[-1].lstrip("-")):

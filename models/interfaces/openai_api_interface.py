@@ -225,6 +225,8 @@ class OpenAIAPIInterface(BaseInterface):
 
     option_names = ("base_url", "api_key", "timeout", "max_retries", "max_concurrency", "backoff_base",
                     "backoff_max", "image_format", "extra_body")
+    #: environment variables that decide which model answers: part of the run identity
+    identity_env = ("OPENAI_MODEL", "OPENAI_BASE_URL")
 
     supports_likelihood = False
 
