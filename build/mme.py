@@ -248,8 +248,9 @@ class MMEBuilder(Builder):
     option_names: ClassVar[Tuple[str, ...]] = ("root", "parquet", "subtasks", "prompt", "check_counts",
                                                "verify_images", "skip_corrupt", "image_cache_dir")
     option_specs = {"root": PATH, "parquet": (is_paths, "a path or a list of paths"),
-                    "subtasks": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
-                                 "a list of subtask names"),
+                    "subtasks": (lambda v: isinstance(v, str) or (isinstance(v, list) and bool(v)
+                                                                  and all(isinstance(x, str) for x in v)),
+                                 "a subtask or group name, or a list of subtask names"),
                     "prompt": one_of("official", "lmms_eval"), "check_counts": one_of("auto", True, False),
                     "verify_images": FLAG, "skip_corrupt": FLAG, "image_cache_dir": PATH}
 

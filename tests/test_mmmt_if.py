@@ -207,9 +207,9 @@ def test_images_at_start_of_chat(mmdu: Dict[str, Any]) -> None:
     assert [s["meta"]["instructions"] for s in samples] == [s["meta"]["instructions"] for s in per_turn]
     c25 = [s for s in samples if s["meta"]["chat_id"] == "c25"]
     assert len(c25[0]["images"]) == 1  # the image introduced after the 20-turn cut stays out
-    with pytest.raises(ReformError, match="unknown image placement 'middle'"):
+    with pytest.raises(ReformError, match="field 'images': must be one of start, turn, got 'middle'"):
         _build(dict(mmdu, images="middle"))
-    with pytest.raises(ReformError, match="unknown injection rule 'x'"):
+    with pytest.raises(ReformError, match="field 'injection': must be one of release, paper_formula, got 'x'"):
         _build(dict(mmdu, injection="x"))
 
 

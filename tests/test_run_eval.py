@@ -43,7 +43,11 @@ def test_outputs_and_loader_eval_agree(custom_cfg, tmp_path):
     again = loader_eval(pred_file(out), eval_stability=True, output_dir=str(tmp_path / "re"), quiet=True)
     assert again["metrics"] == res["metrics"]
     stem = os.path.basename(pred_file(out))[:-5]
-    assert {"log.txt", "runs.jsonl", f"{stem}.results.md", f"{stem}.per_sample.json"} <= set(os.listdir(out))
+    names = set(os.listdir(out))
+    assert {"log.txt", "runs.jsonl"} <= names
+    # scored with --eval_stability (not the default options): <stem>.eval-<hash>.results.*
+    assert any(n.startswith(stem + ".eval-") and n.endswith(".results.md") for n in names)
+    assert any(n.startswith(stem + ".eval-") and n.endswith(".per_sample.json") for n in names)
 
 
 def test_rerun_does_not_overwrite(custom_cfg, tmp_path):
