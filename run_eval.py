@@ -173,12 +173,19 @@ def validate_args(args: argparse.Namespace) -> None:
 
 def prepare_output_dir(path: str) -> None:
     """Create the output directory and check it is writable, before any work is done."""
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise ReformError(f"{path}: cannot create --output_dir ({e.strerror or e})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ReformError(f"{path}: --output_dir is not writable")
+    from utils.predictions import ensure_writable_dir
+    ensure_writable_dir(path, "--output_dir")
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """A directory flag that will be written later: refuse a file there, or an unwritable parent."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ReformError(f"{path}: {flag} exists and is not a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ReformError(f"{path}: {flag} cannot be created ({parent} is not a writable directory)")
 
 
 def output_identity(args: argparse.Namespace, config_content: Dict[str, Any],
@@ -332,10 +339,15 @@ class _SafeItems:
 
 
 def _collate(batch: List[Any]) -> List[Any]:
+    """Keep the batch as a list; an ``_ItemError`` is raised by the main process (a raise here
+    would run inside the worker and arrive wrapped in its traceback)."""
+    return list(batch)
+
+
+def _raise_item_errors(batch: List[Any]) -> None:
     for item in batch:
         if isinstance(item, _ItemError):
             raise ReformError(item.message)
-    return list(batch)
 
 
 def die_with_parent(_worker_id: int = 0) -> None:
@@ -463,6 +475,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
 
     try:
         for batch in loader:
+            _raise_item_errors(batch)
             batch = [fill_history(s, args.history, done) for s in batch]
             n_in = len(batch)
             batch, prompts, skipped = fit_batch(batch, preprocessor, interface, args.context_policy,
@@ -623,11 +636,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 1:
         raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus_per_rank!r}")
     dinfo = init_distributed(gpus_per_rank=gpus_per_rank)
+    # every name, value and option is checked before anything is written
     validate_args(args)
-    if dinfo.is_main:
-        prepare_output_dir(args.output_dir)
-    barrier(dinfo)
-    setup_logging(args.output_dir, dinfo.is_main, getattr(args, "verbose", False))
     config_path = resolve_config(args.dataset_config, args.dataset_name)
     config_content, _ = load_config(config_path)
     builder_options = parse_kv(args.dataset_option, "--dataset_option")
@@ -635,10 +645,22 @@ def run(args: argparse.Namespace) -> int:
         builder_options["instructions_at_end"] = True
     if args.skip_corrupt:
         builder_options["skip_corrupt"] = True
+    from build.registry import get_builder_class
+    builder_cls = get_builder_class(args.dataset_name)
+    builder_cls.check_option_names(config_content, config_path or "<dataset config>")
+    builder_cls.check_option_names(builder_options, "--dataset_option")
+    builder_cls.check_option_values(config_content, config_path or "<dataset config>")
+    builder_cls.check_option_values(builder_options, "--dataset_option")
     metric_options = metric_options_from(args)
     check_metric_options(metric_for(args.dataset_name, args.formulation), metric_options)
     from models import check_model_options
     check_model_options(args.model, parse_kv(args.model_option, "--model_option"))
+    if args.export_mme_results:
+        check_writable_dir(args.export_mme_results, "--export_mme_results")
+    if dinfo.is_main:
+        prepare_output_dir(args.output_dir)
+    barrier(dinfo)
+    setup_logging(args.output_dir, dinfo.is_main, getattr(args, "verbose", False))
     timing = {"forward_s": 0.0}
     t_start = time.perf_counter()
 
@@ -697,6 +719,8 @@ def run(args: argparse.Namespace) -> int:
                      "prediction_file": os.path.abspath(pred_file), "build_log": list(builder.build_log),
                      "build_info": dict(getattr(builder, "build_info", {}) or {}),
                      "timing": timing, "world_size": dinfo.world_size, **environment_info()}
+            if complete:
+                extra = keep_original_run_info(extra, pred_file, args.output_dir)
             if args.export_mme_results:
                 export_results(records, "MME", args.export_mme_results, likelihood_reduction=args.likelihood_reduction)
                 logger.info("wrote MME official-format results to %s", args.export_mme_results)
@@ -713,7 +737,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 from utils.predictions import write_json_atomic
                 paths = results_paths(pred_file, args.output_dir)
-                write_json_atomic(paths["run"], extra)
+                if not (complete and os.path.exists(paths["run"])):
+                    write_json_atomic(paths["run"], extra)
                 append_run_index(args.output_dir, {"tool": "run_eval", "prediction_file": os.path.abspath(pred_file),
                                                    "run_info": paths["run"], "run_id": digest})
                 print(f"predictions: {pred_file}\nto score them: python run_loader_eval.py --prediction_file "
@@ -722,6 +747,29 @@ def run(args: argparse.Namespace) -> int:
         lock.release()
     shutdown(dinfo)
     return 0
+
+
+#: what describes how predictions were made (kept when a later command only re-scores them)
+RUN_INFO_KEYS = ("config", "timing", "world_size", "versions", "git_revision", "git_dirty", "build_log", "build_info",
+                 "seed", "data_fingerprint")
+
+
+def keep_original_run_info(extra: Dict[str, Any], pred_file: str, output_dir: str) -> Dict[str, Any]:
+    """A reused prediction file keeps the configuration, versions and timing of the run that made
+    it (from its ``.run.json`` or results file); this command's own settings go under ``rescored``."""
+    from utils.reporting.scoring import results_paths
+    paths = results_paths(pred_file, output_dir)
+    for path in (paths["run"], paths["json"]):
+        try:
+            with open(path, encoding="utf-8") as f:
+                original = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(original, dict) and original.get("run_id") == extra.get("run_id"):
+            kept = {k: original[k] for k in RUN_INFO_KEYS if k in original}
+            return {**extra, **kept, "rescored": {"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                  "config": extra["config"], "versions": extra.get("versions")}}
+    return extra
 
 
 def write_single_report(result: Dict[str, Any], records: List[Dict[str, Any]], pred_file: str,

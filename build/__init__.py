@@ -107,7 +107,8 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
     for i, it in enumerate(items):
         sid = str(it["sample_id"])
         if sid in seen:
-            raise ReformError(f"dataset '{cls.name}': duplicate sample_id '{sid}' (item {i})")
+            raise ReformError(f"dataset '{cls.name}' ({cfg_path or 'options'}): duplicate sample_id '{sid}' "
+                              f"(item {i}); every item needs its own id")
         seen.add(sid)
     ref = Reformulator(cls.name, formulation, inference_method, in_context_sample=in_context_sample,
                        random_instruct=random_instruct, data_duplication=data_duplication,

@@ -17,6 +17,15 @@ from utils.errors import ReformError, input_error
 from utils.predictions import loads_json, read_text_file
 
 
+def _encodable(text: str) -> bool:
+    """False for text with lone surrogates (``"\\ud800"`` in JSON), which no file can hold."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 @register_builder("custom")
 class CustomBuilder(Builder):
     """Reads user-supplied items; every field is checked with file/line/field errors."""
@@ -33,11 +42,18 @@ class CustomBuilder(Builder):
             raise input_error("data file not found", file=path)
         base = os.path.dirname(path)
         items = []
+        first_line: Dict[str, int] = {}
         for lineno, line in enumerate(read_text_file(path, "data file").splitlines(), 1):
             if not line.strip():
                 continue
             rec = loads_json(line, path, f"line {lineno}")
-            items.append(self._item(rec, formulation, path, lineno, base))
+            item = self._item(rec, formulation, path, lineno, base)
+            if item["sample_id"] in first_line:
+                raise input_error(f"duplicate sample_id {item['sample_id']!r} (first on line "
+                                  f"{first_line[item['sample_id']]}); every item needs its own id", file=path,
+                                  record=f"line {lineno}", field="sample_id")
+            first_line[item["sample_id"]] = lineno
+            items.append(item)
         if self.config.get("skip_corrupt"):
             items = self._skip_corrupt(items)
         return items
@@ -66,12 +82,14 @@ class CustomBuilder(Builder):
         for key in ("sample_id", "question", "answer"):
             if key not in rec:
                 raise input_error("missing", file=path, record=where, field=key)
-        if not isinstance(rec["sample_id"], (str, int)) or isinstance(rec["sample_id"], bool):
-            raise input_error("must be a string", file=path, record=where, field="sample_id")
+        if not isinstance(rec["sample_id"], (str, int)) or isinstance(rec["sample_id"], bool) \
+                or not str(rec["sample_id"]).strip() or not _encodable(str(rec["sample_id"])):
+            raise input_error("must be a non-empty string of valid Unicode", file=path, record=where, field="sample_id")
         if not isinstance(rec["question"], str):
             raise input_error("must be a string", file=path, record=where, field="question")
         images = rec.get("images", [])
-        if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
+        if not isinstance(images, list) or not all(isinstance(p, str) and p and "\x00" not in p and _encodable(p)
+                                                   for p in images):
             raise input_error("must be a list of image paths (strings)", file=path, record=where, field="images")
         meta = rec.get("meta", {})
         if not isinstance(meta, dict):
@@ -81,8 +99,13 @@ class CustomBuilder(Builder):
                 "meta": dict(meta)}
         if formulation == "SingleChoice":
             opts = rec.get("answer_options")
-            if not isinstance(opts, list) or len(opts) < 2 or not all(isinstance(o, (str, int, float)) for o in opts):
-                raise input_error("needs a list of at least 2 options", file=path, record=where, field="answer_options")
+            if not isinstance(opts, list) or len(opts) < 2 or not all(
+                    isinstance(o, (str, int, float)) and not isinstance(o, bool) and str(o) not in ("nan", "inf", "-inf")
+                    for o in opts):
+                raise input_error("needs a list of at least 2 option texts", file=path, record=where,
+                                  field="answer_options")
+            if len({str(o) for o in opts}) != len(opts):
+                raise input_error("has the same option twice", file=path, record=where, field="answer_options")
             ans = rec["answer"]
             if not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts):
                 raise input_error(f"must be an option index in 0..{len(opts) - 1}", file=path, record=where,

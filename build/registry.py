@@ -77,7 +77,7 @@ def load_config(path: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
     from utils.predictions import read_text_file
     text = read_text_file(path, "dataset config")
     try:
-        cfg = yaml.safe_load(text) or {}
+        cfg = yaml.load(text, Loader=_StrictLoader) or {}  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise input_error(f"invalid YAML ({' '.join(str(e).split())})", file=path) from None
     except RecursionError:
@@ -113,16 +113,45 @@ COUNT = (is_count, "a whole number >= 1")
 PATH = (is_path, "a path")
 
 
-def _check_acyclic(obj: Any, path: str, _stack: Optional[set] = None) -> None:
-    """A YAML recursive alias (``&a [*a]``) loads as a self-containing object: refuse it."""
-    stack = _stack if _stack is not None else set()
-    if isinstance(obj, (dict, list)):
-        if id(obj) in stack:
+#: most values a dataset config may expand to (aliases counted each time they are used)
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_acyclic(obj: Any, path: str) -> None:
+    """A YAML recursive alias (``&a [*a]``) loads as a self-containing object, and nested aliases
+    (a "billion laughs" file) expand exponentially: refuse both. Each object is walked once."""
+    sizes: Dict[int, int] = {}
+    stack: set = set()
+
+    def size(o: Any) -> int:
+        if not isinstance(o, (dict, list)):
+            return 1
+        if id(o) in stack:
             raise input_error("invalid YAML (recursive alias)", file=path)
-        stack.add(id(obj))
-        for v in (obj.values() if isinstance(obj, dict) else obj):
-            _check_acyclic(v, path, stack)
-        stack.discard(id(obj))
+        if id(o) not in sizes:
+            stack.add(id(o))
+            n = 1 + sum(size(v) for v in (o.values() if isinstance(o, dict) else o))
+            stack.discard(id(o))
+            sizes[id(o)] = n
+            if n > MAX_CONFIG_VALUES:
+                raise input_error(f"invalid YAML (expands to more than {MAX_CONFIG_VALUES} values through "
+                                  "aliases)", file=path)
+        return sizes[id(o)]
+    size(obj)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (the last would win silently)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep=deep)
 
 
 class Builder:

@@ -237,18 +237,17 @@ def print_release_report(records: Sequence[Dict[str, Any]], prediction_file: str
     import json
     import os
 
-    from utils.predictions import write_json_atomic
+    from utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
     report = release_reference_report(records)
     text = render_report(report)
     if not quiet:
         print(text)
     if write and output_dir:
-        os.makedirs(output_dir, exist_ok=True)
+        ensure_writable_dir(output_dir, "--output_dir")
         stem = os.path.splitext(os.path.basename(prediction_file))[0]
         summary = {"metrics": json.loads(json.dumps(report["metrics"], default=str)),
                    "prediction_file": prediction_file, "num_records": len(records),
                    "metric": "pif (release reference rows)"}
         write_json_atomic(os.path.join(output_dir, f"{stem}.results.json"), summary)
-        with open(os.path.join(output_dir, f"{stem}.results.md"), "w", encoding="utf-8") as f:
-            f.write(text)
+        write_text_atomic(os.path.join(output_dir, f"{stem}.results.md"), text)
     return {**report, "prediction_file": prediction_file, "num_records": len(records)}

@@ -241,6 +241,45 @@ def test_5_results_belong_to_their_prediction_file(custom_cfg, tmp_path):
     assert index[2].get("run_info", "").endswith(".run.json")
 
 
+def test_5_reuse_keeps_the_original_run_info(custom_cfg, tmp_path):
+    out = tmp_path / "out"
+    assert run_eval.main(args(custom_cfg, out, "--do_eval")) == 0
+    (pred,) = prediction_files(out)
+    first = results_of(pred)
+    assert run_eval.main(args(custom_cfg, out, "--do_eval", "--num_workers", "1")) == 0
+    again = results_of(pred)
+    assert again["timing"] == first["timing"] and again["config"]["num_workers"] == 0
+    assert again["rescored"]["config"]["num_workers"] == 1 and again["metrics"] == first["metrics"]
+
+
+def plain(**changes):
+    """GOOD with changes, None dropping a field."""
+    return {k: v for k, v in dict(GOOD, **changes).items() if v is not None}
+
+
+def test_5_loader_results_of_same_named_files_do_not_collide(tmp_path):
+    for d in ("a", "b"):
+        os.makedirs(tmp_path / d)
+        (tmp_path / d / "preds.json").write_text(json.dumps([plain(prediction=0 if d == "a" else 1,
+                                                               candidate_logprobs=None, candidate_num_tokens=None)]))
+    out = tmp_path / "res"
+    for d in ("a", "b"):
+        assert run_loader_eval.main(["--prediction_file", str(tmp_path / d / "preds.json"), "--output_dir", str(out)]) == 0
+    accs = sorted(json.load(open(out / n))["metrics"]["accuracy"] for n in os.listdir(out) if n.endswith(".results.json"))
+    assert accs == [0.0, 1.0]
+
+
+def test_5_several_files_one_bad_writes_nothing(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([plain(candidate_logprobs=None, candidate_num_tokens=None)]))
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff\xfe")
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(good), str(bad)), "bad.json")
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(good), str(tmp_path / "missing.json")),
+                   "missing.json")
+    assert sorted(os.listdir(tmp_path)) == ["bad.json", "good.json"]
+
+
 # ------------------------------------------------------------------ 6. two runs at once
 def test_6_second_concurrent_run_exits_naming_the_holder(custom_cfg, tmp_path):
     out = tmp_path / "out"
@@ -323,7 +362,8 @@ def test_9_worker_error_is_one_line(tmp_path):
     cfg = write_custom_dataset(str(tmp_path / "data"), n=6)
     open(tmp_path / "data" / "img4.png", "wb").write(b"broken")
     proc = cli("run_eval.py", *args(cfg, tmp_path / "out", "--num_workers", "2"), timeout=120)
-    one_line_error(proc, "sample q4", "img4.png", "cannot be decoded")
+    line = one_line_error(proc, "sample q4", "img4.png", "cannot be decoded")
+    assert line.startswith("error: sample q4") and "Traceback" not in line and "DataLoader worker" not in line
 
 
 # ------------------------------------------------------------------ 10. I/O faults
@@ -332,6 +372,24 @@ def test_10_output_dir_faults(custom_cfg, tmp_path):
     f.write_text("x")
     one_line_error(cli("run_eval.py", *args(custom_cfg, f)), "afile", "not a directory")
     one_line_error(cli("run_eval.py", *args(custom_cfg, "/proc/reform_eval_out")), "/proc/reform_eval_out")
+    pred = tmp_path / "p.json"
+    pred.write_text(json.dumps([plain(candidate_logprobs=None, candidate_num_tokens=None)]))
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(pred), "--output_dir", str(f)), "afile")
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(pred), "--output_dir", "/proc/xx"), "/proc/xx")
+    # bad input creates nothing: not even the output directory or its log
+    new = tmp_path / "new"
+    one_line_error(cli("run_eval.py", *args(custom_cfg, new, "--dataset_option", "data_fil=x")), "data_fil")
+    assert not new.exists()
+
+
+def test_6_corrupt_lock_is_stale(custom_cfg, tmp_path):
+    out = tmp_path / "out"
+    assert run_eval.main(args(custom_cfg, out)) == 0
+    (pred,) = prediction_files(out)
+    digest = pred.rsplit("_", 1)[1][:-5]
+    os.unlink(pred)
+    (out / f".lock-{digest}").write_text(json.dumps({"host": os.uname().nodename, "pid": "abc"}))
+    assert run_eval.main(args(custom_cfg, out)) == 0 and prediction_files(out)
 
 
 def test_10_full_disk_leaves_nothing_half_written(tmp_path, monkeypatch):
@@ -459,6 +517,16 @@ def test_11_skip_corrupt_counts_custom_images(tmp_path):
     ('{"sample_id": "a", "question": "q", "meta": "x", "answer_options": ["x","y"], "answer": 0}', "field 'meta'"),
     ("5", "must be a JSON object"),
     ("null", "must be a JSON object"),
+    ('{"sample_id": "a", "question": "q", "images": ["img\\u0000.png"], "answer_options": ["x","y"], "answer": 0}',
+     "field 'images'"),
+    ('{"sample_id": "a\\ud800", "question": "q", "answer_options": ["x","y"], "answer": 0}', "field 'sample_id'"),
+    ('{"sample_id": "", "question": "q", "answer_options": ["x","y"], "answer": 0}', "field 'sample_id'"),
+    ('{"sample_id": "a", "question": "q", "answer_options": ["x","x"], "answer": 0}', "field 'answer_options'"),
+    ('{"sample_id": "a", "question": "q", "answer_options": [true, false], "answer": 0}', "field 'answer_options'"),
+    ('{"sample_id": "a", "question": "q", "answer_options": ["x","y"], "answer": 1' + "0" * 5000 + '}', "line 3"),
+    ('{"sample_id": "q1", "question": "q", "answer_options": ["x","y"], "answer": 0}', "duplicate sample_id"),
+    ('{"sample_id": "a", "question": "q", "meta": {"x": ' + "[" * 3000 + "]" * 3000 + '}, "answer_options": ["x","y"], '
+     '"answer": 0}', "line 3"),
 ])
 def test_12_bad_items_are_one_line(tmp_path, line, needle):
     cfg = write_custom_dataset(str(tmp_path / "data"), n=2)

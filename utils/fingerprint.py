@@ -20,7 +20,7 @@ def image_token(image: Any, cache: Dict[int, str]) -> str:
     if isinstance(image, str):
         try:
             st = os.stat(image)
-        except OSError:
+        except (OSError, ValueError):
             return f"missing:{image}"
         return f"file:{os.path.abspath(image)}:{st.st_size}:{st.st_mtime_ns}"
     key = id(image)
@@ -46,6 +46,12 @@ def sample_digest(sample: Dict[str, Any], cache: Dict[int, str]) -> str:
 def samples_fingerprint(samples: Iterable[Dict[str, Any]]) -> Tuple[str, List[str]]:
     """(fingerprint of the whole build, per-sample digests in order)."""
     cache: Dict[int, str] = {}
-    digests = [sample_digest(s, cache) for s in samples]
+    digests = []
+    for s in samples:
+        try:
+            digests.append(sample_digest(s, cache))
+        except (RecursionError, UnicodeEncodeError, ValueError) as e:
+            raise input_error(f"cannot be fingerprinted ({type(e).__name__}: nested too deeply or invalid text)",
+                              record=f"sample {s.get('sample_id')!r}") from None
     total = hashlib.sha256("\n".join(digests).encode("ascii")).hexdigest()
     return total, digests

@@ -36,8 +36,8 @@ def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise input_error("image file not found", **where) from None
-    except OSError as e:
-        raise input_error(f"image cannot be read ({e.strerror or e})", **where) from None
+    except (OSError, ValueError) as e:
+        raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})", **where) from None
     if not stat.S_ISREG(mode):
         raise input_error("is not a regular file (a directory, FIFO or device cannot be an image)", **where)
     limit = max_image_pixels()

@@ -103,6 +103,18 @@ def dumps(obj: Any) -> str:
 TMP_PREFIX = ".tmp-"
 
 
+def ensure_writable_dir(path: str, flag: str = "output directory") -> None:
+    """Create ``path`` (a directory results go to) and check it is writable: one line otherwise."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ReformError(f"{path}: {flag} exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ReformError(f"{path}: cannot create {flag} ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ReformError(f"{path}: {flag} is not writable")
+
+
 def temp_prefix(path: str) -> str:
     """Prefix of the temporary files that an atomic write of ``path`` creates beside it."""
     return f"{TMP_PREFIX}{os.path.basename(path)}-"
@@ -184,6 +196,8 @@ def loads_json(text: str, path: str, where: Optional[str] = None) -> Any:
         raise input_error(f"malformed JSON at {loc}: {e.msg}", file=path) from None
     except RecursionError:
         raise input_error(f"JSON nested too deeply{' at ' + where if where else ''}", file=path) from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise input_error(f"unreadable JSON value{' at ' + where if where else ''} ({e})", file=path) from None
 
 
 def read_predictions(path: str) -> List[Dict[str, Any]]:
@@ -241,8 +255,13 @@ class ShardWriter:
                               "written before are kept, re-run the same command to continue") from None
 
     def close(self) -> None:
+        """Close the shard; a failure here (disk full while the error is already being reported)
+        loses nothing that was not already reported."""
         if self._f is not None:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:
+                pass
             self._f = None
 
     def __enter__(self) -> "ShardWriter":

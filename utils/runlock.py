@@ -25,7 +25,10 @@ def _proc_start(pid: int) -> Optional[str]:
 
 
 def _alive(info: Dict[str, Any]) -> bool:
-    pid = int(info.get("pid", -1))
+    try:
+        pid = int(info.get("pid", -1))
+    except (TypeError, ValueError):
+        return False  # an unreadable holder is no live process: the lock is stale
     if pid <= 0:
         return False
     try:

@@ -267,9 +267,9 @@ def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0,
                  plots: bool = True, html: bool = True) -> Dict[str, Any]:
     """Write comparison.md/.json, plots/ and report.html for ``runs``; return the comparison
     (with ``files``: the paths written)."""
-    from utils.predictions import write_json_atomic
+    from utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
     comp = build_comparison(runs, seed=seed, n_boot=n_boot)
-    os.makedirs(output_dir, exist_ok=True)
+    ensure_writable_dir(output_dir, "report directory")
     plot_files: List[str] = []
     if plots:
         from utils.reporting.plots import make_plots
@@ -279,8 +279,7 @@ def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0,
     files = {"comparison_json": os.path.join(output_dir, "comparison.json"),
              "comparison_md": os.path.join(output_dir, "comparison.md")}
     write_json_atomic(files["comparison_json"], comp)
-    with open(files["comparison_md"], "w", encoding="utf-8") as f:
-        f.write(markdown(comp, [p for p in plot_files if p.endswith(".png")]))
+    write_text_atomic(files["comparison_md"], markdown(comp, [p for p in plot_files if p.endswith(".png")]))
     if html:
         from utils.reporting.html import write_html
         files["report_html"] = write_html(comp, runs, os.path.join(output_dir, "report.html"), plot_files)

@@ -217,11 +217,8 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
 def write_html(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str,
                plot_files: Sequence[str] = (), max_thumb_bytes: int = MAX_THUMB_BYTES) -> str:
     """Write report.html atomically; returns its path."""
-    text = render(comp, runs, plot_files, max_thumb_bytes)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from utils.predictions import write_text_atomic
+    write_text_atomic(path, render(comp, runs, plot_files, max_thumb_bytes))
     return path
 
 

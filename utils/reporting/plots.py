@@ -23,14 +23,27 @@ def _legend_below(ax: Any, n: int) -> None:
 
 
 def _save(fig: Any, out_dir: str, name: str) -> List[str]:
-    os.makedirs(out_dir, exist_ok=True)
+    """PNG and SVG, each written to a temporary file and renamed (a full disk leaves no half plot)."""
+    from utils.errors import ReformError
+    from utils.predictions import temp_prefix
     paths = []
     fig.tight_layout()
-    for ext in ("png", "svg"):
-        path = os.path.join(out_dir, f"{name}.{ext}")
-        fig.savefig(path, format=ext, metadata={"Date": None} if ext == "svg" else None)
-        paths.append(path)
-    plt.close(fig)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for ext in ("png", "svg"):
+            path = os.path.join(out_dir, f"{name}.{ext}")
+            tmp = os.path.join(out_dir, temp_prefix(path) + f"{os.getpid()}.{ext}")
+            try:
+                fig.savefig(tmp, format=ext, metadata={"Date": None} if ext == "svg" else None)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            paths.append(path)
+    except OSError as e:
+        raise ReformError(f"{out_dir}: cannot write plot {name} ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
     return paths
 
 

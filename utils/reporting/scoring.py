@@ -327,7 +327,11 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
         from metrics.mmmt_if_release import print_release_report
         return print_release_report(records, prediction_file, output_dir, write=write, quiet=quiet)
     tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
-                      likelihood_reduction=likelihood_reduction, metric_options=metric_options)
+                      likelihood_reduction=likelihood_reduction, metric_options=metric_options,
+                      prediction_file=os.path.abspath(prediction_file))
+    if output_dir:
+        from utils.predictions import ensure_writable_dir
+        ensure_writable_dir(output_dir, "--output_dir")
     result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
                            prediction_file=prediction_file, output_dir=output_dir,
                            metric_options=metric_options, write=write, quiet=quiet, tag=tag,
@@ -348,13 +352,23 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
     A file that holds several models' records (the MMMT-IF release CSV) is split into one run
     per model. Returns ``{"runs": [...], "comparison": ... or None}``.
     """
+    from utils.predictions import ensure_writable_dir
+    import build  # noqa: F401  (registers builders for dataset-name lookups)
     files = expand_prediction_files(paths)
-    runs: List[Dict[str, Any]] = []
-    for path in files:
-        import build  # noqa: F401  (registers builders for dataset-name lookups)
+    if len(set(os.path.abspath(f) for f in files)) != len(files):
+        raise ReformError("the same prediction file is given twice: "
+                          f"{sorted(f for f in files if files.count(f) > 1)[0]}")
+    if output_dir:
+        ensure_writable_dir(output_dir, "--output_dir")
+    loaded = []
+    for path in files:  # every file read and checked before anything is written
         records = load_records(path, dataset_name)
         if not records:
             raise ReformError(f"{path}: holds no prediction records")
+        validate_records(records, path)
+        loaded.append((path, records))
+    runs: List[Dict[str, Any]] = []
+    for path, records in loaded:
         if len(files) == 1 and any(r.get("release_reference") for r in records):
             # the MMMT-IF release CSV: the paper's analyses of its three models
             from metrics.mmmt_if_release import print_release_report
@@ -362,7 +376,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
                     "release_report": print_release_report(records, path, output_dir, quiet=quiet)}
         groups = split_by_model(records)
         tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
-                          likelihood_reduction=likelihood_reduction, metric_options=metric_options)
+                          likelihood_reduction=likelihood_reduction, metric_options=metric_options,
+                          prediction_file=os.path.abspath(path))
         for model, recs in groups.items():
             sub_tag = tag if len(groups) == 1 else f"{tag}.{_slug(model)}"
             result = score_records(recs, formulation, infer_method, eval_stability, likelihood_reduction,
