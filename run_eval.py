@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MMMT-IF ablation: repeat all given instructions at the end of the input")
     g.add_argument("--skip_corrupt", action="store_true",
                    help="skip (and count in results) images that cannot be decoded instead of failing "
-                        "(builders that read image files: custom, MME, MMMT-IF)")
+                        "(custom and MME; MMMT-IF has check_images/skip_bad_chats, iWISDM generates its frames)")
     g.add_argument("--save_images", action="store_true",
                    help="write each sample's in-memory images (iWISDM frames) once under OUTPUT_DIR/images/ and "
                         "record every image's path, relative to the output directory, in the prediction records")
@@ -159,6 +159,8 @@ def validate_args(args: argparse.Namespace) -> None:
                  "max_new_tokens"):
         _check_number(args, name, 1)
     _check_number(args, "num_workers", 0)
+    if args.dataset_duplication > 1000:
+        raise ReformError(f"--dataset_duplication {args.dataset_duplication}: at most 1000 copies of a sample")
     _check_number(args, "temperature", 0.0, integer=False)
     if getattr(args, "export_mme_results", None) and cls.name != "MME":
         raise ReformError("--export_mme_results needs --dataset_name MME")
@@ -200,11 +202,29 @@ def output_identity(args: argparse.Namespace, config_content: Dict[str, Any],
                              if o.split("=", 1)[0].strip() not in PLACEMENT_OPTIONS]
     from models import identity_env
     ident["model_env"] = identity_env(args.model)
+    ident["checkpoint"] = checkpoint_fingerprint(args.model_name)
     ident["dataset_config_content"] = config_content
     ident["data_fingerprint"] = data_fingerprint
     ident = drop_secrets(ident)
     blob = json.dumps(ident, sort_keys=True, default=str).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:12], ident
+
+
+def checkpoint_fingerprint(model_name: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
+    """(file, size, mtime) of a local checkpoint directory's files: new weights in the same
+    directory are a new run, never the old predictions."""
+    if not model_name or not os.path.isdir(str(model_name)):
+        return None
+    out = []
+    for root, _, files in os.walk(str(model_name)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out.append((os.path.relpath(path, str(model_name)), st.st_size, st.st_mtime_ns))
+    return sorted(out)
 
 
 def prediction_path(args: argparse.Namespace, digest: str) -> str:
@@ -541,6 +561,19 @@ def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str, 
     return records
 
 
+def remove_prediction_and_results(pred_file: str, output_dir: str) -> None:
+    """``--overwrite``: the prediction file and every results file and report named after it."""
+    import glob
+    from utils.reporting.scoring import results_paths
+    stem = results_paths(pred_file, output_dir)["stem"]
+    victims = [pred_file] + glob.glob(os.path.join(glob.escape(output_dir), glob.escape(stem) + ".*"))
+    for path in victims:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path) and not os.path.basename(path).startswith(".lock-"):
+            os.unlink(path)
+
+
 def record_checker(samples: List[Dict[str, Any]], digests: List[str], run_id: str, fix: str
                    ) -> Callable[[Dict[str, Any], str], Tuple[str, int]]:
     """``check(record, where) -> key``: a record (from a prediction file or a shard line) must be
@@ -621,10 +654,28 @@ def metric_options_from(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Set up the process group and run; an error of the set-up phase (bad input, which every
+    rank meets alike) is marked so that only rank 0 prints it."""
+    from utils.distributed import init_distributed
+
+    gpus_per_rank = parse_kv(args.model_option, "--model_option").get("gpus_per_rank", 1)
+    if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 1:
+        raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus_per_rank!r}")
+    dinfo = init_distributed(gpus_per_rank=gpus_per_rank)
+    args.setup_phase = True
+    try:
+        return _run(args, dinfo)
+    except ReformError as e:
+        if getattr(args, "setup_phase", False):
+            e.every_rank = True  # type: ignore[attr-defined]
+        raise
+
+
+def _run(args: argparse.Namespace, dinfo: Any) -> int:
     from build import build_dataset
     from build.registry import load_config, resolve_config
     from metrics import check_metric_options, metric_for
-    from utils.distributed import barrier, init_distributed, shutdown
+    from utils.distributed import barrier, shutdown
     from utils.fingerprint import samples_fingerprint
     from utils.predictions import remove_stale_temps
     from utils.reporting.scoring import (append_run_index, export_results, results_paths, run_eval_tag,
@@ -632,10 +683,6 @@ def run(args: argparse.Namespace) -> int:
     from utils.runlock import RunLock
     from utils.secrets import redact
 
-    gpus_per_rank = parse_kv(args.model_option, "--model_option").get("gpus_per_rank", 1)
-    if isinstance(gpus_per_rank, bool) or not isinstance(gpus_per_rank, int) or gpus_per_rank < 1:
-        raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus_per_rank!r}")
-    dinfo = init_distributed(gpus_per_rank=gpus_per_rank)
     # every name, value and option is checked before anything is written
     validate_args(args)
     config_path = resolve_config(args.dataset_config, args.dataset_name)
@@ -647,6 +694,10 @@ def run(args: argparse.Namespace) -> int:
         builder_options["skip_corrupt"] = True
     from build.registry import get_builder_class
     builder_cls = get_builder_class(args.dataset_name)
+    for flag, key in (("--skip_corrupt", "skip_corrupt"), ("--instructions_at_end", "instructions_at_end")):
+        if key in builder_options and builder_cls.option_names is not None and key not in builder_cls.option_names:
+            raise ReformError(f"{flag} does not apply to {builder_cls.name} (it takes none of that option; valid "
+                              f"options: {', '.join(sorted(builder_cls.option_names))})")
     builder_cls.check_option_names(config_content, config_path or "<dataset config>")
     builder_cls.check_option_names(builder_options, "--dataset_option")
     builder_cls.check_option_values(config_content, config_path or "<dataset config>")
@@ -668,8 +719,9 @@ def run(args: argparse.Namespace) -> int:
                                      inference_method=args.infer_method, in_context_sample=args.in_context_sample,
                                      random_instruct=args.random_instruct, data_duplication=args.dataset_duplication,
                                      shuffle_options=args.shuffle_options, option_mark=args.option_mark,
-                                     seed=args.seed, subsample=args.dataset_subsample, **builder_options)
+                                     seed=args.seed, subsample=args.dataset_subsample, options=builder_options)
     fingerprint, digests = samples_fingerprint(samples)
+    args.setup_phase = False  # from here on an error may be one rank's own (an image, a sample)
     digest, ident = output_identity(args, config_content, fingerprint)
     pred_file = prediction_path(args, digest)
     shard_dir = os.path.join(args.output_dir, f".shards_{digest}")
@@ -690,11 +742,9 @@ def run(args: argparse.Namespace) -> int:
             for path in (pred_file, *results_paths(pred_file).values()):
                 if isinstance(path, str) and path.endswith((".json", ".md")):
                     remove_stale_temps(path)
-            if args.overwrite:
+            if args.overwrite:  # the discarded predictions take their results and report with them
                 shutil.rmtree(shard_dir, ignore_errors=True)
-                for path in (pred_file,):
-                    if os.path.exists(path):
-                        os.unlink(path)
+                remove_prediction_and_results(pred_file, args.output_dir)
         barrier(dinfo)
         if os.path.exists(pred_file):
             prior, complete = check_existing(pred_file, samples, digests, digest)
@@ -806,6 +856,8 @@ def report_error(e: ReformError) -> int:
         if getattr(h, "_reform_log", False):
             h.emit(logging.LogRecord("run_eval", logging.ERROR, __file__, 0, message, None, None))
     rank = os.environ.get("RANK")
+    if getattr(e, "every_rank", False) and rank not in (None, "0"):
+        return e.exit_code  # every rank met this input error: rank 0 reports it, once
     prefix = f"error (rank {rank}): " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "error: "
     sys.stderr.flush()
     print(prefix + message, file=sys.stderr, flush=True)

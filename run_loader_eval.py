@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from utils.reporting.scoring import evaluate_files, metric_options
     args = build_parser().parse_args(argv)
+    if args.n_boot < 1:
+        print(f"error: --n_boot must be >= 1, got {args.n_boot}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         evaluate_files(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,

@@ -122,6 +122,8 @@ class CustomBuilder(Builder):
                     raise input_error("must be a non-empty list of strings", file=path, record=where,
                                       field="candidates")
                 item["candidates"] = [str(c) for c in cands]
-                if item["answer"] in item["candidates"]:
-                    item["answer_index"] = item["candidates"].index(item["answer"])
+                if item["answer"] not in item["candidates"]:
+                    raise input_error(f"the answer {item['answer']!r} is not one of the candidates (the sample could "
+                                      "never be scored right)", file=path, record=where, field="candidates")
+                item["answer_index"] = item["candidates"].index(item["answer"])
         return item

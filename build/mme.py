@@ -143,8 +143,8 @@ def check_pair(rows: Sequence[Tuple[int, str, str]], file: str, what: str = "ima
 
 
 def _read_lines(path: str) -> List[str]:
-    with open(path, "r", encoding="utf-8-sig") as f:
-        return f.readlines()
+    from utils.predictions import read_text_file
+    return read_text_file(path, "question file").splitlines(keepends=True)
 
 
 def scan_release_subtask(root: str, subtask: str) -> List[Dict[str, Any]]:

@@ -253,6 +253,9 @@ def _one_line(text: str) -> str:
 
 def _results_lines(path: str) -> List[Tuple[int, str]]:
     """(line number, text) of the non-blank lines of a results file; one error line if not UTF-8."""
+    import stat
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise input_error("results file is not a regular file", file=path)
     try:
         with open(path, "r", encoding="utf-8-sig", newline="") as f:
             raw_lines = f.readlines()

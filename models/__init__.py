@@ -99,6 +99,9 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),
     "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG or WEBP"),
     "extra_body": (lambda v: isinstance(v, dict), "a mapping, e.g. {top_k: 20}"),
+    "system_msg": (lambda v: isinstance(v, str), "text"),
+    "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
+    "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
 }
 
 

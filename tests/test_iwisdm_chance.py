@@ -148,8 +148,8 @@ def test_wrong_typed_options_are_one_line_errors(tmp_path, key, value, form):
     assert "\n" not in str(e.value)
     # the same from a YAML file names the file
     path = tmp_path / "iwisdm_typed.yaml"
-    path.write_text(f"preset: low\nn_trials: 2\n{key}: {value!r}\n".replace("'", '"') if isinstance(value, str)
-                    else f"preset: low\nn_trials: 2\n{key}: {value}\n")
+    base = ("preset: low\n" if key != "preset" else "") + ("n_trials: 2\n" if key != "n_trials" else "")  # no key twice
+    path.write_text(base + (f"{key}: {value!r}\n".replace("'", '"') if isinstance(value, str) else f"{key}: {value}\n"))
     with pytest.raises(ReformError, match=rf"iwisdm_typed\.yaml: field '{key}'"):
         build_dataset("iWISDM", "SingleChoice", str(path))
 

@@ -241,6 +241,41 @@ def test_5_results_belong_to_their_prediction_file(custom_cfg, tmp_path):
     assert index[2].get("run_info", "").endswith(".run.json")
 
 
+def test_5_overwrite_discards_the_old_results_too(custom_cfg, tmp_path):
+    out = tmp_path / "out"
+    assert run_eval.main(args(custom_cfg, out, "--do_eval", "--likelihood_reduction", "mean")) == 0
+    (pred,) = prediction_files(out)
+    stem = os.path.basename(pred)[:-5]
+    assert run_eval.main(args(custom_cfg, out, "--overwrite")) == 0
+    left = [n for n in os.listdir(out) if n.startswith(stem + ".") and n not in (stem + ".json", stem + ".run.json")]
+    assert left == [], left
+
+
+def test_3_flags_never_contradict_the_records(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([plain()]))
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(path), "--formulation", "Generation"),
+                   "--formulation", "contradicts")
+    one_line_error(cli("run_loader_eval.py", "--prediction_file", str(path), "--infer_method", "banana"),
+                   "--infer_method")
+
+
+def test_1_checkpoint_changed_in_place_is_a_new_run(tmp_path):
+    import shutil
+    from models.tiny import tiny_model_path
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_path("llava"), ckpt)
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=2)
+    argv = ["--model", "llava", "--model_name", str(ckpt), "--dataset_name", "custom", "--dataset_config", cfg,
+            "--infer_method", "likelihood", "--output_dir", str(tmp_path / "o")]
+    assert run_eval.main(argv) == 0
+    weights = [p for p in os.listdir(ckpt) if p.endswith(".safetensors")][0]
+    time.sleep(0.01)
+    os.utime(ckpt / weights)  # new weights written in place
+    assert run_eval.main(argv) == 0
+    assert len(prediction_files(tmp_path / "o")) == 2
+
+
 def test_5_reuse_keeps_the_original_run_info(custom_cfg, tmp_path):
     out = tmp_path / "out"
     assert run_eval.main(args(custom_cfg, out, "--do_eval")) == 0
@@ -498,7 +533,7 @@ def test_11_unknown_yaml_key_and_foreign_config(tmp_path):
 def test_11_skip_corrupt_refused_where_it_cannot_apply(tmp_path):
     proc = cli("run_eval.py", "--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
                "--skip_corrupt", "--output_dir", str(tmp_path / "o"))
-    one_line_error(proc, "'skip_corrupt'")
+    one_line_error(proc, "--skip_corrupt does not apply to iWISDM")
 
 
 def test_11_skip_corrupt_counts_custom_images(tmp_path):
@@ -569,6 +604,30 @@ def test_13_torchrun_error_once_and_last(custom_cfg, tmp_path):
     assert "Traceback" not in proc.stderr.split(ours[0])[0]  # no rank printed a traceback before it
     # torchrun's own closing summary names the same line as the root cause
     assert ours[0] in proc.stderr.split(ours[0], 1)[1]
+
+
+@pytest.mark.slow
+def test_13_input_error_under_torchrun_is_printed_once(custom_cfg, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           os.path.join(ROOT, "run_eval.py"), *args(custom_cfg, tmp_path / "o"),
+                           "--dataset_option", "data_fil=x"], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode != 0
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
+    assert len(ours) == 1 and "data_fil" in ours[0], proc.stderr[-3000:]
+
+
+def test_11_iwisdm_trial_seed_as_dataset_option(tmp_path):
+    base = ["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample",
+            "4", "--formulation", "SingleChoice"]
+    for seed in ("5", "6"):
+        assert run_eval.main(base + ["--dataset_option", f"seed={seed}", "--output_dir", str(tmp_path / seed)]) == 0
+    q5 = [r["question"] for r in json.load(open(prediction_files(tmp_path / "5")[0]))]
+    q6 = [r["question"] for r in json.load(open(prediction_files(tmp_path / "6")[0]))]
+    assert q5 != q6
+    one_line_error(cli("run_eval.py", *base, "--dataset_option", "n_frames=100000", "--output_dir", str(tmp_path / "x")),
+                   "n_frames")
 
 
 # ------------------------------------------------------------------ 15. secrets

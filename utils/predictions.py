@@ -172,8 +172,12 @@ def write_text_atomic(path: str, text: str) -> None:
 
 
 def read_text_file(path: str, what: str = "file") -> str:
-    """The UTF-8 text of ``path``; a file that is not UTF-8 is one clear error naming it."""
+    """The UTF-8 text of ``path``; a file that is not UTF-8, or not a regular file (a FIFO would
+    block forever), is one clear error naming it."""
+    import stat
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise input_error(f"{what} is not a regular file", file=path)
         with open(path, "rb") as f:
             raw = f.read()
     except IsADirectoryError:

@@ -96,7 +96,7 @@ OPTION_SPECS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "n_delay": (lambda v: (_is_int(v) and v >= 0) or (isinstance(v, list) and bool(v) and
                                                       all(_is_int(x) and x >= 0 for x in v)),
                 "an integer >= 0 or a list of them"),
-    "n_frames": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "n_frames": (lambda v: _is_int(v) and 1 <= v <= 64, "an integer 1..64"),
     "features": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
                  "a list such as [location] or [location, category]"),
     "n_examples": (lambda v: _is_int(v) and 0 <= v <= 3, "an integer 0..3"),

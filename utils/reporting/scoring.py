@@ -177,9 +177,17 @@ def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- scoring
 def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: str) -> str:
-    if given:
-        return given
+    """The records' formulation or method; a flag may name it but never contradict the records."""
     values = {r.get(key) for r in records if r.get(key)}
+    if given:
+        valid = ("SingleChoice", "Generation") if key == "formulation" else ("generation", "likelihood")
+        match = [v for v in valid if v.lower() == str(given).lower()]
+        if not match:
+            raise ReformError(f"{flag} {given!r}: valid values are {', '.join(valid)}")
+        if values and values != {match[0]}:
+            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(values)[0]!r}; "
+                              f"leave {flag} out to read it from the records")
+        return match[0]
     if len(values) == 1:
         return values.pop()
     raise ReformError(f"cannot tell {flag} from the records ({sorted(map(str, values)) or 'none given'}); pass {flag}")
@@ -413,6 +421,8 @@ def release_reference_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         return []
     from metrics.mmmt_if_release import reference_records_from
     refs = reference_records_from(runs[0]["records"])
+    if not refs:
+        return []
     out = []
     for model, recs in split_by_model(refs).items():
         result = score_records(recs, write=False, quiet=True)
