@@ -21,16 +21,14 @@ Public API::
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
 from utils.errors import ReformError
@@ -173,55 +171,11 @@ def verify_checkpoint(directory: str) -> None:
         raise ReformError(f"tiny checkpoint build in {directory} wrote weight files without tensors")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def _build_lock(path: str, timeout_s: float = 1800.0, poll_s: float = 0.2) -> Iterator[None]:
-    """An ``O_EXCL`` lock file holding ``host pid``; a lock left by a dead process on this
-    host is taken over; a live holder is waited for (up to ``timeout_s``)."""
-    me = f"{socket.gethostname()} {os.getpid()}"
-    deadline = time.monotonic() + timeout_s
-    warned = False
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                with open(path, "r", encoding="utf-8") as f:
-                    host, pid = f.read().split()
-                stale = host == socket.gethostname() and not _pid_alive(int(pid))
-            except (OSError, ValueError):
-                host, pid = "?", "?"
-                stale = False  # being written right now, or unreadable: wait for it
-            if stale:
-                logger.warning("taking over the tiny-model build lock %s left by dead process %s", path, pid)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                continue
-            if time.monotonic() > deadline:
-                raise ReformError(f"{path}: waited {timeout_s:.0f}s for process {pid} on {host} to build the "
-                                  "tiny model; delete the lock file if that process is gone")
-            if not warned:
-                logger.info("waiting for process %s on %s to build the tiny model (%s)", pid, host, path)
-                warned = True
-            time.sleep(poll_s)
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(me)
-        break
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+def _build_lock(path: str, timeout_s: float = 1800.0, poll_s: float = 0.2) -> Any:
+    """The build lock (``utils.runlock.FileLock``): a live builder is waited for up to
+    ``timeout_s``; a lock left by a dead process on this host is taken over."""
+    from utils.runlock import FileLock
+    return FileLock(path, "the tiny-model build", wait_s=timeout_s, poll_s=poll_s)
 
 
 # ----------------------------------------------------------------------------------------

@@ -87,11 +87,11 @@ def test_stale_build_lock_of_a_dead_process_is_taken_over(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lock = tmp_path / "x.lock"
-    lock.write_text(f"{socket.gethostname()} {dead.pid}")
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
     with _build_lock(str(lock), timeout_s=2):
-        assert lock.read_text() == f"{socket.gethostname()} {os.getpid()}"
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert not lock.exists()
-    lock.write_text(f"{socket.gethostname()} {os.getpid()}")  # held by a live process
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))  # held by a live process
     with pytest.raises(ReformError, match="waited"):
         with _build_lock(str(lock), timeout_s=0.3):
             pass

@@ -41,14 +41,30 @@ def _alive(info: Dict[str, Any]) -> bool:
     return start is None or _proc_start(pid) in (None, start)
 
 
-class RunLock:
-    """Context manager: hold ``<output_dir>/.lock-<run_id>`` for the duration of a run."""
+class FileLock:
+    """Context manager: hold the lock file ``path`` (``O_EXCL``; host, pid and process start
+    time inside). A live holder makes ``acquire`` wait up to ``wait_s`` seconds (0: fail at
+    once with a message naming the holder, ``what`` says what is locked); a holder that is gone
+    is taken over."""
 
-    def __init__(self, output_dir: str, run_id: str) -> None:
-        self.path = os.path.join(output_dir, f".lock-{run_id}")
+    def __init__(self, path: str, what: str = "this resource", wait_s: float = 0.0, poll_s: float = 0.2) -> None:
+        self.path = path
+        self.what = what
+        self.wait_s = wait_s
+        self.poll_s = poll_s
         self.held = False
 
     def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return self._try_acquire()
+            except ReformError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(self.poll_s)
+
+    def _try_acquire(self) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "start": _proc_start(os.getpid()),
               "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         for _ in range(3):
@@ -66,9 +82,10 @@ class RunLock:
                         pass
                     continue
                 raise ReformError(
-                    f"{self.path}: this run (same command and data) is already running in process "
-                    f"{holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}; wait for it "
-                    "to finish, or remove the lock file if that process is gone")
+                    f"{self.path}: {self.what} is held by process {holder.get('pid')} on host "
+                    f"{holder.get('host')} since {holder.get('since')}"
+                    f"{f' (waited {self.wait_s:.0f}s)' if self.wait_s else ''}; wait for it to finish, or remove "
+                    "the lock file if that process is gone")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(me, f)
             self.held = True
@@ -97,9 +114,17 @@ class RunLock:
                 pass
             self.held = False
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> "FileLock":
         self.acquire()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class RunLock(FileLock):
+    """``<output_dir>/.lock-<run_id>``: one run per run identity at a time (no waiting)."""
+
+    def __init__(self, output_dir: str, run_id: str) -> None:
+        super().__init__(os.path.join(output_dir, f".lock-{run_id}"),
+                         "this run (same command and data) is already running: it")
