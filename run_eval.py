@@ -596,7 +596,9 @@ def record_checker(samples: List[Dict[str, Any]], digests: List[str], run_id: st
         if "sample_sha" in rec and rec["sample_sha"] != digest[:16]:
             raise ReformError(f"{where}: its sample changed since it was predicted (question, options, answer, "
                               f"images or metadata); {fix}")
-        for field in ("answer", "answer_options", "question"):
+        # a context-truncated record carries its shortened question (``context`` says what was dropped)
+        fields = ("answer", "answer_options") if rec.get("context") else ("answer", "answer_options", "question")
+        for field in fields:
             if field in sample and field in rec and rec[field] != sample[field]:
                 raise ReformError(f"{where}: field '{field}' differs from the current sample; {fix}")
         if "prediction" not in rec and not rec.get("skipped"):
@@ -719,7 +721,7 @@ def _run(args: argparse.Namespace, dinfo: Any) -> int:
                                      inference_method=args.infer_method, in_context_sample=args.in_context_sample,
                                      random_instruct=args.random_instruct, data_duplication=args.dataset_duplication,
                                      shuffle_options=args.shuffle_options, option_mark=args.option_mark,
-                                     seed=args.seed, subsample=args.dataset_subsample, options=builder_options)
+                                     seed=args.seed, subsample=args.dataset_subsample, extra_options=builder_options)
     fingerprint, digests = samples_fingerprint(samples)
     args.setup_phase = False  # from here on an error may be one rank's own (an image, a sample)
     digest, ident = output_identity(args, config_content, fingerprint)

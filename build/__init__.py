@@ -76,10 +76,10 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
                   inference_method: str = "generation", in_context_sample: bool = True,
                   random_instruct: bool = True, data_duplication: int = 1, shuffle_options: bool = True,
                   option_mark: str = "upper", seed: int = 0, subsample: Optional[int] = None,
-                  options: Optional[Dict[str, Any]] = None, **builder_options: Any) -> tuple:
+                  extra_options: Optional[Dict[str, Any]] = None, **builder_options: Any) -> tuple:
     """Build the unified samples; returns ``(samples, builder)``.
 
-    ``dataset_config`` is a YAML path or a dict; ``builder_options`` (or the ``options`` dict, for
+    ``dataset_config`` is a YAML path or a dict; ``builder_options`` (or the ``extra_options`` dict, for
     keys that share a name with this function's parameters, such as the trial ``seed``) override
     its keys.
     ``subsample`` keeps a seeded random subset of that many *groups* (``Builder.subsample_key``:
@@ -96,7 +96,7 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
         cfg, cfg_path = dict(dataset_config), None
     else:
         cfg, cfg_path = load_config(dataset_config)
-    builder = cls(cfg, cfg_path, **{**builder_options, **(options or {})})
+    builder = cls(cfg, cfg_path, **{**builder_options, **(extra_options or {})})
     items = builder.build_items(formulation, inference_method, seed)
     if subsample is not None:
         if isinstance(subsample, bool) or not isinstance(subsample, int) or subsample < 1:

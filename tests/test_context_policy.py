@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import prediction_files
+from tests.conftest import only_results, prediction_files
 
 from build import build_dataset
 from build.schema import IMAGE_TOKEN
@@ -160,7 +160,7 @@ def test_run_eval_truncate_and_skip_end_to_end(mmdu_cfg, tmp_path, chat, llava):
     recs = json.load(open(prediction_files(tmp_path / "skip")[0]))
     n_skipped = sum(1 for r in recs if r.get("skipped"))
     assert 0 < n_skipped < len(recs)
-    results = json.load(open(tmp_path / "skip" / "results.json"))
+    results = only_results(tmp_path / "skip")
     assert results["metrics"]["skipped_samples"] == n_skipped
     assert _run(mmdu_cfg, tmp_path / "skip", "skip", limit) == 0  # a re-run does not fail on them
 

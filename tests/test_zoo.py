@@ -15,6 +15,8 @@ import json
 import os
 
 import pytest
+
+from tests.conftest import prediction_files
 import torch
 
 from build.schema import IMAGE_TOKEN
@@ -105,8 +107,8 @@ def test_run_eval_end_to_end(zoo, method, tmp_path):
             "--formulation", "SingleChoice", "--infer_method", method, "--output_dir", str(out),
             "--per_gpu_eval_batch_size", "2", "--max_new_tokens", "4", "--do_eval"]
     assert run_eval.main(args) == 0
-    preds = [f for f in os.listdir(out) if f.startswith("custom_") and f.endswith(".json")]
-    records = json.load(open(out / preds[0]))
+    preds = prediction_files(out)
+    records = json.load(open(preds[0]))
     assert len(records) == 3
     if method == "likelihood":
         assert all(isinstance(r["prediction"], int) for r in records)

@@ -373,7 +373,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
         records = load_records(path, dataset_name)
         if not records:
             raise ReformError(f"{path}: holds no prediction records")
-        validate_records(records, path)
+        for group in split_by_model(records).values():  # a file may hold several models' records
+            validate_records(group, path)
         loaded.append((path, records))
     runs: List[Dict[str, Any]] = []
     for path, records in loaded:
