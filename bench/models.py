@@ -18,8 +18,7 @@ import time
 from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_inputs import CANDIDATE_WORDS  # noqa: E402
-from utils.images import noise_image  # noqa: E402
+from bench_inputs import CANDIDATE_WORDS, bench_sample  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -27,13 +26,6 @@ logger = logging.getLogger(__name__)
 
 FAMILIES = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "idefics3", "internvl",
             "blip2", "instructblip", "paligemma", "mllama"]
-
-
-def _sample(i: int) -> Dict:
-    return {"sample_id": f"b{i}", "formulation": "SingleChoice", "inference_method": "likelihood",
-            "images": [noise_image(10 * i, (64, 48)), noise_image(10 * i + 1, (64, 48))],
-            "instruct": "Answer the question.",
-            "question": f"Which of the two images shows a red circle? ({i})", "history": []}
 
 
 def _best(fn: Callable[[], None], reps: int) -> float:
@@ -51,7 +43,7 @@ def bench_family(family: str, size: str, reps: int) -> Dict[str, float]:
     from models import get_model
     interface, pre = get_model(family, {"model_name": "tiny", "tiny_size": size, "device": "cpu"})
     n_params = sum(p.numel() for p in interface.model.parameters()) / 1e6
-    samples = [_sample(i) for i in range(8)]
+    samples = [bench_sample(i) for i in range(8)]
     prompts = [pre(s) for s in samples]
     images = [s["images"] for s in samples]
     out: Dict[str, float] = {"params_M": n_params}

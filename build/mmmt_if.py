@@ -41,6 +41,7 @@ _INTRO_RE = re.compile(r"(?:Image\s*\d+\s*[:：]?\s*)?" + re.escape(MMDU_IMAGE_T
 _PROMPT_INTRO_RE = re.compile(r"(?:Image\s*\d+\s*[:：]?\s*)?" + re.escape(IMAGE_TOKEN) + r"\s*[.,;:]?")
 _PROMPT_INTRO_TRAILING_RE = re.compile(_PROMPT_INTRO_RE.pattern + r"[ \t]*")
 IMAGE_PLACEMENTS = ("start", "turn")
+SOURCES = ("mmdu", "release", "release_only")
 
 # release CSV columns
 COL_CHAT = "conversation id"
@@ -354,10 +355,10 @@ class MMMTIFBuilder(Builder):
     option_names: ClassVar[Tuple[str, ...]] = (
         "source", "mmdu_json", "image_folder", "release_csv", "max_images", "max_turns", "check_images",
         "skip_bad_chats", "skip_unmatched", "instructions_at_end", "num_chats", "injection", "images")
-    option_specs = {"source": one_of("mmdu", "release", "release_only"), "release_csv": PATH, "mmdu_json": PATH,
+    option_specs = {"source": one_of(*SOURCES), "release_csv": PATH, "mmdu_json": PATH,
                     "image_folder": PATH, "max_images": COUNT, "max_turns": COUNT, "check_images": FLAG,
                     "skip_bad_chats": FLAG, "skip_unmatched": FLAG, "instructions_at_end": FLAG, "num_chats": COUNT,
-                    "injection": one_of("release", "paper_formula"), "images": one_of("start", "turn")}
+                    "injection": one_of(*INJECTION_RULES), "images": one_of(*IMAGE_PLACEMENTS)}
 
     def group_key(self, sample: Dict[str, Any]) -> str:
         """A chat is the unit of sharding: its turns run in order on one rank."""
@@ -376,19 +377,12 @@ class MMMTIFBuilder(Builder):
 
     def _source(self) -> str:
         src = self.config.get("source")
-        if src is None:
+        if src is None:  # the value itself was checked by option_specs
             src = "release" if self.config.get("release_csv") else "mmdu"
-        if src not in ("mmdu", "release", "release_only"):
-            raise input_error(f"unknown source {src!r}; valid: mmdu, release, release_only",
-                              file=self.config_path or "<options>", field="source")
         return src
 
     def _injection(self) -> str:
-        rule = str(self._opt("injection", "release")).strip().lower()
-        if rule not in INJECTION_RULES:
-            raise input_error(f"unknown injection rule {rule!r}; valid: {', '.join(INJECTION_RULES)}",
-                              file=self.config_path or "<options>", field="injection")
-        return rule
+        return str(self._opt("injection", "release"))  # checked by option_specs
 
     # -- entry -----------------------------------------------------------------------------
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
@@ -449,11 +443,7 @@ class MMMTIFBuilder(Builder):
         self.build_log.append(msg)
 
     def _image_placement(self) -> str:
-        mode = str(self._opt("images", "start")).strip().lower()
-        if mode not in IMAGE_PLACEMENTS:
-            raise input_error(f"unknown image placement {mode!r}; valid: {', '.join(IMAGE_PLACEMENTS)}",
-                              file=self.config_path or "<options>", field="images")
-        return mode
+        return str(self._opt("images", "start"))  # checked by option_specs
 
     @staticmethod
     def _images_at_start(plan: List[_PlannedTurn]) -> List[_PlannedTurn]:
