@@ -411,10 +411,8 @@ def save_sample_images(sample: Dict[str, Any], output_dir: str) -> List[str]:
 
 
 def model_config(args: argparse.Namespace, device: str) -> Dict[str, Any]:
-    """The config handed to the model factory; ``--model_option`` keys checked by name."""
-    from models import check_model_options
+    """The config handed to the model factory (``--model_option`` was checked when the run started)."""
     options = parse_kv(args.model_option, "--model_option")
-    check_model_options(args.model, options)
     return {"model_name": args.model_name, "model_type": args.model_type,
             "half_evaluation": args.half_evaluation, "device": device,
             "inference_method": args.infer_method, "seed": args.seed,
@@ -470,9 +468,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     gen_kwargs: Dict[str, Any] = {"temperature": args.temperature}
     if args.max_new_tokens is not None:
         gen_kwargs["max_new_tokens"] = args.max_new_tokens
-    index_of = {id(s): i for i, s in enumerate(samples)}
-    sample_sha = {(s["sample_id"], s["dup_index"]): digests[index_of[id(s)]][:16]
-                  for s in samples} if digests else {}
+    sample_sha = {(s["sample_id"], s["dup_index"]): d[:16] for s, d in zip(samples, digests or [])}
     label = model_label(args)
 
     dataset = _SafeItems(ReformDataset(samples, builder))
