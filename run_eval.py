@@ -142,7 +142,7 @@ def _check_number(args: argparse.Namespace, name: str, minimum: float, integer: 
 def validate_args(args: argparse.Namespace) -> None:
     """Names and values, checked before anything is built, loaded or written."""
     from build.registry import get_builder_class
-    from build.schema import FORMULATIONS
+    from utils.schema import FORMULATIONS
     from models import available_models
     from utils.errors import unknown_name
     if args.model not in available_models():
@@ -434,7 +434,7 @@ def run_inference(args: argparse.Namespace, samples: List[Dict[str, Any]], build
     from models import get_model
     from metrics.single_choice import argmax, reduce_scores
     from utils.distributed import barrier, default_device
-    from utils.context import fit_batch
+    from evaluation.context import fit_batch
     from utils.predictions import ShardWriter, make_record, read_shard_dir, trim_torn_line
     from utils.seeding import derive_seed
 
@@ -560,7 +560,7 @@ def merge_shards(samples: List[Dict[str, Any]], shard_dir: str, pred_file: str, 
 def remove_prediction_and_results(pred_file: str, output_dir: str) -> None:
     """``--overwrite``: the prediction file and every results file and report named after it."""
     import glob
-    from utils.reporting.scoring import results_paths
+    from evaluation.reporting.scoring import results_paths
     stem = results_paths(pred_file, output_dir)["stem"]
     victims = [pred_file] + glob.glob(os.path.join(glob.escape(output_dir), glob.escape(stem) + ".*"))
     for path in victims:
@@ -676,7 +676,7 @@ def _run(args: argparse.Namespace, dinfo: Any) -> int:
     from utils.distributed import barrier, shutdown
     from utils.fingerprint import samples_fingerprint
     from utils.predictions import remove_stale_temps
-    from utils.reporting.scoring import (append_run_index, export_results, results_paths, run_eval_tag,
+    from evaluation.reporting.scoring import (append_run_index, export_results, results_paths, run_eval_tag,
                                          score_records)
     from utils.runlock import RunLock
     from utils.secrets import redact
@@ -805,7 +805,7 @@ RUN_INFO_KEYS = ("config", "timing", "world_size", "versions", "git_revision", "
 def keep_original_run_info(extra: Dict[str, Any], pred_file: str, output_dir: str) -> Dict[str, Any]:
     """A reused prediction file keeps the configuration, versions and timing of the run that made
     it (from its ``.run.json`` or results file); this command's own settings go under ``rescored``."""
-    from utils.reporting.scoring import results_paths
+    from evaluation.reporting.scoring import results_paths
     paths = results_paths(pred_file, output_dir)
     for path in (paths["run"], paths["json"]):
         try:
@@ -823,8 +823,8 @@ def keep_original_run_info(extra: Dict[str, Any], pred_file: str, output_dir: st
 def write_single_report(result: Dict[str, Any], records: List[Dict[str, Any]], pred_file: str,
                         output_dir: str) -> Optional[str]:
     """The report of one run (tables, plots, report.html) in ``<stem>.report/`` beside its results."""
-    from utils.reporting.compare import write_run_report
-    from utils.reporting.scoring import results_paths, run_name
+    from evaluation.reporting.compare import write_run_report
+    from evaluation.reporting.scoring import results_paths, run_name
     run = {"name": run_name(records, pred_file), "records": records, "result": result}
     out = os.path.join(output_dir, os.path.basename(result["results_files"]["json"])[:-len(".results.json")] + ".report")
     return write_run_report(run, out)["files"].get("report_html")

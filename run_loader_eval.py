@@ -8,7 +8,7 @@ One file: prints the metrics and writes ``<stem>.scored-<hash>.results.json`` (+
 are never replaced. Several files, directories or globs (several models on one benchmark):
 each is scored, then a comparison (table with confidence intervals, paired tests, plots,
 ``report.html``) is written into ``--output_dir`` (default: their common directory).
-All logic lives in ``utils.reporting``; this file is only the command line.
+All logic lives in ``evaluation.reporting``; this file is only the command line.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 from utils.errors import ReformError
-from utils.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
+from evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from utils.reporting.scoring import evaluate_files, metric_options
+    from evaluation.reporting.scoring import evaluate_files, metric_options
     args = build_parser().parse_args(argv)
     if args.n_boot < 1:
         print(f"error: --n_boot must be >= 1, got {args.n_boot}", file=sys.stderr)

@@ -16,7 +16,7 @@ setup(
     description="Instruction-following evaluation of large multimodal models (iWISDM, MME, MMMT-IF)",
     python_requires=">=3.9",
     packages=find_packages(include=["build", "build.*", "models", "models.*", "metrics", "metrics.*",
-                                    "utils", "utils.*", "configs"]),
+                                    "utils", "utils.*", "evaluation", "evaluation.*", "configs"]),
     package_data={"configs": ["datasets/*.yaml", "data/*.csv", "data/*/*.txt"]},
     include_package_data=True,
     py_modules=["run_eval", "run_loader_eval"],

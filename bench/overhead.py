@@ -35,7 +35,7 @@ def main() -> None:
                     "--formulation", "SingleChoice", "--infer_method", infer, "--dataset_subsample", "64",
                     "--per_gpu_eval_batch_size", "4", "--output_dir", out, "--do_eval", *extra]
             assert run_eval.main(args) == 0
-            from utils.reporting.scoring import results_paths
+            from evaluation.reporting.scoring import results_paths
             pred = [f for f in os.listdir(out) if f.startswith("iWISDM_") and f.count(".") == 1][0]
             t = json.load(open(results_paths(os.path.join(out, pred))["json"]))["timing"]
         harness = t["total_s"] - t["model_load_s"]

@@ -1,7 +1,7 @@
 """Dataset builders and the unified-sample loader.
 
 ``load_reform_dataset`` is the public data loader: it returns an indexable, DataLoader-ready
-dataset of unified samples (see ``build.schema``) for any registered benchmark.
+dataset of unified samples (see ``utils.schema``) for any registered benchmark.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from build.reformulation import Reformulator
 from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder
-from build.schema import FORMULATIONS, IMAGE_TOKEN, Sample
+from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
 from utils.seeding import rng_for
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from build.registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from metrics.pif import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
                          split_instruction_prefix)
 from utils.errors import ReformError, input_error

@@ -11,7 +11,7 @@ import copy
 import string
 from typing import Any, Dict, List, Optional, Sequence
 
-from build.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
+from utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
 from utils.errors import ReformError, unknown_name
 from utils.seeding import rng_for
 

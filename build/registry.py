@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 
 import yaml
 
-from build.schema import FORMULATIONS
+from utils.schema import FORMULATIONS
 from utils.errors import ReformError, input_error, unknown_name
 
 BUILDERS: Dict[str, Type["Builder"]] = {}

@@ -7,7 +7,7 @@ entries keep the extracted answer beside the verdict so every score can be expla
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from utils.errors import ReformError, unknown_name
 
@@ -100,7 +100,6 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
     """
     if not records:
         raise ReformError("no prediction records to score")
-    from utils.context import split_skipped
     records, skipped = split_skipped(records)
     if not records:
         raise ReformError(f"all {sum(skipped.values())} prediction records were skipped "
@@ -122,3 +121,16 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
         result["tables"]["Skipped samples (excluded from every metric)"] = markdown_table(
             ["reason", "samples"], sorted(skipped.items()) + [("total", n)])
     return result
+
+
+def split_skipped(records: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
+    """(records to score, {reason: count} of skipped records)."""
+    kept: List[Dict[str, Any]] = []
+    reasons: Dict[str, int] = {}
+    for r in records:
+        if r.get("skipped"):
+            key = str(r["skipped"]).split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+        else:
+            kept.append(r)
+    return kept, reasons

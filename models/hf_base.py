@@ -44,7 +44,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from PIL import Image
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from models.checkpoint_files import check_checkpoint_dir
 from models.interfaces.base_interface import BaseInterface, CandidateScore
 from utils.errors import ReformError

@@ -63,7 +63,7 @@ def custom_cfg(tmp_path):
 
 def prediction_files(out) -> list:
     """The prediction files in an output directory (not their results, per-sample or run files)."""
-    from utils.reporting.scoring import is_derived
+    from evaluation.reporting.scoring import is_derived
     return sorted(os.path.join(str(out), f) for f in os.listdir(out)
                   if f.endswith(".json") and not is_derived(f))
 

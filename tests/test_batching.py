@@ -13,7 +13,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from utils.images import noise_image
 from utils.seeding import derive_seed
 

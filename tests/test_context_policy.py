@@ -10,11 +10,11 @@ import pytest
 from tests.conftest import only_results, prediction_files
 
 from build import build_dataset
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from metrics.pif import INSTRUCTION_TEXTS
 from models import get_model
 from tests.test_mmmt_if_run import write_mmdu
-from utils.context import fit_batch, fit_sample, leading_instructions, truncated
+from evaluation.context import fit_batch, fit_sample, leading_instructions, truncated
 from utils.errors import ReformError
 
 

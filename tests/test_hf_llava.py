@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from utils.errors import ReformError
 from utils.images import noise_image
 

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from tests.report_fixtures import iwisdm_records, mmmt_if_records, run
-from utils.reporting.browser import Browser, find_chromium
-from utils.reporting.compare import compare_runs, tables
-from utils.reporting.html import verdict
+from evaluation.reporting.browser import Browser, find_chromium
+from evaluation.reporting.compare import compare_runs, tables
+from evaluation.reporting.html import verdict
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,

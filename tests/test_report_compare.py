@@ -10,8 +10,8 @@ from metrics.mme import aggregate
 from metrics.pif import summarize
 from tests.report_fixtures import iwisdm_records, mme_records, mmmt_if_records, run
 from utils.errors import ReformError
-from utils.reporting.bootstrap import FAMILIES, bootstrap, cluster_weights
-from utils.reporting.compare import build_comparison, compare_runs, mcnemar, paired_tests, wilcoxon_pairs
+from evaluation.reporting.bootstrap import FAMILIES, bootstrap, cluster_weights
+from evaluation.reporting.compare import build_comparison, compare_runs, mcnemar, paired_tests, wilcoxon_pairs
 
 
 def test_cluster_weights_keep_clusters_and_strata_whole():
@@ -184,8 +184,8 @@ def test_bad_runs_say_why():
 def test_single_run_report_and_thumbnail_cap(tmp_path):
     from PIL import Image
 
-    from utils.reporting.compare import write_run_report
-    from utils.reporting.html import sample_data
+    from evaluation.reporting.compare import write_run_report
+    from evaluation.reporting.html import sample_data
     recs = mme_records(images=4)
     for r in recs:  # absolute image paths, as the MME builder records them
         path = tmp_path / "img" / r["meta"]["subtask"] / r["meta"]["image"]

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import prediction_files
 import torch
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from utils.images import noise_image
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)

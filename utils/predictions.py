@@ -78,7 +78,7 @@ def make_record(sample: Dict[str, Any], prediction: Any, prompt: Any = None,
                 scores: Optional[List[Tuple[float, int]]] = None,
                 predictions: Optional[List[str]] = None) -> Dict[str, Any]:
     """A JSON-ready prediction record for one sample."""
-    from build.schema import HEAVY_KEYS
+    from utils.schema import HEAVY_KEYS
     rec = {k: v for k, v in sample.items() if k not in HEAVY_KEYS and k != "prompt"}
     rec["image_ids"] = sample.get("image_ids") or image_ids(sample)
     text = answer_text(sample)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from utils.errors import ReformError
 
 SEP_STYLES = ("one", "two", "plain")

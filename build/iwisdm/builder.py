@@ -26,7 +26,7 @@ from build.iwisdm.presets import GETTER_OF, PRESETS, answer_vocabulary, example_
 from build.iwisdm.stimuli import LOCATIONS, StimulusSet, load_stimuli
 from build.iwisdm.trial import Trial
 from build.registry import Builder, register_builder
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from utils.errors import input_error
 
 logger = logging.getLogger(__name__)

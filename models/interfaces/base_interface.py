@@ -8,7 +8,7 @@
   ``forward`` that dispatches on the inference method.
 
 ``prompt`` is whatever the interface's preprocessor produced: a dialogue string with
-``build.schema.IMAGE_TOKEN`` placeholders, or a list of chat messages.
+``utils.schema.IMAGE_TOKEN`` placeholders, or a list of chat messages.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class BaseInterface:
             return self.raw_batch_predict(images_list, prompts, cands)
         raise ReformError(f"unknown inference method '{inference_method}'; valid names: generation, likelihood")
 
-    # -- context length (utils.context applies --context_policy with these) -------------
+    # -- context length (evaluation.context applies --context_policy with these) -------------
     def max_context_tokens(self) -> Optional[int]:
         """The model context in tokens, or None when unknown (then no sample is cut or
         skipped). Config ``max_context_tokens`` sets it (APIs: the served model's limit)."""

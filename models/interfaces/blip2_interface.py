@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 from PIL import Image
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.interfaces.base_interface import CandidateScore

@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from PIL import Image
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.interfaces.base_interface import BaseInterface, CandidateScore
 from utils.secrets import redact_text, register_secret

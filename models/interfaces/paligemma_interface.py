@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer

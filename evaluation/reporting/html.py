@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from utils.reporting.compare import tables
+from evaluation.reporting.compare import tables
 
 #: per family: the per_sample fields offered as filters (field, label)
 GROUP_FIELDS: Dict[str, Tuple[Tuple[str, str], ...]] = {

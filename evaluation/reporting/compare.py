@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from utils.errors import ReformError
-from utils.reporting.bootstrap import bootstrap, family_of
+from evaluation.reporting.bootstrap import bootstrap, family_of
 
 #: headline metrics shown per family, in order, with their labels
 HEADLINE_LABELS: Dict[str, Sequence[Tuple[str, str]]] = {
@@ -272,7 +272,7 @@ def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0,
     ensure_writable_dir(output_dir, "report directory")
     plot_files: List[str] = []
     if plots:
-        from utils.reporting.plots import make_plots
+        from evaluation.reporting.plots import make_plots
         plot_files = make_plots(comp, runs, os.path.join(output_dir, "plots"))
     comp["plots"] = [os.path.relpath(p, output_dir) for p in plot_files]
     comp = _json_safe(comp)
@@ -281,7 +281,7 @@ def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0,
     write_json_atomic(files["comparison_json"], comp)
     write_text_atomic(files["comparison_md"], markdown(comp, [p for p in plot_files if p.endswith(".png")]))
     if html:
-        from utils.reporting.html import write_html
+        from evaluation.reporting.html import write_html
         files["report_html"] = write_html(comp, runs, os.path.join(output_dir, "report.html"), plot_files)
     comp["files"] = files
     return comp

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from build.schema import IMAGE_TOKEN
+from utils.schema import IMAGE_TOKEN
 from utils.errors import ReformError
 
 CONTEXT_POLICIES = ("error", "truncate_history", "skip")
@@ -179,16 +179,3 @@ def fit_batch(batch: Sequence[Dict[str, Any]], preprocessor: Callable[[Dict[str,
             run.append(used)
             prompts.append(prompt)
     return run, prompts, skipped
-
-
-def split_skipped(records: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
-    """(records to score, {reason: count} of skipped records)."""
-    kept: List[Dict[str, Any]] = []
-    reasons: Dict[str, int] = {}
-    for r in records:
-        if r.get("skipped"):
-            key = str(r["skipped"]).split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
-        else:
-            kept.append(r)
-    return kept, reasons

@@ -401,7 +401,7 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
     _unique_names(runs)
     comparison = None
     if len(runs) > 1:
-        from utils.reporting.compare import compare_runs
+        from evaluation.reporting.compare import compare_runs
         out = output_dir or _common_dir(files)
         comparison = compare_runs(runs, out, seed=seed, n_boot=n_boot)
         if not quiet:
