@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Set
+from typing import Any, Dict, Set
 
 REDACTED = "<redacted>"
 
@@ -59,6 +59,69 @@ def register_secret(value: Any) -> None:
             _registered.add(value)
 
 
+class Secret:
+    """A credential as a value: its repr, str and JSON form are redacted, so a config that
+    holds one can be printed, logged, hashed or dumped without leaking it. Code that must send
+    the credential calls ``reveal()``, at the last moment (an HTTP header)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        if isinstance(value, Secret):
+            value = value.reveal()
+        object.__setattr__(self, "_value", "" if value is None else str(value))
+        register_secret(self._value)
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a Secret is immutable")
+
+    def __repr__(self) -> str:
+        return f"Secret({REDACTED!r})"
+
+    def __str__(self) -> str:
+        return REDACTED
+
+    def __format__(self, spec: str) -> str:
+        return REDACTED
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __reduce__(self) -> Any:  # pickled (DataLoader workers, deepcopy) as a Secret, never as text
+        return (Secret, (self._value,))
+
+    def __json__(self) -> str:
+        return REDACTED
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps(..., default=json_default)``: a Secret dumps as the redaction marker; other
+    unknown objects as their ``str`` (paths, enums)."""
+    if isinstance(obj, Secret):
+        return REDACTED
+    return str(obj)
+
+
+def reveal(value: Any) -> Any:
+    """The plain value of a Secret (anything else unchanged)."""
+    return value.reveal() if isinstance(value, Secret) else value
+
+
+def secret_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    """Options with every credential-named value wrapped as a Secret (parsed once, at the boundary)."""
+    return {k: (Secret(v) if is_secret_key(k) and v not in (None, "") and not isinstance(v, Secret) else v)
+            for k, v in options.items()}
+
+
 def _secret_values() -> Set[str]:
     values = {v for n, v in os.environ.items() if (n in SECRET_ENV_VARS or is_secret_key(n)) and v and len(v) >= 6}
     with _lock:
@@ -91,6 +154,8 @@ def redact(obj: Any) -> Any:
         return tuple(redact(v) for v in obj)
     if isinstance(obj, str):
         return redact_text(obj)
+    if isinstance(obj, Secret):
+        return REDACTED
     return obj
 
 
@@ -98,7 +163,7 @@ def drop_secrets(obj: Any) -> Any:
     """A copy of ``obj`` without credential entries at all (for the run identity: a new key
     must not change which prediction file a run uses)."""
     if isinstance(obj, dict):
-        return {k: drop_secrets(v) for k, v in obj.items() if not is_secret_key(k)}
+        return {k: drop_secrets(v) for k, v in obj.items() if not is_secret_key(k) and not isinstance(v, Secret)}
     if isinstance(obj, (list, tuple)):
         out = [drop_secrets(v) for v in obj
                if not (isinstance(v, str) and "=" in v and is_secret_key(v.split("=", 1)[0].strip()))]
