@@ -13,23 +13,8 @@ from typing import Optional, Sequence
 
 from evaluation.boundary import run_cli
 from evaluation.config import RunConfig, build_parser  # noqa: F401  (build_parser: for --help tests)
-from evaluation.engine import RunResult, evaluate
+from evaluation.engine import evaluate
 from evaluation.execute import die_with_parent  # noqa: F401  (used by DataLoader workers and tests)
-
-
-def summary(result: RunResult) -> str:
-    """What the run did and where it went, in a few lines."""
-    lines = []
-    if result.reused:
-        lines.append(f"predictions reused from {result.prediction_file} (pass --overwrite to run again)")
-    if result.results_files:
-        lines.append(f"results: {result.results_files['json']}")
-        if result.report:
-            lines.append(f"report: {result.report}")
-    elif result.num_records:
-        lines.append(f"predictions: {result.prediction_file}\nto score them: python run_loader_eval.py "
-                     f"--prediction_file {result.prediction_file}  (or re-run this command with --do_eval)")
-    return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -38,7 +23,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def body() -> int:
         result = evaluate(RunConfig.from_namespace(args))
-        text = summary(result)
+        text = result.console_text()
         if text:
             print(text, flush=True)
         return 0

@@ -29,6 +29,7 @@ from evaluation.reporting.scoring import (append_run_index, evaluate_files, expo
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
 from utils.distributed import DistInfo, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
+from utils.report import markdown_table
 from utils.predictions import ensure_writable_dir, remove_stale_temps, write_json_atomic
 from utils.runlock import RunLock
 
@@ -48,6 +49,24 @@ class RunResult:
     report: Optional[str] = None
     run_info: Optional[str] = None
     summary: Dict[str, Any] = field(default_factory=dict)
+
+    def console_text(self) -> str:
+        """What the console shows by default: the headline table, and where everything went."""
+        lines = []
+        if self.reused:
+            lines.append(f"predictions reused from {self.prediction_file} (pass --overwrite to run again)")
+        if self.results_files:
+            s = self.summary
+            title = f"{s.get('benchmark', '')} {s.get('formulation', '')} {s.get('infer_method', '')}".strip()
+            scalars = [(k, v) for k, v in self.metrics.items() if not isinstance(v, (dict, list, tuple))]
+            lines += [f"## {title}", "", markdown_table(["metric", "value"], scalars), "",
+                      f"results: {self.results_files['json']} (every table: {self.results_files['md']})"]
+            if self.report:
+                lines.append(f"report: {self.report}")
+        elif self.num_records:
+            lines.append(f"predictions: {self.prediction_file}\nto score them: python run_loader_eval.py "
+                         f"--prediction_file {self.prediction_file}  (or re-run this command with --do_eval)")
+        return "\n".join(lines)
 
 
 @dataclass
@@ -170,7 +189,7 @@ def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo:
         summary = score_records(records, formulation=cfg.dataset.formulation, infer_method=cfg.generation.infer_method,
                                 eval_stability=s.eval_stability, likelihood_reduction=s.likelihood_reduction,
                                 prediction_file=plan.prediction_file, output_dir=cfg.output.output_dir,
-                                metric_options=dict(s.metric_options), extra=extra, tool="run_eval",
+                                metric_options=dict(s.metric_options), extra=extra, tool="run_eval", quiet=True,
                                 tag=run_eval_tag(s.likelihood_reduction, s.eval_stability, dict(s.metric_options)))
         run = {"name": run_name(records, plan.prediction_file), "records": records, "result": summary}
         stem = os.path.basename(summary["results_files"]["json"])[:-len(".results.json")]
@@ -178,7 +197,7 @@ def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo:
         result.metrics = summary["metrics"]
         result.results_files = dict(summary["results_files"])
         result.report = report["files"].get("report_html")
-        result.summary = summary
+        result.summary = {**summary, "benchmark": records[0].get("benchmark", "") if records else ""}
         logger.info("results: %s%s", result.results_files["json"],
                     f"; report: {result.report}" if result.report else "")
     else:
