@@ -27,6 +27,7 @@ from models import available_models, check_model_options
 from utils.errors import ReformError, unknown_name
 from utils.options import parse_kv
 from utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
+from evaluation.cache import default_cache_dir
 from utils.secrets import REDACTED, Secret, secret_options
 
 #: model options that decide where and how fast a model runs, never what it outputs: left out of
@@ -110,6 +111,8 @@ class OutputConfig:
     output_dir: str = "./output/"
     overwrite: bool = False
     verbose: bool = False
+    use_cache: bool = field(default_factory=lambda: not os.environ.get("REFORM_NO_CACHE"))
+    cache_dir: str = field(default_factory=default_cache_dir)
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,9 @@ class RunConfig:
                                         a.max_new_tokens, a.num_samples, a.seed),
             scoring=ScoringConfig(a.do_eval, a.eval_stability, a.likelihood_reduction, metric_options,
                                   a.export_mme_results),
-            output=OutputConfig(a.output_dir, a.overwrite, a.verbose))
+            output=OutputConfig(a.output_dir, a.overwrite, a.verbose,
+                                use_cache=not a.no_cache and not os.environ.get("REFORM_NO_CACHE"),
+                                cache_dir=a.cache_dir or default_cache_dir()))
 
     def replace(self, **parts: Any) -> "RunConfig":
         return dataclasses.replace(self, **parts)
@@ -242,7 +247,8 @@ class RunConfig:
             "seed": g.seed, "output_dir": o.output_dir, "overwrite": o.overwrite, "do_eval": sc.do_eval,
             "eval_stability": sc.eval_stability, "likelihood_reduction": sc.likelihood_reduction,
             "metric_option": [_kv_text(k, v) for k, v in sc.metric_options.items()],
-            "export_mme_results": sc.export_mme_results, "verbose": o.verbose})
+            "export_mme_results": sc.export_mme_results, "verbose": o.verbose, "no_cache": not o.use_cache,
+            "cache_dir": o.cache_dir})
 
     def command_line(self, program: str = "run_eval.py") -> str:
         """The command that reproduces this config, rebuilt from the parsed values (never from
@@ -317,7 +323,7 @@ def to_argv(cfg: RunConfig) -> List[str]:
             out += [flag, str(value).lower()]
     for flag, value in (("--half_evaluation", m.half_evaluation), ("--instructions_at_end", d.instructions_at_end),
                         ("--skip_corrupt", d.skip_corrupt), ("--save_images", d.save_images),
-                        ("--overwrite", o.overwrite), ("--do_eval", s.do_eval),
+                        ("--overwrite", o.overwrite), ("--do_eval", s.do_eval), ("--no_cache", not o.use_cache),
                         ("--eval_stability", s.eval_stability), ("--verbose", o.verbose)):
         if value:
             out.append(flag)
@@ -429,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MME answer parsing rule (default: official)")
     g.add_argument("--export_mme_results", default=None, metavar="DIR",
                    help="MME: also write the predictions in the official eval tool's results format")
+    g.add_argument("--cache_dir", default=None,
+                   help="the response cache: model calls keyed by model, prompt, image pixels, candidates, settings "
+                        "and seed, so a changed item re-runs only itself (default: $REFORM_CACHE/responses)")
+    g.add_argument("--no_cache", action="store_true",
+                   help="neither read nor write the response cache (REFORM_NO_CACHE=1 does the same)")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="more console output (the INFO log, library logs, loading bars)")
     return p

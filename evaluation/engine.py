@@ -27,7 +27,7 @@ from evaluation.reporting.compare import write_run_report
 from evaluation.reporting.scoring import (append_run_index, evaluate_files, export_results, results_paths,
                                           run_eval_tag, run_name, score_records)
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
-from utils.distributed import DistInfo, barrier, init_distributed, shutdown
+from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
 from utils.report import markdown_table
 from utils.predictions import ensure_writable_dir, remove_stale_temps, write_json_atomic
@@ -153,6 +153,12 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
         with stage("running the model"):
             run_rank(plan, dinfo, prior, record_checker(plan, SHARD_FIX))
         barrier(dinfo)
+        if dinfo.enabled:  # every rank's cache hits and misses
+            totals: Dict[str, int] = {}
+            for stats in all_gather_objects(dinfo, plan.cache_stats):
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0) + v
+            plan.cache_stats = totals
         with stage("merging the shards"):
             records = merge_shards(plan, prior) if dinfo.is_main else []
         if dinfo.is_main:
@@ -173,6 +179,8 @@ def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:
              "prediction_file": os.path.abspath(plan.prediction_file), "build_log": list(plan.builder.build_log),
              "build_info": dict(getattr(plan.builder, "build_info", {}) or {}),
              "timing": plan.timing, "world_size": dinfo.world_size, **environment_info()}
+    if plan.cache_stats:
+        extra["response_cache"] = dict(plan.cache_stats, directory=cfg.output.cache_dir)
     return keep_original_run_info(extra, paths) if complete else extra
 
 

@@ -19,11 +19,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from build import ReformDataset
+from evaluation.cache import ResponseCache, call_key
 from evaluation.context import fit_batch
-from evaluation.plan import Key, RunPlan, dependencies, plan_batches, rank_groups
+from evaluation.plan import Key, RunPlan, checkpoint_fingerprint, dependencies, model_identity, plan_batches, rank_groups
 from metrics.single_choice import argmax, reduce_scores
 from models import get_model
-from models.outputs import generation_stats
+from models.interfaces.base_interface import CandidateScore
+from models.outputs import GenText, generation_stats
 from utils.distributed import DistInfo, barrier, default_device, sample_sharding
 from utils.errors import Interrupted, ReformError
 from utils.predictions import ShardWriter, make_record, read_shard_dir, temp_prefix, trim_torn_line
@@ -165,7 +167,8 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     t0 = time.perf_counter()
     interface, preprocessor = get_model(cfg.model.family, model_config(plan, default_device(dinfo)))
     plan.timing["model_load_s"] = time.perf_counter() - t0
-    loop = _BatchLoop(plan, interface, preprocessor, done)
+    cache = open_cache(plan, interface)
+    loop = _BatchLoop(plan, interface, preprocessor, done, cache)
     loader = DataLoader(_SafeItems(ReformDataset(plan.samples, plan.builder)), batch_sampler=batches,
                         num_workers=cfg.generation.num_workers, collate_fn=_collate,
                         worker_init_fn=die_with_parent if cfg.generation.num_workers > 0 else None)
@@ -189,13 +192,28 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     finally:
         writer.close()
         bar.close()
+        if cache is not None:
+            cache.close()
+            plan.cache_stats = {k: plan.cache_stats.get(k, 0) + v for k, v in cache.stats().items()}
+
+
+def open_cache(plan: RunPlan, interface: Any) -> Optional[ResponseCache]:
+    """The response cache of this model (None with --no_cache): keyed by the model's identity and
+    the files of the checkpoint it actually loaded (a rebuilt checkpoint is a new model)."""
+    cfg = plan.config
+    if not cfg.output.use_cache:
+        return None
+    loaded = checkpoint_fingerprint(getattr(interface, "model_path", None))
+    return ResponseCache(cfg.output.cache_dir, model_identity(plan.identity, loaded))
 
 
 class _BatchLoop:
     """One batch: history filled from finished turns, context policy, forward, records."""
 
-    def __init__(self, plan: RunPlan, interface: Any, preprocessor: Any, done: Dict[Key, Dict[str, Any]]) -> None:
+    def __init__(self, plan: RunPlan, interface: Any, preprocessor: Any, done: Dict[Key, Dict[str, Any]],
+                 cache: Optional[ResponseCache] = None) -> None:
         self.plan, self.interface, self.preprocessor, self.done = plan, interface, preprocessor, done
+        self.cache = cache
         cfg = plan.config
         self.gen_kwargs: Dict[str, Any] = {"temperature": cfg.generation.temperature}
         if cfg.generation.max_new_tokens is not None:
@@ -225,8 +243,7 @@ class _BatchLoop:
             runs = []
             for j in range(cfg.generation.num_samples):
                 seeds = [derive_seed(cfg.generation.seed, s["sample_id"], s["dup_index"], j) for s in batch]
-                with torch.inference_mode():
-                    runs.append(self.interface.forward("generation", batch, prompts, seeds=seeds, **self.gen_kwargs))
+                runs.append(self.cached_forward("generation", batch, prompts, seeds, j))
             timing["forward_s"] += time.perf_counter() - t1
             timing["generation_s"] = timing.get("generation_s", 0.0) + time.perf_counter() - t1
             for k, (s, pr) in enumerate(zip(batch, prompts)):
@@ -236,13 +253,54 @@ class _BatchLoop:
                 rec.update(_sum_stats([generation_stats(o) for o in outs]))
                 records.append(self.finish(s, rec))
         else:
-            with torch.inference_mode():
-                scores = self.interface.forward("likelihood", batch, prompts)
+            scores = self.cached_forward("likelihood", batch, prompts, None, 0)
             timing["forward_s"] += time.perf_counter() - t1
             for s, pr, sc in zip(batch, prompts, scores):
                 pred = argmax(reduce_scores([x[0] for x in sc], [x[1] for x in sc], cfg.scoring.likelihood_reduction))
                 records.append(self.finish(s, make_record(s, pred, pr, scores=sc)))
         return records
+
+
+    def cached_forward(self, method: str, batch: List[Dict[str, Any]], prompts: List[Any],
+                       seeds: Optional[List[int]], index: int) -> List[Any]:
+        """The model's outputs for a batch: cached calls served from the cache, the rest run as one
+        smaller batch (outputs do not depend on the batch) and stored."""
+        if self.cache is None:
+            return self._forward(method, batch, prompts, seeds)
+        settings = {k: v for k, v in sorted(self.gen_kwargs.items())} if method == "generation" else {}
+        keys = [call_key(self.cache.model_key, pr, s.get("images", []), method,
+                         s.get("candidates") if method == "likelihood" else None, settings,
+                         seeds[i] if seeds is not None else None, index) for i, (s, pr) in enumerate(zip(batch, prompts))]
+        found = [self.cache.get(k) for k in keys]
+        todo = [i for i, v in enumerate(found) if v is None]
+        if todo:
+            outs = self._forward(method, [batch[i] for i in todo], [prompts[i] for i in todo],
+                                 [seeds[i] for i in todo] if seeds is not None else None)
+            new = [(keys[i], _to_cache(method, o)) for i, o in zip(todo, outs)]
+            self.cache.put_many(new)
+            for (_, v), i in zip(new, todo):
+                found[i] = v
+        return [_from_cache(method, v) for v in found]
+
+    def _forward(self, method: str, batch: List[Dict[str, Any]], prompts: List[Any],
+                 seeds: Optional[List[int]]) -> List[Any]:
+        with torch.inference_mode():
+            if method == "generation":
+                return self.interface.forward("generation", batch, prompts, seeds=seeds, **self.gen_kwargs)
+            return self.interface.forward("likelihood", batch, prompts)
+
+
+def _to_cache(method: str, out: Any) -> Any:
+    if method == "generation":
+        return {"text": str(out), **generation_stats(out)}
+    return [[float(c[0]), int(c[1])] for c in out]
+
+
+def _from_cache(method: str, value: Any) -> Any:
+    if method == "generation":
+        usage = value.get("usage")
+        return GenText(value["text"], tokens=value.get("generated_tokens"), usage=usage)
+    return [CandidateScore(float(lp), int(n)) for lp, n in value]
 
 
 def _sum_stats(stats: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -37,6 +37,7 @@ class RunPlan:
     prediction_file: str
     shard_dir: str
     timing: Dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0})
+    cache_stats: Dict[str, int] = field(default_factory=dict)
 
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
@@ -87,6 +88,19 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
     ident = drop_secrets(ident)
     blob = json.dumps(ident, sort_keys=True, default=json_default).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:12], ident
+
+
+#: the identity entries that name the model (what the response cache is keyed by)
+MODEL_IDENTITY_KEYS = ("model", "model_name", "model_type", "half_evaluation", "model_option", "model_env",
+                       "checkpoint")
+
+
+def model_identity(ident: Dict[str, Any], loaded_checkpoint: Any = None) -> str:
+    """A hash of the model's part of the run identity plus the files of the checkpoint the
+    interface actually loaded (a 'tiny' or hub name resolves to a directory only at load time)."""
+    body = {k: ident.get(k) for k in MODEL_IDENTITY_KEYS}
+    body["loaded_checkpoint"] = loaded_checkpoint
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=json_default).encode("utf-8")).hexdigest()
 
 
 def checkpoint_fingerprint(model_name: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
