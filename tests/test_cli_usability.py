@@ -111,3 +111,12 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert len(prediction_files(out)) == 1
+
+
+def test_a_key_that_fails_to_parse_is_not_printed(tmp_path, capsys):
+    secret = "sk-unparsable-98765: [x"
+    rc = run_eval.main(["--model", "openai_api", "--dataset_name", "custom", "--output_dir", str(tmp_path / "o"),
+                        "--model_option", f"api_key={secret}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sk-unparsable" not in err and "cannot parse the value of api_key" in err
+    assert not os.path.exists(tmp_path / "o")

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence
 
+import yaml
+
 from utils.errors import ReformError
+from utils.secrets import is_secret_key
 
 
 def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
     """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
-    import yaml
     out: Dict[str, Any] = {}
     for item in items:
         if "=" not in item:
@@ -17,7 +19,8 @@ def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
         try:
             out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
         except (yaml.YAMLError, RecursionError):
-            raise ReformError(f"{flag} {k.strip()}: cannot parse the value {v!r}") from None
+            shown = "(a credential, not shown)" if is_secret_key(k) else repr(v)
+            raise ReformError(f"{flag}: cannot parse the value of {k.strip()} {shown}") from None
     return out
 
 
