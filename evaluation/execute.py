@@ -26,7 +26,7 @@ from metrics.single_choice import argmax, reduce_scores
 from models import get_model
 from models.interfaces.base_interface import CandidateScore
 from models.outputs import GenText, generation_stats
-from utils.distributed import DistInfo, barrier, default_device, sample_sharding
+from utils.distributed import DistInfo, barrier, configure_cpu_threads, default_device, sample_sharding
 from utils.errors import Interrupted, ReformError
 from utils.predictions import ShardWriter, make_record, read_shard_dir, temp_prefix, trim_torn_line
 from utils.seeding import derive_seed
@@ -165,7 +165,10 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     if not batches:
         return
     t0 = time.perf_counter()
-    interface, preprocessor = get_model(cfg.model.family, model_config(plan, default_device(dinfo)))
+    device = default_device(dinfo)
+    if device == "cpu":
+        plan.timing["cpu_threads"] = configure_cpu_threads()
+    interface, preprocessor = get_model(cfg.model.family, model_config(plan, device))
     plan.timing["model_load_s"] = time.perf_counter() - t0
     cache = open_cache(plan, interface)
     loop = _BatchLoop(plan, interface, preprocessor, done, cache)
