@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from evaluation.config import RunConfig
 from evaluation.execute import run_rank
 from evaluation.merge import SHARD_FIX, check_existing, merge_shards, record_checker, remove_prediction_and_results
-from evaluation.plan import RunPlan, make_plan
+from evaluation.plan import RunPlan, make_plan, read_dataset_config
 from evaluation.reporting.compare import write_run_report
 from evaluation.reporting.scoring import (append_run_index, evaluate_files, export_results, results_paths,
                                           run_eval_tag, run_name, score_records)
@@ -87,6 +87,7 @@ class SetupError(ReformError):
 def evaluate(config: RunConfig, dinfo: Optional[DistInfo] = None) -> RunResult:
     """Run one evaluation: the config is validated, then planned, executed, merged and scored."""
     cfg = _setup_checked(config.validated)
+    config_path, content = _setup_checked(lambda: read_dataset_config(cfg))  # before anything is written
     gpus_per_rank = cfg.model.options.get("gpus_per_rank", 1)
     dinfo = dinfo or init_distributed(gpus_per_rank=gpus_per_rank)
     if dinfo.is_main:
@@ -95,7 +96,7 @@ def evaluate(config: RunConfig, dinfo: Optional[DistInfo] = None) -> RunResult:
     _setup_checked(lambda: setup_logging(cfg.output.output_dir, dinfo.is_main, cfg.output.verbose))
     t_start = time.perf_counter()
     with stage("building the samples"):
-        plan = _setup_checked(lambda: make_plan(cfg))
+        plan = _setup_checked(lambda: make_plan(cfg, config_path, content))
     plan.timing["build_s"] = time.perf_counter() - t_start
     if dinfo.is_main:
         logger.info("command: %s", cfg.command_line())

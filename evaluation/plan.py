@@ -137,9 +137,9 @@ def prediction_path(cfg: RunConfig, run_id: str) -> str:
     return os.path.join(cfg.output.output_dir, name)
 
 
-def make_plan(cfg: RunConfig) -> RunPlan:
-    """Read the dataset config, build the samples, fingerprint them and name the run."""
-    config_path, content = read_dataset_config(cfg)
+def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any]) -> RunPlan:
+    """Build the samples (from the dataset config ``read_dataset_config`` read), fingerprint them
+    and name the run."""
     samples, builder = build_samples(cfg, config_path)
     if not samples:
         raise ReformError(f"{cfg.dataset.name}: the build produced no samples (check the dataset config and "
