@@ -1,0 +1,447 @@
+"""Sentences of a model response, read as a careful person reads them, in linear time.
+
+Five of the 13 MMMT-IF instructions count or inspect sentences, and the paper does not say
+what a sentence is; the rules are written out in docs/mmmt_if.md ("Sentences") and each
+one is pinned by tests/test_pif_sentences.py. Two passes, both linear in the text:
+lines are joined into blocks (a line break ends a sentence only where the line is
+complete), then each block is cut at inline list markers and at end marks whose context
+(the word before, the word after, an open quotation or parenthesis) says a sentence ends.
+Why our own code and not pySBD: see docs/mmmt_if.md ("Sentences"): same accuracy on the
+Golden Rules, about a thousand times faster (bench/pif.py measures both).
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+# ---------------------------------------------------------------------------------------
+# Abbreviations and the words that open sentences
+# ---------------------------------------------------------------------------------------
+
+#: titles that stand before a name: never end a sentence ("Mr. Smith", "Dr. Lee")
+TITLES = frozenset("mr mrs ms messrs dr prof gen col lt sgt capt rev hon mt pres gov sen rep".split())
+#: abbreviations read inside a sentence, before what they introduce: never end one
+NEVER_END = frozenset("e.g i.e cf vs viz approx ca".split())
+#: abbreviations before a number ("No. 5", "p. 55", "N°. 1026"): no end before a digit
+NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs art ch sec para op".split())
+#: abbreviations that may end a sentence: they end one before a capitalised word
+MAYBE_END = frozenset("""etc inc ltd co corp jr sr al ed eds bros dept est jan feb mar apr jun jul aug
+sep sept oct nov dec""".split())
+#: NEVER_END and TITLES together, kept for callers of the earlier single list
+ABBREVIATIONS = TITLES | NEVER_END | NUMBER_ABBREVIATIONS | MAYBE_END | {"st"}
+#: time abbreviations ("5 p.m."): end before a capitalised word, except after an opening
+#: time phrase ("At 5 a.m. Mr. Smith went")
+TIMES = frozenset("a.m p.m".split())
+#: words that open sentences: after an initial or initialism ("in the U.S. It rained") a
+#: capitalised word from this list starts a new sentence; any other ("the U.S. Navy") does not
+SENTENCE_STARTERS = frozenset("""a an the this that these those it its he she they we i you there here
+his her their our my your in on at for but and so however also then next overall both each some many
+most all one as if when while although yes no after before finally first second third additionally
+moreover furthermore thus therefore what which who how why where with by from another other such since
+because instead besides meanwhile today now only did do does is are was were can could will would
+should may might must has have had let please note see""".split())
+
+_CLOSERS = "\"'”’»)]}*_`~"
+_OPENERS = "(\"'“‘[*_`«"
+_SUPERSCRIPTS = "¹²³⁰⁴⁵⁶⁷⁸⁹"
+_BULLETS = "•⁃‣◦▪"
+_END_CHARS = ".!?…"
+_TIME_OPENER_RE = re.compile(r"(?i)\s*(?:at|by|before|after|until|from|since|around|about)\s+\d{1,2}(?::\d\d)?\s*[ap]\.m")
+_INITIALISM_RE = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,2}")
+
+# ---------------------------------------------------------------------------------------
+# Line structure: markers, items, titles, blocks
+# ---------------------------------------------------------------------------------------
+
+_LINE_MARKER_RE = re.compile(r"^(?:#{1,6}\s+|>\s*|[-*+–]\s+|[•⁃‣◦▪]\s*|\(?\d{1,3}(?:\.\)|[.)])\s+)+")
+_MARKER_ONLY_RE = re.compile(r"^[\s*_#>\-+•–⁃‣◦▪]*\(?\d{1,3}(?:\.\)|[.)])[\s*_]*$")
+_MARKER_START = frozenset("#>-*+•–⁃‣◦▪(0123456789")
+_HAS_ALNUM_RE = re.compile(r"[^\W_]")
+#: a line that is a title by itself: wholly bold/italic (optionally ending with ':')
+_EMPHASIS_LINE_RE = re.compile(r"^([*_]{1,3})[^*_].*\1:?$")
+#: a horizontal rule ('---', '***', '___')
+_RULE_RE = re.compile(r"[-*_=~\s]{3,}")
+#: lower-case words allowed inside a title line ("Overview of the Scene")
+_TITLE_SMALL = frozenset("a an the of and or in on at to for with by from vs".split())
+
+
+def strip_marker(sentence: str) -> str:
+    """The sentence without its leading heading, quote, bullet or numbered-list markers."""
+    if sentence[:1] not in _MARKER_START:
+        return sentence
+    m = _LINE_MARKER_RE.match(sentence)
+    return sentence[m.end():] if m is not None else sentence
+
+
+def _is_item(line: str) -> bool:
+    """A line that starts a block of its own: list item, heading, quote, table row."""
+    c = line[0]
+    if c == "|" or (c in _MARKER_START and _LINE_MARKER_RE.match(line) is not None):
+        return True
+    return c in "-*_=~" and _RULE_RE.fullmatch(line) is not None
+
+
+def _is_title(line: str) -> bool:
+    """A short Title Case line without closing punctuation ("Key Features"): a heading."""
+    if line[-1] in ".!?…,;" or not line[:1].isupper():
+        return False
+    words = line.split(None, 6)
+    if len(words) > 6:
+        return False
+    return all(w[:1].isupper() or w.lower() in _TITLE_SMALL or not w[:1].isalpha() for w in words)
+
+
+def _breaks_after(prev: str, prev_item: bool, line: str, indented: bool) -> bool:
+    """Whether the line break between two non-empty lines ends a sentence.
+
+    It does where the next line is an item (list, heading, quote, table row, rule) and where
+    the previous line is complete on its own: a heading, table row or rule; a list item not
+    continued (a continuation is indented or starts lower-case); a wholly bold/italic or
+    short Title Case title line; a line ending with ':' before a capital. Otherwise the lines
+    are one text and only punctuation ends sentences.
+    """
+    if _is_item(line):
+        return True
+    lower_next = line[0].islower()
+    if prev_item:
+        if prev[0] in "#|" or _RULE_RE.fullmatch(prev) is not None:
+            return True
+        return not (lower_next or indented)
+    if lower_next:
+        return False
+    if prev[-1] == ":":
+        return True
+    if prev[0] in "*_" and _EMPHASIS_LINE_RE.match(prev) is not None:
+        return True
+    return _is_title(prev)
+
+
+def _blocks(text: str) -> List[str]:
+    """Lines joined into blocks: blank lines and sentence-ending line breaks separate them."""
+    blocks: List[str] = []
+    cur: List[str] = []
+    prev = ""
+    prev_item = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            if cur:
+                blocks.append(" ".join(cur))
+                cur = []
+            continue
+        if line[0] == ">" and cur and cur[0][0] == ">":
+            # a quote continues over its '>' lines: read the quoted text like any other
+            inner, prev_inner = line.lstrip("> \t"), prev.lstrip("> \t")
+            if inner and prev_inner and not _breaks_after(prev_inner, False, inner, False):
+                cur.append(inner)
+                prev = line
+                continue
+        item = _is_item(line)
+        if cur and _breaks_after(prev, prev_item, line, raw[:1] in " \t"):
+            blocks.append(" ".join(cur))
+            cur = []
+        if not cur:
+            prev_item = item
+        cur.append(line)
+        prev = line
+    if cur:
+        blocks.append(" ".join(cur))
+    return blocks
+
+# ---------------------------------------------------------------------------------------
+# Inline list markers ("1.) a 2.) b", "a. x b. y", "• 9. x • 10. y")
+# ---------------------------------------------------------------------------------------
+
+
+#: the '.' or ')' that may end a list marker, before whitespace (a word's end, two letters
+#: before it, is ruled out here, so the scan stays in C)
+_MARKER_END_RE = re.compile(r"[.)](?=\s)(?<![^\W\d_]{2}[.)])")
+#: a list marker at the start of an item: optional bullet, 1-3 digits or one letter, '.', ')' or '.)'
+_START_MARKER_RE = re.compile(r"([•⁃‣◦▪]\s*)?\(?(\d{1,3}|[A-Za-z])(\.\)|\.|\))(?=\s)")
+_ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _markers(block: str) -> List[Tuple[int, bool, str, str]]:
+    """(start, after a bullet, label, style) of each list marker in the block, in order."""
+    out: List[Tuple[int, bool, str, str]] = []
+    for m in _MARKER_END_RE.finditer(block):
+        e = m.start()
+        style, end = ".", e
+        if block[e] == ")":
+            style = ".)" if e and block[e - 1] == "." else ")"
+            end = e - 1 if style == ".)" else e
+        j = end
+        while j > 0 and end - j < 3 and block[j - 1].isdigit():
+            j -= 1
+        if j == end:
+            if not (j > 0 and block[j - 1] in _ASCII_LETTERS):
+                continue
+            j -= 1
+        label = block[j:end]
+        if j and block[j - 1] == "(":
+            j -= 1
+        if j and not block[j - 1].isspace():
+            if block[j - 1] not in _BULLETS:
+                continue
+            out.append((j - 1, True, label, style))
+            continue
+        k = j - 1
+        while k >= 0 and k > j - 4 and block[k] in " \t":
+            k -= 1
+        if k >= 0 and block[k] in _BULLETS and (k == 0 or block[k - 1].isspace()):
+            out.append((k, True, label, style))
+        else:
+            out.append((j, False, label, style))
+    return out
+
+
+def _list_cuts(block: str) -> List[int]:
+    """Where inline list items start: the positions of the markers that form a list.
+
+    A marker belongs to a list when it follows a bullet (•, ⁃), or when it continues a
+    chain of markers of one kind (digits, lower-case or upper-case letters) and style ('.',
+    ')', '.)') numbered 1, 2, 3... whose first marker opens the block or follows ':' or an
+    end mark. A chain of letters needs two markers ("A. Smith" is a name); a chain of
+    digits may be one marker after ':' ("Differences: 1. **Body**").
+    """
+    cuts: List[int] = []
+    chains: Dict[Tuple[str, str], List[int]] = {}  # (kind, style) -> [next value, *starts]
+    for at, bullet, label, style in _markers(block):
+        if bullet:
+            cuts.append(at)
+            continue
+        kind = "d" if label.isdigit() else ("l" if label.islower() else "u")
+        value = int(label) if kind == "d" else ord(label.lower()) - 96
+        key = (kind, style)
+        chain = chains.get(key)
+        if chain is not None and value == chain[0]:
+            chain[0] += 1
+            chain.append(at)
+            if len(chain) == 3:  # the chain is a list from its second marker on
+                cuts.append(chain[1])
+            cuts.append(at)
+            continue
+        if value == 1:
+            k = at - 1
+            while k >= 0 and block[k] in " \t":
+                k -= 1
+            before = block[k] if k >= 0 else ""
+            if before in ("", ":") or before in _END_CHARS or (before in _CLOSERS and at > 1):
+                chains[key] = [2, at]
+                if kind == "d" and before in ("", ":"):
+                    cuts.append(at)
+    return sorted(set(cuts))
+
+
+# ---------------------------------------------------------------------------------------
+# End marks and their context
+# ---------------------------------------------------------------------------------------
+
+#: an end-mark run (a spaced ellipsis ". . ." is one run), its closing quotes, brackets and
+#: markup, and footnote markers ("[1]", "¹"), before whitespace. Possessive and never
+#: started inside a run, so that every character is read a bounded number of times
+_MARK_RE = re.compile(r"[.!?…](?<![.!?…][.!?…])(?:(?<=\.)(?<!\. \.)(?: \.)++|[.!?…]*+)"
+                      r"([\"'”’»)\]}*_`~]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s)")
+#: the word after a boundary: skipped whitespace, up to four opening characters, its letters
+_NEXT_RE = re.compile(r"(\s*+)[(\"'“‘\[*_`«]{0,4}+([^\W\d_]{1,15}+|\S?)")
+#: what opens a quotation or parenthesis, and what closes it
+_PAIR_RE = re.compile(r"[()\[\]{}“”«»\"]")
+_CLOSE_OF = {"(": ")", "[": "]", "{": "}", "“": "”", "«": "»"}
+#: a quotation or parenthesis longer than this is taken to be unbalanced and ignored
+_MAX_QUOTE = 400
+
+
+def _inner_spans(text: str) -> List[Tuple[int, int]]:
+    """(open, close) of quotations and parentheses opened inside a sentence.
+
+    Why: an end mark inside them ('shouted "Storm ahead!" as') belongs to the outer
+    sentence. One opened where a sentence starts ("No. (It is a stork.)") is read as text.
+    """
+    spans: List[Tuple[int, int]] = []
+    stack: List[Tuple[str, int]] = []
+    quote = -1
+    for m in _PAIR_RE.finditer(text):
+        c, at = m.group(), m.start()
+        if c == '"':
+            if quote < 0:
+                quote = at
+                continue
+            start, quote = quote, -1
+        elif c in _CLOSE_OF:
+            stack.append((_CLOSE_OF[c], at))
+            continue
+        elif stack and stack[-1][0] == c:
+            start = stack.pop()[1]
+        else:
+            continue
+        if at - start <= _MAX_QUOTE:
+            k = start - 1
+            while k >= 0 and text[k] in " \t":
+                k -= 1
+            if k >= 0 and text[k] not in _END_CHARS and text[k] not in _CLOSERS:
+                spans.append((start, at))
+    spans.sort()
+    return spans
+
+
+def _word_before(text: str, lo: int, end: int) -> Tuple[str, int]:
+    """The token that ends at ``end`` (after the last whitespace from ``lo`` on) and its start."""
+    start = max(text.rfind(" ", lo, end), text.rfind("\t", lo, end), lo - 1) + 1
+    return text[start:end], start
+
+
+def _next_word(text: str, q: int) -> str:
+    """The word after position ``q`` (whitespace and up to four opening characters skipped),
+    in its own case: its letters, or its first character when that is no letter."""
+    return _NEXT_RE.match(text, q).group(2)
+
+
+def _ends(text: str, mark: str, closed: str, p: int, q: int, lo: int, sent_start: int, nxt: str) -> bool:
+    """Whether the end mark ``mark`` at ``p`` (closers and footnotes ``closed`` up to ``q``)
+    ends a sentence. ``lo`` is where the text since the previous end mark starts, ``nxt``
+    the first character of the next word (after opening quotes and brackets).
+    """
+    upper, lower = nxt.isupper(), nxt.islower()
+    if closed and lower:
+        return False  # '"This is great." she said', '(... an engineer.) at the'
+    if "!" in mark or "?" in mark:
+        return not lower  # "Yahoo! in the accounting department"
+    if mark != ".":  # an ellipsis: ". . .", "...", "…", "...."
+        if p > 0 and text[p - 1] in "[(":
+            return False  # "[...]" marks an omission
+        detached = p > 0 and text[p - 1] in " \t"
+        return upper and not (detached and _next_word(text, q) == "I")
+    raw, start = _word_before(text, lo, p)
+    token = raw.lstrip(_OPENERS).lower()
+    if not token or len(token) > 6:
+        return True
+    if token in NUMBER_ABBREVIATIONS and (nxt.isdigit() or nxt == "#"):
+        return False
+    if token in ("no", "nos"):
+        return True  # a standalone answer: "No. It is a stork."
+    if token in TITLES or token in NEVER_END:
+        return False
+    if token in MAYBE_END or token in NUMBER_ABBREVIATIONS:
+        return upper
+    prev = _word_before(text, lo, start - 1)[0].lstrip(_OPENERS) if start > lo else ""
+    if token == "st":  # "Main St. It is", but "the church of St. Michael"
+        return upper and (prev[:1].isupper() or prev[:1].isdigit())
+    if token in TIMES:  # "at 6 p.m. Mr. Smith left", but "At 5 a.m. Mr. Smith went"
+        return upper and _TIME_OPENER_RE.fullmatch(text, sent_start, p) is None
+    if len(token) == 1 and token.isalpha():
+        if not upper:
+            return False
+        if _next_word(text, q).lower() in SENTENCE_STARTERS:
+            return True
+        # "rich in vitamin C. Apples", "you and I. Did" end; a name's initial ("Jonas E.
+        # Smith", "J. K. Rowling", "A. Smith" opening a sentence) does not
+        return prev[:1].islower() or prev[:1].isdigit()
+    if _INITIALISM_RE.fullmatch(token):
+        return upper and _next_word(text, q).lower() in SENTENCE_STARTERS
+    return True
+
+
+def _plain_word(token: str) -> bool:
+    """A token after which a period always ends a sentence: a word of more than 6 characters
+    or of 2-6 letters that is no abbreviation."""
+    if len(token) > 6:
+        return "\t" not in token
+    return len(token) > 1 and token.isalpha() and token.lower() not in ABBREVIATIONS
+
+
+def _split_segment(text: str) -> List[str]:
+    """Sentences of one list item or block: cut where an end mark ends a sentence."""
+    spans = _inner_spans(text) if ('"' in text or "(" in text or "\u201c" in text or "[" in text
+                                   or "\u00ab" in text or "{" in text) else []
+    n_spans, si, max_close = len(spans), 0, -1
+    out: List[str] = []
+    sent_start = lo = 0
+    n = len(text)
+    for m in _MARK_RE.finditer(text):
+        q, p = m.end(), m.start()
+        if n_spans:
+            while si < n_spans and spans[si][0] < p:
+                max_close = max(max_close, spans[si][1])
+                si += 1
+            if q <= max_close:
+                continue  # inside a quotation or parenthesis opened in this sentence
+        nxt = text[q + 1] if q + 1 < n and text[q] == " " else ""
+        if not nxt.isalnum():
+            nxt = _next_word(text, q)[:1]
+        if q - p == 1 and text[p] != ".":
+            ends = not nxt.islower()  # the common '!' and '?'
+        elif q - p == 1 and _plain_word(text[max(text.rfind(" ", lo, p), lo - 1) + 1:p]):
+            ends = True  # a period after a word that is no abbreviation
+        else:
+            ends = _ends(text, text[p:m.start(1)].replace(" ", ""), m.group(1), p, q, lo, sent_start, nxt)
+        lo = q
+        if ends:
+            out.append(text[sent_start:q])
+            sent_start = q
+    out.append(text[sent_start:])
+    return out
+
+
+def _drop_inline_marker(item: str) -> str:
+    m = _START_MARKER_RE.match(item)
+    return item[m.end():] if m is not None else item
+
+
+def split_sentences(text: str) -> List[str]:
+    """Split a response into sentences (see docs/mmmt_if.md, "Sentences").
+
+    Lines are first joined into blocks (a wrapped sentence is one sentence; list items,
+    headings, titles and blank lines end one); blocks are cut at inline list markers;
+    heading, quote, bullet and list markers are stripped; an end mark ends a sentence when
+    its context says so (``_ends``). Pieces without any letter or digit are not sentences.
+    """
+    sentences: List[str] = []
+    has_alnum = _HAS_ALNUM_RE.search
+    for block in _blocks(str(text)):
+        items = [block]
+        cuts = _list_cuts(block)
+        if cuts:
+            items = [block[:cuts[0]]] + [_drop_inline_marker(block[a:b])
+                                         for a, b in zip(cuts, cuts[1:] + [len(block)])]
+        for item in items:
+            pending = ""
+            for piece in _split_segment(strip_marker(item.strip())):
+                piece = piece.strip()
+                if pending:
+                    piece = strip_marker(pending + piece)
+                    pending = ""
+                elif piece[:1] in _MARKER_START:
+                    if _MARKER_ONLY_RE.match(piece):  # "2." before an inline list item
+                        pending = piece + " "
+                        continue
+                    piece = strip_marker(piece)
+                if piece and has_alnum(piece):
+                    sentences.append(piece)
+    return sentences
+
+
+def first_alnum(sentence: str) -> str:
+    """The first letter or digit of a sentence (leading quotes, brackets and markup skipped)."""
+    for ch in sentence:
+        if ch.isalnum():
+            return ch
+    return ""
+
+
+def last_mark(sentence: str) -> str:
+    """The sentence's end mark: its last character before closing quotes, brackets, markup
+    and footnote markers ("1937.[1]" and "1937.¹" end with '.')."""
+    s = sentence
+    i = len(s)
+    while i:
+        c = s[i - 1]
+        if c == "]":
+            j = s.rfind("[", max(0, i - 6), i - 1)
+            if j >= 0 and s[j + 1:i - 1].isdigit():
+                i = j
+                continue
+        if c in _CLOSERS or c in _SUPERSCRIPTS or c.isspace():
+            i -= 1
+            continue
+        return c
+    return ""
