@@ -24,7 +24,7 @@ from metrics.pif_checkers import (CHECKERS, ParsedResponse, check_end_char_excla
                                   check_instructions, check_number_even, check_number_odd,
                                   check_response_length_long, check_response_length_short,
                                   check_sentence_length_long, check_sentence_length_short, check_start_char_B,
-                                  check_start_char_S, explain_instruction, pif)
+                                  check_start_char_S, explain_instruction, pif, verdicts)
 from metrics.pif_scores import (IQR_METHOD, bernoulli_ci, ecdf, iqr, pif_metric, pif_n_k, sample_fields,
                                 summarize)
 from metrics.pif_sentences import (MAYBE_END, NEVER_END, SENTENCE_STARTERS, TITLES, first_alnum, last_mark,
@@ -34,7 +34,7 @@ from metrics.pif_words import count_words, find_integers
 __all__ = [
     "CATEGORIES", "CATEGORY_OF", "INSTRUCTION_IDS", "INSTRUCTION_TEXTS", "instruction_id",
     "split_instruction_list", "split_instruction_prefix", "CHECKERS", "ParsedResponse", "check_instruction",
-    "check_instructions", "explain_instruction", "pif", "IQR_METHOD", "bernoulli_ci", "ecdf", "iqr",
+    "check_instructions", "explain_instruction", "pif", "verdicts", "IQR_METHOD", "bernoulli_ci", "ecdf", "iqr",
     "pif_metric", "pif_n_k", "sample_fields", "summarize", "MAYBE_END", "NEVER_END", "SENTENCE_STARTERS",
     "TITLES", "first_alnum", "last_mark", "split_sentences", "count_words", "find_integers",
     "check_end_char_exclamation", "check_end_char_question", "check_favourite_word_itself",

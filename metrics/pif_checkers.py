@@ -8,7 +8,7 @@ metrics/pif_sentences.py and metrics/pif_words.py; docs/mmmt_if.md writes them o
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from build.mmmt_if_instructions import INSTRUCTION_IDS, INSTRUCTION_TEXTS, instruction_id
 from metrics.pif_sentences import first_alnum, last_mark, split_sentences
@@ -130,11 +130,13 @@ def _first_failing(values: Sequence[Any], ok: Callable[[Any], bool]) -> Optional
 
 def explain_instruction(response: Optional[str], instruction: str, number_words: bool = False) -> str:
     """One line saying why the strict checker accepts or rejects ``response`` (for the report)."""
-    iid = instruction_id(instruction)
     text = response if isinstance(response, str) else ""
     if not text.strip():
         return "empty response"
-    p = ParsedResponse(text, number_words)
+    return _explain(ParsedResponse(text, number_words), instruction_id(instruction))
+
+
+def _explain(p: ParsedResponse, iid: str) -> str:
     sents = p.sentences
     n = len(sents)
     if iid.startswith("response_length"):
@@ -225,8 +227,30 @@ def check_instructions(response: Optional[str], instructions: Sequence[str], loo
     if not loose:
         parsed = ParsedResponse(text, number_words)
         return [_PARSED_CHECKERS[i](parsed) for i in ids]
-    variants = [ParsedResponse(v, number_words) for v in _loose_variants(text) if v.strip()]
-    return [any(_PARSED_CHECKERS[i](v) for v in variants) for i in ids]
+    return verdicts(text, ids, number_words)[1]
+
+
+def verdicts(response: Optional[str], instructions: Sequence[str],
+             number_words: bool = False) -> Tuple[List[bool], List[bool], List[str]]:
+    """(strict, loose, reasons) for each instruction, from one parse of the response.
+
+    Why one call: the metric needs all three per turn; the response is parsed once and each
+    loose variant only for the instructions that the strict check rejects.
+    """
+    ids = [instruction_id(i) for i in instructions]
+    text = response if isinstance(response, str) else ""
+    if not text.strip():
+        return [False] * len(ids), [False] * len(ids), ["empty response"] * len(ids)
+    parsed = ParsedResponse(text, number_words)
+    strict = [_PARSED_CHECKERS[i](parsed) for i in ids]
+    reasons = [_explain(parsed, i) for i in ids]
+    loose = list(strict)
+    if not all(strict):
+        variants = [ParsedResponse(v, number_words) for v in _loose_variants(text)[1:] if v.strip()]
+        for j, iid in enumerate(ids):
+            if not strict[j]:
+                loose[j] = any(_PARSED_CHECKERS[iid](v) for v in variants)
+    return strict, loose, reasons
 
 
 def check_instruction(response: Optional[str], instruction: str, loose: bool = False,

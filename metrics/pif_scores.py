@@ -16,7 +16,7 @@ import numpy as np
 
 from build.mmmt_if_instructions import CATEGORY_OF, INSTRUCTION_IDS, instruction_id
 from metrics import register_metric
-from metrics.pif_checkers import check_instructions, explain_instruction
+from metrics.pif_checkers import check_instructions, verdicts
 from utils.errors import ReformError, input_error
 
 logger = logging.getLogger(__name__)
@@ -139,16 +139,15 @@ def pif_metric(records: List[Dict[str, Any]], number_words: bool = False, **_: A
             })
             continue
         responses = _record_responses(rec)[:n_resp]
-        strict = [check_instructions(r, ids, number_words=number_words) for r in responses]
-        loose0 = check_instructions(responses[0], ids, loose=True, number_words=number_words)
+        strict0, loose0, reasons = verdicts(responses[0], ids, number_words)
+        strict = [strict0] + [check_instructions(r, ids, number_words=number_words) for r in responses[1:]]
         pifs = [sum(f) / len(f) if f else 1.0 for f in strict]
         meta = rec.get("meta") or {}
         per_sample.append({
             **sample_fields(rec, responses[0]), "chat_id": meta.get("chat_id"), "turn": meta.get("turn"),
             "num_instructions": len(ids), "instructions": ids, "followed": strict[0], "followed_loose": loose0,
-            "checks": [{"instruction": iid, "followed": ok, "followed_loose": ok_l,
-                        "reason": explain_instruction(responses[0], iid, number_words)}
-                       for iid, ok, ok_l in zip(ids, strict[0], loose0)],
+            "checks": [{"instruction": iid, "followed": ok, "followed_loose": ok_l, "reason": why}
+                       for iid, ok, ok_l, why in zip(ids, strict[0], loose0, reasons)],
             "pif": pifs[0], "pif_loose": sum(loose0) / len(loose0) if loose0 else 1.0,
             "pif_samples": pifs,
         })

@@ -12,7 +12,7 @@ Golden Rules, about a thousand times faster (bench/pif.py measures both).
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 # ---------------------------------------------------------------------------------------
 # Abbreviations and the words that open sentences
