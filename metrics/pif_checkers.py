@@ -8,22 +8,28 @@ metrics/pif_sentences.py and metrics/pif_words.py; docs/mmmt_if.md writes them o
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from build.mmmt_if_instructions import INSTRUCTION_IDS, INSTRUCTION_TEXTS, instruction_id
-from metrics.pif_sentences import first_alnum, last_mark, split_sentences
+from metrics.pif_sentences import first_alnum, iter_sentences, last_mark
 from metrics.pif_words import ITSELF_RE, LIKE_RE, PER_SE_RE, count_words, find_integers, has_dash
 
 
 class ParsedResponse:
-    """One response parsed once; every checker reads the parts it needs (lazily)."""
+    """One response parsed once; every checker reads the parts it needs (lazily).
 
-    __slots__ = ("text", "number_words", "_sentences", "_word_counts", "_ints", "_lower")
+    Sentences are produced on demand: a checker that fails on the first sentence, or a
+    count that only needs to reach 5, does not split the rest (the loose variants of a
+    long degenerate reply stay cheap).
+    """
+
+    __slots__ = ("text", "number_words", "_sentences", "_more", "_word_counts", "_ints", "_lower")
 
     def __init__(self, text: Optional[str], number_words: bool = False) -> None:
         self.text = text if isinstance(text, str) else ""
         self.number_words = number_words
-        self._sentences: Optional[List[str]] = None
+        self._sentences: List[str] = []
+        self._more: Optional[Iterator[str]] = iter_sentences(self.text)
         self._word_counts: Optional[List[int]] = None
         self._ints: Optional[List[int]] = None
         self._lower: Optional[str] = None
@@ -34,10 +40,30 @@ class ParsedResponse:
             self._lower = self.text.lower()
         return self._lower
 
+    def iter_sentences(self) -> Iterator[str]:
+        """The sentences in order, splitting only as far as the caller reads."""
+        yield from self._sentences
+        more = self._more
+        while more is not None:
+            for s in more:
+                self._sentences.append(s)
+                yield s
+            self._more = more = None
+
+    def count_sentences(self, limit: int) -> int:
+        """The number of sentences, counted up to ``limit``."""
+        n = 0
+        for _ in self.iter_sentences():
+            n += 1
+            if n >= limit:
+                break
+        return n
+
     @property
     def sentences(self) -> List[str]:
-        if self._sentences is None:
-            self._sentences = split_sentences(self.text)
+        if self._more is not None:
+            for _ in self.iter_sentences():
+                pass
         return self._sentences
 
     @property
@@ -58,25 +84,31 @@ class ParsedResponse:
 # ---------------------------------------------------------------------------------------
 
 def _response_length_short(p: ParsedResponse) -> bool:
-    return 1 <= len(p.sentences) <= 4
+    return 1 <= p.count_sentences(5) <= 4
 
 
 def _response_length_long(p: ParsedResponse) -> bool:
-    return len(p.sentences) >= 5
+    return p.count_sentences(5) >= 5
+
+
+def _every_sentence(ok: Callable[[str], bool]) -> Callable[[ParsedResponse], bool]:
+    """A checker: there is a sentence, and ``ok`` holds for each (stops at the first failure)."""
+    def check(p: ParsedResponse) -> bool:
+        seen = False
+        for x in p.iter_sentences():
+            if not ok(x):
+                return False
+            seen = True
+        return seen
+    return check
 
 
 def _starts_with(letter: str) -> Callable[[ParsedResponse], bool]:
-    def check(p: ParsedResponse) -> bool:
-        s = p.sentences
-        return bool(s) and all(first_alnum(x).lower() == letter for x in s)
-    return check
+    return _every_sentence(lambda x: first_alnum(x).lower() == letter)
 
 
 def _ends_with(mark: str) -> Callable[[ParsedResponse], bool]:
-    def check(p: ParsedResponse) -> bool:
-        s = p.sentences
-        return bool(s) and all(last_mark(x) == mark for x in s)
-    return check
+    return _every_sentence(lambda x: last_mark(x) == mark)
 
 
 def _has(pattern: "re.Pattern[str]") -> Callable[[ParsedResponse], bool]:
@@ -85,15 +117,17 @@ def _has(pattern: "re.Pattern[str]") -> Callable[[ParsedResponse], bool]:
     return check
 
 
-def _sentence_length_short(p: ParsedResponse) -> bool:
+def _at_most_18(x: str) -> bool:
     # without a dash, whitespace tokens bound the words from above: count only when needed
-    s = p.sentences
-    return bool(s) and all((len(x.split()) <= 18 and not has_dash(x)) or count_words(x) <= 18 for x in s)
+    return (len(x.split()) <= 18 and not has_dash(x)) or count_words(x) <= 18
 
 
-def _sentence_length_long(p: ParsedResponse) -> bool:
-    s = p.sentences
-    return bool(s) and all((len(x.split()) >= 18 or has_dash(x)) and count_words(x) >= 18 for x in s)
+def _at_least_18(x: str) -> bool:
+    return (len(x.split()) >= 18 or has_dash(x)) and count_words(x) >= 18
+
+
+_sentence_length_short = _every_sentence(_at_most_18)
+_sentence_length_long = _every_sentence(_at_least_18)
 
 
 def _number_even(p: ParsedResponse) -> bool:

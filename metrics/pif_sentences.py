@@ -12,7 +12,7 @@ Golden Rules, about a thousand times faster (bench/pif.py measures both).
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 # ---------------------------------------------------------------------------------------
 # Abbreviations and the words that open sentences
@@ -116,9 +116,8 @@ def _breaks_after(prev: str, prev_item: bool, line: str, indented: bool) -> bool
     return _is_title(prev)
 
 
-def _blocks(text: str) -> List[str]:
+def _blocks(text: str) -> Iterator[str]:
     """Lines joined into blocks: blank lines and sentence-ending line breaks separate them."""
-    blocks: List[str] = []
     cur: List[str] = []
     prev = ""
     prev_item = False
@@ -126,7 +125,7 @@ def _blocks(text: str) -> List[str]:
         line = raw.strip()
         if not line:
             if cur:
-                blocks.append(" ".join(cur))
+                yield " ".join(cur)
                 cur = []
             continue
         if line[0] == ">" and cur and cur[0][0] == ">":
@@ -138,15 +137,14 @@ def _blocks(text: str) -> List[str]:
                 continue
         item = _is_item(line)
         if cur and _breaks_after(prev, prev_item, line, raw[:1] in " \t"):
-            blocks.append(" ".join(cur))
+            yield " ".join(cur)
             cur = []
         if not cur:
             prev_item = item
         cur.append(line)
         prev = line
     if cur:
-        blocks.append(" ".join(cur))
-    return blocks
+        yield " ".join(cur)
 
 # ---------------------------------------------------------------------------------------
 # Inline list markers ("1.) a 2.) b", "a. x b. y", "• 9. x • 10. y")
@@ -349,12 +347,11 @@ def _plain_word(token: str) -> bool:
     return len(token) > 1 and token.isalpha() and token.lower() not in ABBREVIATIONS
 
 
-def _split_segment(text: str) -> List[str]:
+def _split_segment(text: str) -> Iterator[str]:
     """Sentences of one list item or block: cut where an end mark ends a sentence."""
     spans = _inner_spans(text) if ('"' in text or "(" in text or "\u201c" in text or "[" in text
                                    or "\u00ab" in text or "{" in text) else []
     n_spans, si, max_close = len(spans), 0, -1
-    out: List[str] = []
     sent_start = lo = 0
     n = len(text)
     for m in _MARK_RE.finditer(text):
@@ -376,10 +373,9 @@ def _split_segment(text: str) -> List[str]:
             ends = _ends(text, text[p:m.start(1)].replace(" ", ""), m.group(1), p, q, lo, sent_start, nxt)
         lo = q
         if ends:
-            out.append(text[sent_start:q])
+            yield text[sent_start:q]
             sent_start = q
-    out.append(text[sent_start:])
-    return out
+    yield text[sent_start:]
 
 
 def _drop_inline_marker(item: str) -> str:
@@ -388,14 +384,18 @@ def _drop_inline_marker(item: str) -> str:
 
 
 def split_sentences(text: str) -> List[str]:
-    """Split a response into sentences (see docs/mmmt_if.md, "Sentences").
+    """Split a response into sentences (see docs/mmmt_if.md, "Sentences")."""
+    return list(iter_sentences(text))
+
+
+def iter_sentences(text: str) -> Iterator[str]:
+    """The sentences of a response, one at a time (a checker may stop at the first that fails).
 
     Lines are first joined into blocks (a wrapped sentence is one sentence; list items,
     headings, titles and blank lines end one); blocks are cut at inline list markers;
     heading, quote, bullet and list markers are stripped; an end mark ends a sentence when
     its context says so (``_ends``). Pieces without any letter or digit are not sentences.
     """
-    sentences: List[str] = []
     has_alnum = _HAS_ALNUM_RE.search
     for block in _blocks(str(text)):
         items = [block]
@@ -416,8 +416,7 @@ def split_sentences(text: str) -> List[str]:
                         continue
                     piece = strip_marker(piece)
                 if piece and has_alnum(piece):
-                    sentences.append(piece)
-    return sentences
+                    yield piece
 
 
 def first_alnum(sentence: str) -> str:
