@@ -72,12 +72,18 @@ def compare_pysbd(responses: List[str]) -> None:
     def theirs(text: str) -> List[str]:
         return [s for s in seg.segment(text) if s.strip()]
     text = " ".join(responses)[:12_000]
+    sample = responses[:500]
     for name, split in (("ours", split_sentences), ("pysbd", theirs)):
         agree = sum(len(split(c["text"])) == len(c["sentences"]) for c in cases)
         c0 = time.process_time()
         n = len(split(text))
         dt = time.process_time() - c0
-        print(f"splitter={name} golden_rules={agree}/{len(cases)} split_12kb_s={dt:.4f} sentences={n}")
+        c0 = time.process_time()
+        for r in sample:
+            split(r)
+        per_s = len(sample) / (time.process_time() - c0)
+        print(f"splitter={name} golden_rules={agree}/{len(cases)} split_12kb_s={dt:.4f} sentences={n} "
+              f"split_responses_per_s={per_s:.0f}")
 
 
 #: 1 MB degenerate replies (the classes of issue 16, item 7)

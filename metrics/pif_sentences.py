@@ -39,7 +39,8 @@ his her their our my your in on at for but and so however also then next overall
 most all one as if when while although yes no after before finally first second third additionally
 moreover furthermore thus therefore what which who how why where with by from another other such since
 because instead besides meanwhile today now only did do does is are was were can could will would
-should may might must has have had let please note see""".split())
+should may might must has have had let please note see everyone everybody everything nobody nothing
+someone something anyone anything few several neither either""".split())
 
 _CLOSERS = "\"'”’»)]}*_`~"
 _OPENERS = "(\"'“‘[*_`«"
