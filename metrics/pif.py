@@ -5,7 +5,8 @@ how a response is split into sentences or what a word or a number is. Those defi
 are written out in docs/mmmt_if.md and live, by concept, in:
 
 - build/mmmt_if_instructions.py: the instruction set and the recognition of its texts;
-- metrics/pif_sentences.py: sentences; metrics/pif_words.py: words and numbers;
+- metrics/pif_lines.py: lines, blocks and list markers; metrics/pif_sentences.py: sentences;
+- metrics/pif_words.py: words and numbers;
 - metrics/pif_checkers.py: the 13 checkers on one parse, ``check_instructions``, ``pif``;
 - metrics/pif_scores.py: the registered metric ``pif`` and its corpus statistics;
 - metrics/mmmt_if_release.py: the release's own scores (and its prediction-file reader).

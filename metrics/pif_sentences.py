@@ -3,16 +3,19 @@
 Five of the 13 MMMT-IF instructions count or inspect sentences, and the paper does not say
 what a sentence is; the rules are written out in docs/mmmt_if.md ("Sentences") and each
 one is pinned by tests/test_pif_sentences.py. Two passes, both linear in the text:
-lines are joined into blocks (a line break ends a sentence only where the line is
-complete), then each block is cut at inline list markers and at end marks whose context
-(the word before, the word after, an open quotation or parenthesis) says a sentence ends.
-Why our own code and not pySBD: see docs/mmmt_if.md ("Sentences"): same accuracy on the
-Golden Rules, about a thousand times faster (bench/pif.py measures both).
+lines are joined into blocks and blocks cut at inline list markers (metrics/pif_lines.py),
+then each item is cut at the end marks whose context (the word before, the word after, an
+open quotation or parenthesis) says a sentence ends. Why our own code and not pySBD (see
+docs/mmmt_if.md, "Sentences"): it reads the Golden Rules at least as well (48/48 against
+47/48) and splits about 60 times as many responses per second (bench/pif.py --pysbd).
 """
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterator, List, Tuple
+from typing import Iterator, List, Tuple
+
+from metrics.pif_lines import (CLOSERS, END_CHARS, HAS_ALNUM_RE, MARKER_ONLY_RE, MARKER_START, START_MARKER_RE,
+                               blocks, list_cuts, strip_marker)
 
 # ---------------------------------------------------------------------------------------
 # Abbreviations and the words that open sentences
@@ -27,7 +30,7 @@ NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs art ch s
 #: abbreviations that may end a sentence: they end one before a capitalised word
 MAYBE_END = frozenset("""etc inc ltd co corp jr sr al ed eds bros dept est jan feb mar apr jun jul aug
 sep sept oct nov dec""".split())
-#: NEVER_END and TITLES together, kept for callers of the earlier single list
+#: every abbreviation above: after any other short word a period ends the sentence
 ABBREVIATIONS = TITLES | NEVER_END | NUMBER_ABBREVIATIONS | MAYBE_END | {"st"}
 #: time abbreviations ("5 p.m."): end before a capitalised word, except after an opening
 #: time phrase ("At 5 a.m. Mr. Smith went")
@@ -42,195 +45,10 @@ because instead besides meanwhile today now only did do does is are was were can
 should may might must has have had let please note see everyone everybody everything nobody nothing
 someone something anyone anything few several neither either""".split())
 
-_CLOSERS = "\"'”’»)]}*_`~"
 _OPENERS = "(\"'“‘[*_`«"
 _SUPERSCRIPTS = "¹²³⁰⁴⁵⁶⁷⁸⁹"
-_BULLETS = "•⁃‣◦▪"
-_END_CHARS = ".!?…"
 _TIME_OPENER_RE = re.compile(r"(?i)\s*(?:at|by|before|after|until|from|since|around|about)\s+\d{1,2}(?::\d\d)?\s*[ap]\.m")
 _INITIALISM_RE = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,2}")
-
-# ---------------------------------------------------------------------------------------
-# Line structure: markers, items, titles, blocks
-# ---------------------------------------------------------------------------------------
-
-_LINE_MARKER_RE = re.compile(r"^(?:#{1,6}\s+|>\s*|[-*+–]\s+|[•⁃‣◦▪]\s*|\(?\d{1,3}(?:\.\)|[.)])\s+)+")
-_MARKER_ONLY_RE = re.compile(r"^[\s*_#>\-+•–⁃‣◦▪]*\(?\d{1,3}(?:\.\)|[.)])[\s*_]*$")
-_MARKER_START = frozenset("#>-*+•–⁃‣◦▪(0123456789")
-_HAS_ALNUM_RE = re.compile(r"[^\W_]")
-#: a line that is a title by itself: wholly bold/italic (optionally ending with ':')
-_EMPHASIS_LINE_RE = re.compile(r"^([*_]{1,3})[^*_].*\1:?$")
-#: a horizontal rule ('---', '***', '___')
-_RULE_RE = re.compile(r"[-*_=~\s]{3,}")
-#: lower-case words allowed inside a title line ("Overview of the Scene")
-_TITLE_SMALL = frozenset("a an the of and or in on at to for with by from vs".split())
-
-
-def strip_marker(sentence: str) -> str:
-    """The sentence without its leading heading, quote, bullet or numbered-list markers."""
-    if sentence[:1] not in _MARKER_START:
-        return sentence
-    m = _LINE_MARKER_RE.match(sentence)
-    return sentence[m.end():] if m is not None else sentence
-
-
-def _is_item(line: str) -> bool:
-    """A line that starts a block of its own: list item, heading, quote, table row."""
-    c = line[0]
-    if c == "|" or (c in _MARKER_START and _LINE_MARKER_RE.match(line) is not None):
-        return True
-    return c in "-*_=~" and _RULE_RE.fullmatch(line) is not None
-
-
-def _is_title(line: str) -> bool:
-    """A short Title Case line without closing punctuation ("Key Features"): a heading."""
-    if line[-1] in ".!?…,;" or not line[:1].isupper():
-        return False
-    words = line.split(None, 6)
-    if len(words) > 6:
-        return False
-    return all(w[:1].isupper() or w.lower() in _TITLE_SMALL or not w[:1].isalpha() for w in words)
-
-
-def _breaks_after(prev: str, prev_item: bool, line: str, indented: bool) -> bool:
-    """Whether the line break between two non-empty lines ends a sentence.
-
-    It does where the next line is an item (list, heading, quote, table row, rule) and where
-    the previous line is complete on its own: a heading, table row or rule; a list item not
-    continued (a continuation is indented or starts lower-case); a wholly bold/italic or
-    short Title Case title line; a line ending with ':' before a capital. Otherwise the lines
-    are one text and only punctuation ends sentences.
-    """
-    if _is_item(line):
-        return True
-    lower_next = line[0].islower()
-    if prev_item:
-        if prev[0] in "#|" or _RULE_RE.fullmatch(prev) is not None:
-            return True
-        return not (lower_next or indented)
-    if lower_next:
-        return False
-    if prev[-1] == ":":
-        return True
-    if prev[0] in "*_" and _EMPHASIS_LINE_RE.match(prev) is not None:
-        return True
-    return _is_title(prev)
-
-
-def _blocks(text: str) -> Iterator[str]:
-    """Lines joined into blocks: blank lines and sentence-ending line breaks separate them."""
-    cur: List[str] = []
-    prev = ""
-    prev_item = False
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            if cur:
-                yield " ".join(cur)
-                cur = []
-            continue
-        if line[0] == ">" and cur and cur[0][0] == ">":
-            # a quote continues over its '>' lines: read the quoted text like any other
-            inner, prev_inner = line.lstrip("> \t"), prev.lstrip("> \t")
-            if inner and prev_inner and not _breaks_after(prev_inner, False, inner, False):
-                cur.append(inner)
-                prev = line
-                continue
-        item = _is_item(line)
-        if cur and _breaks_after(prev, prev_item, line, raw[:1] in " \t"):
-            yield " ".join(cur)
-            cur = []
-        if not cur:
-            prev_item = item
-        cur.append(line)
-        prev = line
-    if cur:
-        yield " ".join(cur)
-
-# ---------------------------------------------------------------------------------------
-# Inline list markers ("1.) a 2.) b", "a. x b. y", "• 9. x • 10. y")
-# ---------------------------------------------------------------------------------------
-
-
-#: the '.' or ')' that may end a list marker, before whitespace (a word's end, two letters
-#: before it, is ruled out here, so the scan stays in C)
-_MARKER_END_RE = re.compile(r"[.)](?=\s)(?<![^\W\d_]{2}[.)])")
-#: a list marker at the start of an item: optional bullet, 1-3 digits or one letter, '.', ')' or '.)'
-_START_MARKER_RE = re.compile(r"([•⁃‣◦▪]\s*)?\(?(\d{1,3}|[A-Za-z])(\.\)|\.|\))(?=\s)")
-_ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-def _markers(block: str) -> List[Tuple[int, bool, str, str]]:
-    """(start, after a bullet, label, style) of each list marker in the block, in order."""
-    out: List[Tuple[int, bool, str, str]] = []
-    for m in _MARKER_END_RE.finditer(block):
-        e = m.start()
-        style, end = ".", e
-        if block[e] == ")":
-            style = ".)" if e and block[e - 1] == "." else ")"
-            end = e - 1 if style == ".)" else e
-        j = end
-        while j > 0 and end - j < 3 and block[j - 1].isdigit():
-            j -= 1
-        if j == end:
-            if not (j > 0 and block[j - 1] in _ASCII_LETTERS):
-                continue
-            j -= 1
-        label = block[j:end]
-        if j and block[j - 1] == "(":
-            j -= 1
-        if j and not block[j - 1].isspace():
-            if block[j - 1] not in _BULLETS:
-                continue
-            out.append((j - 1, True, label, style))
-            continue
-        k = j - 1
-        while k >= 0 and k > j - 4 and block[k] in " \t":
-            k -= 1
-        if k >= 0 and block[k] in _BULLETS and (k == 0 or block[k - 1].isspace()):
-            out.append((k, True, label, style))
-        else:
-            out.append((j, False, label, style))
-    return out
-
-
-def _list_cuts(block: str) -> List[int]:
-    """Where inline list items start: the positions of the markers that form a list.
-
-    A marker belongs to a list when it follows a bullet (•, ⁃), or when it continues a
-    chain of markers of one kind (digits, lower-case or upper-case letters) and style ('.',
-    ')', '.)') numbered 1, 2, 3... whose first marker opens the block or follows ':' or an
-    end mark. A chain of letters needs two markers ("A. Smith" is a name); a chain of
-    digits may be one marker after ':' ("Differences: 1. **Body**").
-    """
-    cuts: List[int] = []
-    chains: Dict[Tuple[str, str], List[int]] = {}  # (kind, style) -> [next value, *starts]
-    for at, bullet, label, style in _markers(block):
-        if bullet:
-            cuts.append(at)
-            continue
-        kind = "d" if label.isdigit() else ("l" if label.islower() else "u")
-        value = int(label) if kind == "d" else ord(label.lower()) - 96
-        key = (kind, style)
-        chain = chains.get(key)
-        if chain is not None and value == chain[0]:
-            chain[0] += 1
-            chain.append(at)
-            if len(chain) == 3:  # the chain is a list from its second marker on
-                cuts.append(chain[1])
-            cuts.append(at)
-            continue
-        if value == 1:
-            k = at - 1
-            while k >= 0 and block[k] in " \t":
-                k -= 1
-            before = block[k] if k >= 0 else ""
-            if before in ("", ":") or before in _END_CHARS or (before in _CLOSERS and at > 1):
-                chains[key] = [2, at]
-                if kind == "d" and before in ("", ":"):
-                    cuts.append(at)
-    return sorted(set(cuts))
-
 
 # ---------------------------------------------------------------------------------------
 # End marks and their context
@@ -277,7 +95,7 @@ def _inner_spans(text: str) -> List[Tuple[int, int]]:
             k = start - 1
             while k >= 0 and text[k] in " \t":
                 k -= 1
-            if k >= 0 and text[k] not in _END_CHARS and text[k] not in _CLOSERS:
+            if k >= 0 and text[k] not in END_CHARS and text[k] not in CLOSERS:
                 spans.append((start, at))
     spans.sort()
     return spans
@@ -380,7 +198,7 @@ def _split_segment(text: str) -> Iterator[str]:
 
 
 def _drop_inline_marker(item: str) -> str:
-    m = _START_MARKER_RE.match(item)
+    m = START_MARKER_RE.match(item)
     return item[m.end():] if m is not None else item
 
 
@@ -397,10 +215,10 @@ def iter_sentences(text: str) -> Iterator[str]:
     heading, quote, bullet and list markers are stripped; an end mark ends a sentence when
     its context says so (``_ends``). Pieces without any letter or digit are not sentences.
     """
-    has_alnum = _HAS_ALNUM_RE.search
-    for block in _blocks(str(text)):
+    has_alnum = HAS_ALNUM_RE.search
+    for block in blocks(str(text)):
         items = [block]
-        cuts = _list_cuts(block)
+        cuts = list_cuts(block)
         if cuts:
             items = [block[:cuts[0]]] + [_drop_inline_marker(block[a:b])
                                          for a, b in zip(cuts, cuts[1:] + [len(block)])]
@@ -411,8 +229,8 @@ def iter_sentences(text: str) -> Iterator[str]:
                 if pending:
                     piece = strip_marker(pending + piece)
                     pending = ""
-                elif piece[:1] in _MARKER_START:
-                    if _MARKER_ONLY_RE.match(piece):  # "2." before an inline list item
+                elif piece[:1] in MARKER_START:
+                    if MARKER_ONLY_RE.match(piece):  # "2." before an inline list item
                         pending = piece + " "
                         continue
                     piece = strip_marker(piece)
@@ -440,7 +258,7 @@ def last_mark(sentence: str) -> str:
             if j >= 0 and s[j + 1:i - 1].isdigit():
                 i = j
                 continue
-        if c in _CLOSERS or c in _SUPERSCRIPTS or c.isspace():
+        if c in CLOSERS or c in _SUPERSCRIPTS or c.isspace():
             i -= 1
             continue
         return c
