@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
 from metrics import register_metric, register_option_choices
-from metrics.single_choice import (check_record, instability, likelihood_choice, record_fields,
+from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
 from utils.predictions import register_prediction_dir_reader, register_results_exporter
@@ -229,6 +229,8 @@ def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", i
     other_num}, perception_score, cognition_score and the parse rule used."""
     rule = mme_parse or "official"
     get_parser(rule)
+    if eval_stability:
+        check_stability(records, file)
     verdicts = parse_records(records, formulation, infer_method, rule, likelihood_reduction, file)
     metrics = aggregate(verdicts, rule)
     # the yes/no rule only reads free text; record what actually decided the answers

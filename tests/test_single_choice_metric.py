@@ -37,8 +37,8 @@ def rec(sid, dup, pred, answer=0, options=OPTS, **kw):
 
 
 def test_generation_accuracy_hit_rate_instability():
-    records = [rec("a", 0, "(A)"), rec("a", 1, "(A)"), rec("b", 0, "(B)", answer=1),
-               rec("b", 1, "nonsense", answer=1)]
+    records = [rec("a", 0, "(A)", instruct="one"), rec("a", 1, "(A)", instruct="two"),
+               rec("b", 0, "(B)", answer=1, instruct="one"), rec("b", 1, "nonsense", answer=1, instruct="two")]
     res = evaluate(records, "SingleChoice", "generation", eval_stability=True)
     m = res["metrics"]
     assert m["accuracy"] == 0.75 and m["format_hit_rate"] == 0.75
