@@ -30,6 +30,7 @@ from metrics.single_choice import (check_record, check_stability, instability, l
                                    score_single_choice)
 from utils.errors import ReformError, input_error
 from utils.predictions import register_prediction_dir_reader, register_results_exporter
+from utils.report import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -209,16 +210,16 @@ def aggregate(verdicts: List[Dict[str, Any]], rule: str) -> Dict[str, Any]:
 
 def subtask_table(metrics: Dict[str, Any]) -> str:
     """Markdown table of the per-subtask figures (acc and acc+ in %, as the leaderboard shows)."""
-    head = ("| subtask | category | questions | acc (%) | acc+ (%) | score | TP | FN | TN | FP "
-            "| precision | recall | other |")
-    lines = [head, "|" + "---|" * 13]
+    header = ["subtask", "category", "questions", "acc (%)", "acc+ (%)", "score", "TP", "FN", "TN", "FP",
+              "precision", "recall", "other"]
+    rows: List[List[Any]] = []
     for s, m in metrics["subtasks"].items():
-        lines.append(f"| {s} | {m['category']} | {m['num_questions']} | {100 * m['acc']:.2f} | "
-                     f"{100 * m['acc_plus']:.2f} | {m['score']:.2f} | {m['TP']} | {m['FN']} | {m['TN']} | "
-                     f"{m['FP']} | {m['precision']:.4f} | {m['recall']:.4f} | {m['other_num']} |")
-    lines.append(f"| **perception** | | | | | **{metrics['perception_score']:.2f}** | | | | | | | |")
-    lines.append(f"| **cognition** | | | | | **{metrics['cognition_score']:.2f}** | | | | | | | |")
-    return "\n".join(lines)
+        rows.append([s, m["category"], m["num_questions"], f"{100 * m['acc']:.2f}", f"{100 * m['acc_plus']:.2f}",
+                     f"{m['score']:.2f}", m["TP"], m["FN"], m["TN"], m["FP"], f"{m['precision']:.4f}",
+                     f"{m['recall']:.4f}", m["other_num"]])
+    for total in ("perception", "cognition"):
+        rows.append([f"**{total}**", "", "", "", "", f"**{metrics[total + '_score']:.2f}**"] + [""] * 7)
+    return markdown_table(header, rows)
 
 
 @register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})
