@@ -113,7 +113,7 @@ def wilcoxon_pairs(a: Sequence[float], b: Sequence[float]) -> Dict[str, Any]:
 
 def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, Any]]:
     """Every pair of runs on the entries both scored from the same sample content (``pair_keys``);
-    ``n_refused`` counts the shared keys whose samples differ."""
+    ``n_refused`` counts the shared keys whose content differs or cannot be compared."""
     field = "pif" if family == "pif" else "correct"
     values = {r["name"]: _paired_values(r["result"]["per_sample"], field) for r in runs}
     shas = {r["name"]: sample_shas(r) for r in runs}

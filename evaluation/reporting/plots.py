@@ -151,7 +151,8 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
                             color=line.get_color(), alpha=0.2, lw=0)
         else:  # a small offset per model keeps overlapping error bars apart
             shift = (i - (len(series) - 1) / 2) * min(0.08, 0.4 / max(len(series), 1))
-            ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=legend_label(model))
+            ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3,
+                        label=legend_label(model))
     ch = _chance(comp, breakdown, groups) if chance else None
     if ch:
         ax.plot(xs, ch, color="black", ls="--", lw=1, marker="_", ms=14, label="chance")
