@@ -195,9 +195,9 @@ class RunConfig:
             raise ReformError("--eval_stability needs --dataset_duplication >= 2: instability is measured across "
                               "duplicates of a sample, and with one copy it would read 0")
         if s.eval_stability and not d.shuffle_options and not d.random_instruct and d.option_mark != "random":
-            raise ReformError("--eval_stability with --shuffle_options false and --random_instruct false: every "
-                              "duplicate is the same prompt, so instability would read 0 by construction; "
-                              "keep option shuffling or random instructions on")
+            raise ReformError("--eval_stability with --shuffle_options false and --random_instruct false scores "
+                              "identical copies (every duplicate is the same prompt), so instability would read 0 "
+                              "by construction; keep option shuffling, random instructions or --option_mark random on")
         out = self.output.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ReformError(f"{out}: --output_dir exists and is not a directory")
