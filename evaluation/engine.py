@@ -154,12 +154,16 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
         with stage("running the model"):
             run_rank(plan, dinfo, prior, record_checker(plan, SHARD_FIX))
         barrier(dinfo)
-        if dinfo.enabled:  # every rank's cache hits and misses
+        if dinfo.enabled:  # every rank's cache hits and misses, and generated tokens
             totals: Dict[str, int] = {}
-            for stats in all_gather_objects(dinfo, plan.cache_stats):
+            tokens = []
+            for stats, n in all_gather_objects(dinfo, (plan.cache_stats, plan.timing.get("generated_tokens"))):
+                tokens.append(n)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0) + v
             plan.cache_stats = totals
+            if any(n is not None for n in tokens):
+                plan.timing["generated_tokens"] = sum(n or 0 for n in tokens)
         with stage("merging the shards"):
             records = merge_shards(plan, prior) if dinfo.is_main else []
         if dinfo.is_main:
@@ -182,6 +186,10 @@ def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:
              "timing": plan.timing, "world_size": dinfo.world_size, **environment_info()}
     if plan.cache_stats:
         extra["response_cache"] = dict(plan.cache_stats, directory=cfg.output.cache_dir)
+    tokens, seconds = plan.timing.get("generated_tokens"), plan.timing.get("generation_s")
+    if tokens is not None and seconds:
+        extra["throughput"] = {"generated_tokens": int(tokens), "generation_s": round(seconds, 3),
+                               "tokens_per_s": round(tokens / seconds, 2)}
     return keep_original_run_info(extra, paths) if complete else extra
 
 

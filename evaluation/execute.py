@@ -269,7 +269,9 @@ class _BatchLoop:
         """The model's outputs for a batch: cached calls served from the cache, the rest run as one
         smaller batch (outputs do not depend on the batch) and stored."""
         if self.cache is None:
-            return self._forward(method, batch, prompts, seeds)
+            outs = self._forward(method, batch, prompts, seeds)
+            self._count(method, outs)
+            return outs
         settings = {k: v for k, v in sorted(self.gen_kwargs.items())} if method == "generation" else {}
         keys = [call_key(self.cache.model_key, pr, s.get("images", []), method,
                          s.get("candidates") if method == "likelihood" else None, settings,
@@ -279,11 +281,19 @@ class _BatchLoop:
         if todo:
             outs = self._forward(method, [batch[i] for i in todo], [prompts[i] for i in todo],
                                  [seeds[i] for i in todo] if seeds is not None else None)
+            self._count(method, outs)
             new = [(keys[i], _to_cache(method, o)) for i, o in zip(todo, outs)]
             self.cache.put_many(new)
             for (_, v), i in zip(new, todo):
                 found[i] = v
         return [_from_cache(method, v) for v in found]
+
+    def _count(self, method: str, outs: List[Any]) -> None:
+        """Tokens the model generated in this run (cache hits excluded), for tokens/s."""
+        if method == "generation":
+            n = [generation_stats(o).get("generated_tokens") for o in outs]
+            if all(x is not None for x in n):
+                self.plan.timing["generated_tokens"] = self.plan.timing.get("generated_tokens", 0) + sum(n)
 
     def _forward(self, method: str, batch: List[Dict[str, Any]], prompts: List[Any],
                  seeds: Optional[List[int]]) -> List[Any]:
