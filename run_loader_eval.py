@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MME answer parsing rule (default: official)")
     p.add_argument("--export_mme_results", default=None, metavar="DIR",
                    help="MME: also write the records in the official eval tool's results format")
+    p.add_argument("--strip_reasoning", action="store_true",
+                   help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
+                        "stays in the record")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap confidence intervals")
     p.add_argument("--n_boot", type=int, default=1000,
                    help=f"bootstrap resamples for confidence intervals (1 to {MAX_N_BOOT})")
@@ -62,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         score(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,
               eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,
               dataset_name=args.dataset_name, output_dir=args.output_dir,
-              metric_options=metric_options(args.metric_option, args.mme_parse),
+              metric_options=metric_options(args.metric_option, args.mme_parse, args.strip_reasoning),
               export_mme_results=args.export_mme_results, seed=args.seed, n_boot=args.n_boot)
         return 0
     return run_cli(body, "run_loader_eval")

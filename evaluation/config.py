@@ -25,6 +25,7 @@ from build.registry import BUILDERS, get_builder_class, shipped_configs
 from metrics import check_metric_options, metric_for
 from models import available_models, check_model_options
 from utils.errors import ReformError, unknown_name
+from utils.options import metric_options as parse_metric_options
 from utils.options import parse_kv
 from utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
 from evaluation.cache import default_cache_dir
@@ -136,9 +137,7 @@ class RunConfig:
         for flag, key in (("instructions_at_end", "instructions_at_end"), ("skip_corrupt", "skip_corrupt")):
             if getattr(a, flag):
                 dataset_options[key] = True
-        metric_options = parse_kv(a.metric_option, "--metric_option")
-        if a.mme_parse:
-            metric_options["mme_parse"] = a.mme_parse
+        metric_options = parse_metric_options(a.metric_option, a.mme_parse, a.strip_reasoning)
         return cls(
             model=ModelConfig(a.model, a.model_name, a.model_type,
                               secret_options(parse_kv(a.model_option, "--model_option")), a.half_evaluation),
@@ -435,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MME answer parsing rule (default: official)")
     g.add_argument("--export_mme_results", default=None, metavar="DIR",
                    help="MME: also write the predictions in the official eval tool's results format")
+    g.add_argument("--strip_reasoning", action="store_true",
+                   help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
+                        "stays in the record")
     g.add_argument("--cache_dir", default=None,
                    help="the response cache: model calls keyed by model, prompt, image pixels, candidates, settings "
                         "and seed, so a changed item re-runs only itself (default: $REFORM_CACHE/responses)")

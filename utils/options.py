@@ -24,9 +24,12 @@ def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
     return out
 
 
-def metric_options(items: Sequence[str], mme_parse: Optional[str] = None) -> Dict[str, Any]:
-    """``--metric_option`` pairs plus the named metric flags (``--mme_parse``)."""
+def metric_options(items: Sequence[str], mme_parse: Optional[str] = None,
+                   strip_reasoning: bool = False) -> Dict[str, Any]:
+    """``--metric_option`` pairs plus the named metric flags (``--mme_parse``, ``--strip_reasoning``)."""
     options = parse_kv(items, "--metric_option")
     if mme_parse:
         options["mme_parse"] = mme_parse
+    if strip_reasoning:
+        options["strip_reasoning"] = True
     return options
