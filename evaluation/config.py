@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import build  # noqa: F401  (registers the builders)
 import yaml
 from build import LOAD_DEFAULTS
-from build.registry import BUILDERS, get_builder_class, shipped_configs
+from build.registry import BUILDERS, get_builder_class, is_path, is_paths, shipped_configs
 from metrics import check_metric_options, metric_for
 from models import available_models, check_model_options
 from utils.errors import ReformError, unknown_name
@@ -169,7 +169,7 @@ class RunConfig:
         if str(formulation).lower() not in by_lower:
             raise unknown_name("formulation", formulation, FORMULATIONS)
         d = dataclasses.replace(d, name=cls.name, formulation=by_lower[str(formulation).lower()],
-                                options=dict(d.options), config=d.config)
+                                options=cli_paths_absolute(cls, d.options), config=d.config)
         _choice("--infer_method", g.infer_method, INFER_METHODS)
         _choice("--option_mark", d.option_mark, OPTION_MARKS)
         _choice("--history", d.history, HISTORY_MODES)
@@ -253,6 +253,19 @@ class RunConfig:
         """The command that reproduces this config, rebuilt from the parsed values (never from
         ``sys.argv``, which may hold a credential); credentials appear as the redaction marker."""
         return " ".join(shlex.quote(p) for p in [program, *to_argv(self)])
+
+
+def cli_paths_absolute(cls: Any, options: Dict[str, Any]) -> Dict[str, Any]:
+    """``--dataset_option`` paths are read from the current directory, as anything typed on the
+    command line is (paths inside a dataset config stay relative to the config file)."""
+    out = dict(options)
+    for key, value in options.items():
+        predicate = cls.option_specs.get(key, (None, ""))[0]
+        if predicate in (is_path, is_paths) and isinstance(value, str) and value:
+            out[key] = os.path.abspath(os.path.expanduser(value))
+        elif predicate is is_paths and isinstance(value, list):
+            out[key] = [os.path.abspath(os.path.expanduser(v)) if isinstance(v, str) and v else v for v in value]
+    return out
 
 
 def _plain(obj: Any) -> Any:

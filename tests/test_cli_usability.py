@@ -120,3 +120,19 @@ def test_a_key_that_fails_to_parse_is_not_printed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "sk-unparsable" not in err and "cannot parse the value of api_key" in err
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_dataset_option_paths_are_read_from_the_current_directory(tmp_path, monkeypatch):
+    """A relative --dataset_option path means what it means on the command line: from the current
+    directory, not from the dataset config's folder."""
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "conf"), n=4)
+    other = tmp_path / "work" / "data"
+    write_custom_dataset(str(other), n=6)
+    monkeypatch.chdir(tmp_path / "work")
+    out = tmp_path / "out"
+    assert run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
+                          "--dataset_option", "data_file=data/items.jsonl", "--output_dir", str(out)]) == 0
+    (pred,) = prediction_files(out)
+    import json
+    assert len(json.load(open(pred))) == 6  # the cwd's items, not the config folder's (4)
