@@ -31,9 +31,11 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secr
 #: environment variables whose values are credentials
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                    "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
-_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
+# each pattern starts only where its leading run starts (the lookbehinds), so a long run of word
+# characters is scanned once, not once per position: linear time on degenerate model output
+_KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
 #: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
 _URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|signature|[A-Za-z0-9_-]*(?:api_?key|token|secret|password)))="
                         r"(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
 
