@@ -55,10 +55,11 @@ _INITIALISM_RE = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,2}")
 # ---------------------------------------------------------------------------------------
 
 #: an end-mark run (a spaced ellipsis ". . ." is one run), its closing quotes, brackets and
-#: markup, and footnote markers ("[1]", "¹"), before whitespace. Possessive and never
-#: started inside a run, so that every character is read a bounded number of times
-_MARK_RE = re.compile(r"[.!?…](?<![.!?…][.!?…])(?:(?<=\.)(?<!\. \.)(?: \.)++|[.!?…]*+)"
-                      r"([\"'”’»)\]}*_`~]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s)")
+#: markup, and footnote markers ("[1]", "¹"), before whitespace or the end. Possessive, never
+#: started inside a run, and a lone '.' that opens a spaced run is no candidate of its own,
+#: so that every character is read a bounded number of times
+_MARK_RE = re.compile(r"[.!?…](?<![.!?…][.!?…])(?:(?<=\.)(?<!\. \.)(?: \.)++|[.!?…]*+(?! \.))"
+                      r"([\"'”’»)\]}*_`~]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s|\Z)")
 #: the word after a boundary: skipped whitespace, up to four opening characters, its letters
 _NEXT_RE = re.compile(r"(\s*+)[(\"'“‘\[*_`«]{0,4}+([^\W\d_]{1,15}+|\S?)")
 #: what opens a quotation or parenthesis, and what closes it
