@@ -35,6 +35,10 @@ def _count(text: str) -> int:
     ("The papers came from the U.K. Parliament archive.", ["The papers came from the U.K. Parliament archive."]),
     ("The papers came from the U.K. They were old.", ["The papers came from the U.K.", "They were old."]),
     ("She studied in the U.S. for two years.", ["She studied in the U.S. for two years."]),
+    # the rule for the ambiguous case: a capitalised word that opens no sentence is read as
+    # part of a name after an initialism
+    ("The kit was made in the U.S. Birds love it.", ["The kit was made in the U.S. Birds love it."]),
+    ("The kit was made in the U.S. Everyone loves it.", ["The kit was made in the U.S.", "Everyone loves it."]),
     # "St." is a street after a name, a saint before one
     ("Birds nest on Main St. The street is quiet.", ["Birds nest on Main St.", "The street is quiet."]),
     ("They prayed at St. Mark's Basilica.", ["They prayed at St. Mark's Basilica."]),
