@@ -22,11 +22,11 @@ from metrics.pif_lines import (CLOSERS, END_CHARS, HAS_ALNUM_RE, MARKER_ONLY_RE,
 # ---------------------------------------------------------------------------------------
 
 #: titles that stand before a name: never end a sentence ("Mr. Smith", "Dr. Lee")
-TITLES = frozenset("mr mrs ms messrs dr prof gen col lt sgt capt rev hon mt pres gov sen rep".split())
+TITLES = frozenset("mr mrs ms messrs dr prof gen col lt sgt capt rev hon mt".split())
 #: abbreviations read inside a sentence, before what they introduce: never end one
 NEVER_END = frozenset("e.g i.e cf vs viz approx ca".split())
 #: abbreviations before a number ("No. 5", "p. 55", "N°. 1026"): no end before a digit
-NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs art ch sec para op".split())
+NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs ch para".split())
 #: abbreviations that may end a sentence: they end one before a capitalised word
 MAYBE_END = frozenset("""etc inc ltd co corp jr sr al ed eds bros dept est jan feb mar apr jun jul aug
 sep sept oct nov dec""".split())
