@@ -66,7 +66,7 @@ _NEXT_RE = re.compile(r"(\s*+)[(\"'“‘\[*_`«]{0,4}+([^\W\d_]{1,15}+|\S?)")
 _PAIR_RE = re.compile(r"[()\[\]{}“”«»\"]")
 _CLOSE_OF = {"(": ")", "[": "]", "{": "}", "“": "”", "«": "»"}
 #: a quotation or parenthesis longer than this is taken to be unbalanced and ignored
-_MAX_QUOTE = 400
+_MAX_QUOTE = 150
 
 
 def _inner_spans(text: str) -> List[Tuple[int, int]]:
@@ -74,6 +74,8 @@ def _inner_spans(text: str) -> List[Tuple[int, int]]:
 
     Why: an end mark inside them ('shouted "Storm ahead!" as') belongs to the outer
     sentence. One opened where a sentence starts ("No. (It is a stork.)") is read as text.
+    A straight quote after whitespace or a bracket opens a quotation, any other closes the
+    open one.
     """
     spans: List[Tuple[int, int]] = []
     stack: List[Tuple[str, int]] = []
@@ -81,8 +83,12 @@ def _inner_spans(text: str) -> List[Tuple[int, int]]:
     for m in _PAIR_RE.finditer(text):
         c, at = m.group(), m.start()
         if c == '"':
-            if quote < 0:
+            # a straight quote opens after whitespace or a bracket and closes before one
+            before = text[at - 1] if at else " "
+            if before.isspace() or before in "([{":
                 quote = at
+                continue
+            if quote < 0:
                 continue
             start, quote = quote, -1
         elif c in _CLOSE_OF:
