@@ -43,7 +43,10 @@ most all one as if when while although yes no after before finally first second 
 moreover furthermore thus therefore what which who how why where with by from another other such since
 because instead besides meanwhile today now only did do does is are was were can could will would
 should may might must has have had let please note see everyone everybody everything nobody nothing
-someone something anyone anything few several neither either""".split())
+someone something anyone anything few several neither either later earlier soon still yet once again
+even perhaps maybe indeed similarly likewise otherwise nevertheless nonetheless consequently hence
+ultimately eventually initially currently recently generally typically usually often sometimes
+together unfortunately fortunately clearly""".split())
 
 _OPENERS = "(\"'“‘[*_`«"
 _SUPERSCRIPTS = "¹²³⁰⁴⁵⁶⁷⁸⁹"
