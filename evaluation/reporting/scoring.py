@@ -297,7 +297,7 @@ def is_derived(path: str) -> bool:
 
 def _is_results_dir(path: str) -> bool:
     """A directory in a benchmark's own results format (no JSON prediction files in it)."""
-    return not any(n.endswith((".json", ".jsonl")) for n in list_dir(path, "prediction folder"))
+    return not any(n.endswith((".json", ".jsonl")) and not is_derived(n) for n in list_dir(path, "prediction folder"))
 
 
 def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> List[Dict[str, Any]]:
