@@ -16,6 +16,8 @@ from build.registry import BUILDERS, Builder, get_builder_class, load_config, re
 from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
 from utils.seeding import rng_for
+from utils.images import open_image
+from utils.predictions import image_ids
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,6 @@ __all__ = ["BUILDERS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_datas
 
 def _load_image(image: Any, record: Any = None) -> Any:
     if isinstance(image, str):
-        from utils.images import open_image
         return open_image(image, record=record)
     return image
 
@@ -62,7 +63,6 @@ class ReformDataset(Dataset):
         return len(self.samples)
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
-        from utils.predictions import image_ids
         sample = dict(self.samples[idx])
         sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:

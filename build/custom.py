@@ -15,6 +15,7 @@ from typing import Any, Dict, List
 from build.registry import FLAG, PATH, Builder, register_builder
 from utils.errors import ReformError, input_error
 from utils.inputs import check_name, iter_jsonl
+from utils.images import open_image
 
 
 @register_builder("custom")
@@ -48,7 +49,6 @@ class CustomBuilder(Builder):
 
     def _skip_corrupt(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """Drop items with an image that does not decode; the count goes to results."""
-        from utils.images import open_image
         kept, skipped = [], []
         for it in items:
             try:

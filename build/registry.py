@@ -13,6 +13,7 @@ import yaml
 from utils.schema import FORMULATIONS
 from utils.errors import ReformError, input_error, unknown_name
 from utils.inputs import MAX_DEPTH, check_name, check_value, read_text
+import configs
 
 BUILDERS: Dict[str, Type["Builder"]] = {}
 
@@ -40,7 +41,6 @@ def get_builder_class(name: str) -> Type["Builder"]:
 
 def shipped_config_dir() -> str:
     """``configs/datasets`` of this installation (package data with ``pip install .``)."""
-    import configs
     return os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "datasets")
 
 

@@ -23,7 +23,7 @@ from evaluation.config import RunConfig
 from evaluation.execute import run_rank
 from evaluation.merge import SHARD_FIX, check_existing, merge_shards, record_checker, remove_prediction_and_results
 from evaluation.plan import RunPlan, make_plan, read_dataset_config
-from evaluation.reporting.compare import write_run_report
+from evaluation.reporting.report import write_run_report
 from evaluation.reporting.scoring import (append_run_index, check_export, evaluate_files, export_results,
                                           results_paths, run_eval_tag, run_name, score_records)
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging

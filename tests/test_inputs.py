@@ -22,7 +22,7 @@ from build.iwisdm.io import read_trials
 from build.iwisdm.stimuli import DEFAULT_CATEGORIES, DirectoryStimuli, ProceduralStimuli
 from build.mmmt_if import load_mmdu, load_release
 from build.registry import load_config
-from evaluation.reporting.compare import compare_runs
+from evaluation.reporting.report import compare_runs
 from evaluation.reporting.html import Thumbnails
 from evaluation.reporting.scoring import evaluate_files, loader_eval, score_records
 from metrics.mme import read_official_results, write_official_results

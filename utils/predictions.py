@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from utils.commit import TMP_PREFIX, Commit, owner_prefix
 from utils.errors import ReformError, input_error
 from utils.inputs import check_name, check_record, read_records
+from utils.schema import HEAVY_KEYS
 
 RecordKey = Tuple[str, int]
 
@@ -79,7 +80,6 @@ def make_record(sample: Dict[str, Any], prediction: Any, prompt: Any = None,
                 scores: Optional[List[Tuple[float, int]]] = None,
                 predictions: Optional[List[str]] = None) -> Dict[str, Any]:
     """A JSON-ready prediction record for one sample."""
-    from utils.schema import HEAVY_KEYS
     rec = {k: v for k, v in sample.items() if k not in HEAVY_KEYS and k != "prompt"}
     rec["image_ids"] = sample.get("image_ids") or image_ids(sample)
     text = answer_text(sample)

@@ -21,6 +21,7 @@ from PIL import Image, ImageDraw
 
 from utils.errors import input_error
 from utils.inputs import check_name, list_dir, read_bytes, read_csv, read_json
+from utils.images import open_image
 
 logger = logging.getLogger(__name__)
 
@@ -380,7 +381,6 @@ class DirectoryStimuli(StimulusSet):
         im = self._cache.get(key)
         if im is None:
             path = self._table[(self._ctg_code[category], self._objs[identity], self._angs[view])]
-            from utils.images import open_image
             im = open_image(path).resize((QUAD, QUAD), Image.BILINEAR)
             self._cache[key] = im
         return im

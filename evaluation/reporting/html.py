@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from evaluation.reporting.compare import pairing_notes, sample_shas, tables
 from utils.errors import ReformError
 from utils.images import thumbnail_jpeg
+from utils.predictions import write_text_atomic
 
 #: per family: the per_sample fields offered as filters (field, label)
 GROUP_FIELDS: Dict[str, Tuple[Tuple[str, str], ...]] = {
@@ -230,7 +231,6 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
 def write_html(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str,
                plot_files: Sequence[str] = (), max_thumb_bytes: int = MAX_THUMB_BYTES) -> str:
     """Write report.html atomically; returns its path."""
-    from utils.predictions import write_text_atomic
     write_text_atomic(path, render(comp, runs, plot_files, max_thumb_bytes))
     return path
 

@@ -22,12 +22,20 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+import build  # noqa: F401  (registers the builders, for dataset-name lookups)
+import metrics  # noqa: F401  (metric modules register readers and exporters)
+from build.registry import get_builder_class
+from evaluation.reporting.report import compare_runs
+from metrics import evaluate
+from metrics.mmmt_if_release import print_release_report, reference_records_from
 from metrics.single_choice import check_stability
 from utils.commit import Commit, clean_stale_temps
 from utils.errors import ReformError, input_error
 from utils.inputs import check_name, list_dir, read_json
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
-from utils.predictions import ensure_writable_dir, record_key
+from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
+                               ensure_writable_dir, read_predictions, record_key)
+from utils.report import markdown_table, metrics_report
 
 logger = logging.getLogger(__name__)
 
@@ -208,8 +216,6 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     The three results files are written as one unit (``utils.commit``), then one line is
     appended to the run index; with ``commit`` they join that caller's unit instead (its
     ``commit()`` puts them in place)."""
-    from metrics import evaluate
-    from utils.report import metrics_report
 
     validate_records(records, prediction_file)
     if eval_stability:
@@ -302,18 +308,12 @@ def _is_results_dir(path: str) -> bool:
 
 def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> List[Dict[str, Any]]:
     """Records from a file, or from a results directory read by the benchmark's registered reader."""
-    from utils.predictions import PREDICTION_DIR_READERS, read_predictions
     if os.path.isdir(prediction_file) and dataset_name:
-        import metrics  # noqa: F401  (metric modules register directory readers)
-        from build.registry import get_builder_class
         name = get_builder_class(dataset_name).name
         if name not in PREDICTION_DIR_READERS:
             raise ReformError(f"{prediction_file}: is a directory, and {name} has no results-directory reader")
         return PREDICTION_DIR_READERS[name](prediction_file)
     if dataset_name and os.path.isfile(prediction_file):
-        import metrics  # noqa: F401  (metric modules register file readers)
-        from build.registry import get_builder_class
-        from utils.predictions import PREDICTION_FILE_READERS
         ext = os.path.splitext(prediction_file)[1].lower()
         reader = PREDICTION_FILE_READERS.get((get_builder_class(dataset_name).name, ext))
         if reader is not None:
@@ -330,8 +330,6 @@ def check_export(records: List[Dict[str, Any]], benchmark: str, directory: str,
     """Before anything is written: refuse an export of records of another benchmark, or into a
     folder that holds anything but an earlier export of the same prediction file (two models'
     subtask files would mix). ``run_eval`` calls this before its first write."""
-    import metrics  # noqa: F401  (metric modules register exporters)
-    from utils.predictions import RESULTS_EXPORTERS
     if benchmark not in RESULTS_EXPORTERS:
         raise ReformError(f"{benchmark} has no official results format to export "
                           f"(available: {', '.join(sorted(RESULTS_EXPORTERS)) or 'none'})")
@@ -360,7 +358,6 @@ def export_results(records: List[Dict[str, Any]], benchmark: str, directory: str
                    prediction_file: Optional[str] = None, commit: Optional[Commit] = None, **options: Any) -> None:
     """Write records in a benchmark's own results format (registered by its metric module) into a
     staged folder that replaces ``directory`` whole at commit (see ``check_export``)."""
-    from utils.predictions import RESULTS_EXPORTERS
     check_export(records, benchmark, directory, prediction_file)
     own = commit is None
     c = commit if commit is not None else Commit(f"{benchmark} export")
@@ -407,13 +404,11 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
     ``export_mme_results``: also write the records in the official MME tool's results format there.
     Every check that needs no scoring runs first; the outputs are then written as one unit.
     """
-    import build  # noqa: F401  (registers builders for dataset-name lookups)
     check_name(prediction_file, "prediction file")
     records = load_records(prediction_file, dataset_name)
     if not records:
         raise ReformError(f"{prediction_file}: holds no prediction records")
     if any(r.get("release_reference") for r in records):
-        from metrics.mmmt_if_release import print_release_report
         return print_release_report(records, prediction_file, output_dir, write=write, quiet=quiet)
     if export_mme_results:
         check_export(records, "MME", export_mme_results, prediction_file)
@@ -451,7 +446,6 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
     export target) before anything is scored; everything is scored and staged before anything
     is renamed into place (one ``Commit``); the run index lines are appended last.
     """
-    import build  # noqa: F401  (registers builders for dataset-name lookups)
     files = expand_prediction_files(paths)
     if len(set(os.path.abspath(f) for f in files)) != len(files):
         raise ReformError("the same prediction file is given twice: "
@@ -473,7 +467,6 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
                           f"({len(files)} given): an export folder holds one run's results")
     if len(files) == 1 and any(r.get("release_reference") for r in loaded[0][1]):
         # the MMMT-IF release CSV: the paper's analyses of its three models
-        from metrics.mmmt_if_release import print_release_report
         return {"runs": [], "comparison": None,
                 "release_report": print_release_report(loaded[0][1], loaded[0][0], output_dir, quiet=quiet)}
     compare_dir = output_dir or _common_dir(files)
@@ -502,7 +495,6 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
         runs += release_reference_runs(runs)
         _unique_names(runs)
         if len(runs) > 1:
-            from evaluation.reporting.compare import compare_runs
             comparison = compare_runs(runs, compare_dir, seed=seed, n_boot=n_boot, commit=c)
     if comparison is not None and not quiet:
         with open(comparison["files"]["comparison_md"], encoding="utf-8") as f:
@@ -520,7 +512,6 @@ def release_reference_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         return []
     if any(r["records"][0].get("release_reference") for r in runs):
         return []
-    from metrics.mmmt_if_release import reference_records_from
     refs = reference_records_from(runs[0]["records"])
     if not refs:
         return []
@@ -572,7 +563,6 @@ def _common_dir(files: Sequence[str]) -> str:
 def summary_table(runs: List[Dict[str, Any]], breakdown: str = "complexity") -> str:
     """One compact markdown table of several runs: the headline accuracy (or PIF / MME score),
     the chance level, the format hit rate and one column per group of ``breakdown``."""
-    from utils.report import markdown_table
     groups: List[str] = []
     for r in runs:
         for g in (r["result"]["metrics"].get("by", {}).get(breakdown) or {}):
