@@ -8,7 +8,7 @@ One file: prints the metrics and writes ``<stem>.scored-<hash>.results.json`` (+
 are never replaced. Several files, directories or globs (several models on one benchmark):
 each is scored, then a comparison (table with confidence intervals, paired tests, plots,
 ``report.html``) is written into ``--output_dir`` (default: their common directory).
-All logic lives in ``evaluation.reporting``; this file is only the command line.
+This file is the command line only: the logic is ``evaluation.score``.
 """
 from __future__ import annotations
 
@@ -17,50 +17,58 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from utils.errors import ReformError
+from evaluation.boundary import run_cli
+from evaluation.config import MAX_N_BOOT, MME_PARSES, REDUCTIONS, HelpFormatter
+from evaluation.engine import score
 from evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
+from utils.errors import ReformError
+from utils.options import metric_options
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Score prediction files offline (one run, or a comparison of several).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="run_loader_eval.py", formatter_class=HelpFormatter,
+                                description="Score prediction files offline (one run, or a comparison of several).")
     p.add_argument("--prediction_file", required=True, nargs="+",
                    help="JSON array / JSONL of records, a results directory, a directory of prediction files, "
                         "or a glob; several for a comparison")
     p.add_argument("--formulation", default=None, help="SingleChoice or Generation (default: from the records)")
     p.add_argument("--infer_method", default=None, help="generation or likelihood (default: from the records)")
-    p.add_argument("--eval_stability", action="store_true")
-    p.add_argument("--likelihood_reduction", default="sum", choices=["sum", "mean"])
+    p.add_argument("--eval_stability", action="store_true",
+                   help="report instability across duplicates (needs --dataset_duplication >= 2 at run time)")
+    p.add_argument("--likelihood_reduction", default="sum", choices=list(REDUCTIONS),
+                   help="sum or mean (per token) of candidate log-probabilities")
     p.add_argument("--dataset_name", default=None, help="needed for a benchmark's own results directory or file")
     p.add_argument("--output_dir", default=None,
                    help="where results (and a comparison) go (default: beside the file / their common directory)")
-    p.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--mme_parse", default=None, choices=["official", "stripped", "word"],
+    p.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE",
+                   help="metric option (repeatable), e.g. number_words=true for MMMT-IF")
+    p.add_argument("--mme_parse", default=None, choices=list(MME_PARSES),
                    help="MME answer parsing rule (default: official)")
     p.add_argument("--export_mme_results", default=None, metavar="DIR",
                    help="MME: also write the records in the official eval tool's results format")
+    p.add_argument("--strip_reasoning", action="store_true",
+                   help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
+                        "stays in the record")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap confidence intervals")
-    p.add_argument("--n_boot", type=int, default=1000, help="bootstrap resamples for confidence intervals")
+    p.add_argument("--n_boot", type=int, default=1000,
+                   help=f"bootstrap resamples for confidence intervals (1 to {MAX_N_BOOT})")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from evaluation.reporting.scoring import evaluate_files, metric_options
     args = build_parser().parse_args(argv)
-    if args.n_boot < 1:
-        print(f"error: --n_boot must be >= 1, got {args.n_boot}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        evaluate_files(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,
-                       eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,
-                       dataset_name=args.dataset_name, output_dir=args.output_dir,
-                       metric_options=metric_options(args.metric_option, args.mme_parse),
-                       export_mme_results=args.export_mme_results, seed=args.seed, n_boot=args.n_boot)
-    except ReformError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return e.exit_code
-    return 0
+
+    def body() -> int:
+        if not 1 <= args.n_boot <= MAX_N_BOOT:
+            raise ReformError(f"--n_boot must be a whole number from 1 to {MAX_N_BOOT}, got {args.n_boot}")
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        score(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,
+              eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,
+              dataset_name=args.dataset_name, output_dir=args.output_dir,
+              metric_options=metric_options(args.metric_option, args.mme_parse, args.strip_reasoning),
+              export_mme_results=args.export_mme_results, seed=args.seed, n_boot=args.n_boot)
+        return 0
+    return run_cli(body, "run_loader_eval")
 
 
 def cli() -> None:

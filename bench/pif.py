@@ -1,22 +1,28 @@
 """Throughput of the 13 MMMT-IF checkers on synthetic responses of 100-200 words.
 
-Why: the issue asks that checking all 13 instructions on 100,000 typical responses take
-under 10 s on one core. The responses are generated from a fixed seed (varied sentence
-lengths, markdown lists, numbers, abbreviations, quotes) so runs are comparable.
-Usage: python bench/pif.py [--n 100000]; the last line is ``pif_responses_per_s=<n>``,
-computed from this process's CPU time (wall time is printed beside it).
+Why: checking all 13 instructions must keep up with at least 10,000 responses/s on one
+core (issue 18), and stay linear on degenerate replies (issue 16). The responses are
+generated from a fixed seed (varied sentence lengths, markdown lists, numbers,
+abbreviations, quotes) so runs are comparable. With ``--pysbd`` (needs ``pip install
+pysbd``) our sentence splitter and pySBD are measured side by side: agreement with the 48
+English Golden Rules (tests/data/golden_rules_en.json) and seconds to split 12 KB.
+Usage: python bench/pif.py [--n 100000] [--pysbd] [--degenerate]; the last line is
+``pif_responses_per_s=<n>``, computed from this process's CPU time (wall time is printed
+beside it); ``--degenerate`` adds ``worst_record_seconds=<s>``, the slowest 1 MB
+degenerate reply scored by the ``pif`` metric (all 13 instructions, strict, loose, reasons).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
-from typing import List
+from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from metrics.pif import INSTRUCTION_IDS, check_instructions  # noqa: E402
+from metrics.pif import INSTRUCTION_IDS, check_instructions, pif_metric, split_sentences  # noqa: E402
 from utils.seeding import rng_for  # noqa: E402
 
 _WORDS = ("the image shows a small red bird sitting on a branch near the water while an old stone "
@@ -52,12 +58,68 @@ def make_responses(n: int, seed: int = 0) -> List[str]:
     return [pool[i % len(pool)] + (" " * (i // len(pool) % 2)) for i in range(n)]
 
 
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",
+                      "golden_rules_en.json")
+
+
+def compare_pysbd(responses: List[str]) -> None:
+    """Our splitter beside pySBD: Golden Rules agreement (sentence count) and split speed."""
+    import pysbd  # optional: only this comparison needs it
+    with open(GOLDEN, encoding="utf-8") as f:
+        cases = json.load(f)["cases"]
+    seg = pysbd.Segmenter(language="en", clean=False)
+
+    def theirs(text: str) -> List[str]:
+        return [s for s in seg.segment(text) if s.strip()]
+    text = " ".join(responses)[:12_000]
+    sample = responses[:500]
+    for name, split in (("ours", split_sentences), ("pysbd", theirs)):
+        agree = sum(len(split(c["text"])) == len(c["sentences"]) for c in cases)
+        c0 = time.process_time()
+        n = len(split(text))
+        dt = time.process_time() - c0
+        c0 = time.process_time()
+        for r in sample:
+            split(r)
+        per_s = len(sample) / (time.process_time() - c0)
+        print(f"splitter={name} golden_rules={agree}/{len(cases)} split_12kb_s={dt:.4f} sentences={n} "
+              f"split_responses_per_s={per_s:.0f}")
+
+
+#: 1 MB degenerate replies (the classes of issue 16, item 7)
+DEGENERATE: Dict[str, Callable[[int], str]] = {
+    "dots": lambda n: "." * n, "spaces": lambda n: "A" + " " * n, "dot_space": lambda n: ". " * (n // 2),
+    "initials": lambda n: "A. " * (n // 3), "list_markers": lambda n: "1. " * (n // 3),
+    "repeated_marks": lambda n: "(A) " * (n // 4), "one_long_word": lambda n: "a" * n,
+    "one_long_number": lambda n: "9" * n, "short_lines": lambda n: "A.\n" * (n // 3),
+}
+
+
+def worst_degenerate(n: int = 1_000_000) -> None:
+    worst, which = 0.0, ""
+    for name, make in DEGENERATE.items():
+        rec = {"sample_id": "x-t01", "prediction": make(n),
+               "meta": {"chat_id": "x", "turn": 1, "instructions": list(INSTRUCTION_IDS)}}
+        c0 = time.process_time()
+        pif_metric([rec])
+        dt = time.process_time() - c0
+        if dt > worst:
+            worst, which = dt, name
+    print(f"worst_record_seconds={worst:.2f} worst_record={which} reply_chars={n}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--loose", action="store_true", help="also time the loose variant")
+    ap.add_argument("--pysbd", action="store_true", help="measure pySBD beside our splitter")
+    ap.add_argument("--degenerate", action="store_true", help="score 1 MB degenerate replies")
     args = ap.parse_args()
     responses = make_responses(args.n)
+    if args.pysbd:
+        compare_pysbd(responses)
+    if args.degenerate:
+        worst_degenerate()
     ids = list(INSTRUCTION_IDS)
     words = sum(len(r.split()) for r in responses) / len(responses)
     t0, c0 = time.perf_counter(), time.process_time()

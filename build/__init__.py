@@ -29,7 +29,11 @@ for _mod in BUILDER_MODULES:
         if e.name != _mod:
             raise
 
-__all__ = ["BUILDERS", "Builder", "ReformDataset", "build_dataset", "load_reform_dataset",
+#: reformulation defaults shared by the command line and ``load_reform_dataset`` (one place)
+LOAD_DEFAULTS: Dict[str, Any] = {"in_context_sample": False, "random_instruct": True, "data_duplication": 1,
+                                 "shuffle_options": True, "option_mark": "upper"}
+
+__all__ = ["BUILDERS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_dataset", "load_reform_dataset",
            "register_builder", "IMAGE_TOKEN", "Sample"]
 
 

@@ -27,8 +27,8 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from build.registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
 from utils.schema import IMAGE_TOKEN
-from metrics.pif import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
-                         split_instruction_prefix)
+from build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
+                                        split_instruction_prefix)
 from utils.errors import ReformError, input_error
 from utils.images import check_image
 from utils.inputs import read_csv, read_json

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from build.mmmt_if_instructions import split_instruction_prefix
 from utils.schema import IMAGE_TOKEN
 from utils.errors import ReformError
 
@@ -42,7 +43,6 @@ def leading_instructions(text: str) -> Tuple[List[str], str]:
         stripped = rest.lstrip()
         sentence = None
         try:
-            from metrics.pif import split_instruction_prefix
             iid, after = split_instruction_prefix(stripped)
             if iid is not None:
                 sentence = stripped[:len(stripped) - len(after)].strip()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from metrics.reasoning import strip_reasoning_records
 from utils.errors import ReformError, unknown_name
 
 METRICS: Dict[str, Callable[..., Dict[str, Any]]] = {}
@@ -56,6 +57,9 @@ def get_metric(name: str) -> Callable[..., Dict[str, Any]]:
     return METRICS[name]
 
 
+#: options every metric takes, applied here before the metric runs: name -> default
+COMMON_OPTIONS: Dict[str, Any] = {"strip_reasoning": False}
+
 #: keyword arguments every metric receives from the scoring path (not user options)
 STANDARD_ARGS = ("records", "formulation", "infer_method", "eval_stability", "likelihood_reduction", "file")
 
@@ -65,12 +69,13 @@ def check_metric_options(name: str, options: Dict[str, Any]) -> None:
     import inspect
     params = {p.name: p for p in inspect.signature(get_metric(name)).parameters.values()
               if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
-    valid = {k: p for k, p in params.items() if k not in STANDARD_ARGS}
+    valid = {k: p.default for k, p in params.items() if k not in STANDARD_ARGS}
+    valid.update(COMMON_OPTIONS)
     for key, value in options.items():
         if key not in valid:
             raise ReformError(f"--metric_option: unknown option '{key}' for metric '{name}'; valid options: "
                               f"{', '.join(sorted(valid)) or 'none'}")
-        default = valid[key].default
+        default = valid[key]
         if key in OPTION_CHOICES and value not in OPTION_CHOICES[key]:
             raise ReformError(f"--metric_option {key}: must be one of {', '.join(map(str, OPTION_CHOICES[key]))}, "
                               f"got {value!r}")
@@ -109,6 +114,8 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
         raise ReformError(f"prediction records mix benchmarks {benchmarks}; score them separately")
     name = metric or metric_for(benchmarks[0] if benchmarks else None, formulation)
     check_metric_options(name, {k: v for k, v in options.items() if k not in STANDARD_ARGS})
+    if options.pop("strip_reasoning", False):
+        records = strip_reasoning_records(records)
     result = get_metric(name)(records, formulation=formulation, infer_method=infer_method,
                               eval_stability=eval_stability, likelihood_reduction=likelihood_reduction,
                               **options)

@@ -27,11 +27,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
 from metrics import register_metric, register_option_choices
-from metrics.single_choice import (check_record, instability, likelihood_choice, record_fields,
+from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
 from utils.inputs import list_dir, read_text
 from utils.predictions import register_prediction_dir_reader, register_results_exporter
+from utils.report import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -211,16 +212,16 @@ def aggregate(verdicts: List[Dict[str, Any]], rule: str) -> Dict[str, Any]:
 
 def subtask_table(metrics: Dict[str, Any]) -> str:
     """Markdown table of the per-subtask figures (acc and acc+ in %, as the leaderboard shows)."""
-    head = ("| subtask | category | questions | acc (%) | acc+ (%) | score | TP | FN | TN | FP "
-            "| precision | recall | other |")
-    lines = [head, "|" + "---|" * 13]
+    header = ["subtask", "category", "questions", "acc (%)", "acc+ (%)", "score", "TP", "FN", "TN", "FP",
+              "precision", "recall", "other"]
+    rows: List[List[Any]] = []
     for s, m in metrics["subtasks"].items():
-        lines.append(f"| {s} | {m['category']} | {m['num_questions']} | {100 * m['acc']:.2f} | "
-                     f"{100 * m['acc_plus']:.2f} | {m['score']:.2f} | {m['TP']} | {m['FN']} | {m['TN']} | "
-                     f"{m['FP']} | {m['precision']:.4f} | {m['recall']:.4f} | {m['other_num']} |")
-    lines.append(f"| **perception** | | | | | **{metrics['perception_score']:.2f}** | | | | | | | |")
-    lines.append(f"| **cognition** | | | | | **{metrics['cognition_score']:.2f}** | | | | | | | |")
-    return "\n".join(lines)
+        rows.append([s, m["category"], m["num_questions"], f"{100 * m['acc']:.2f}", f"{100 * m['acc_plus']:.2f}",
+                     f"{m['score']:.2f}", m["TP"], m["FN"], m["TN"], m["FP"], f"{m['precision']:.4f}",
+                     f"{m['recall']:.4f}", m["other_num"]])
+    for total in ("perception", "cognition"):
+        rows.append([f"**{total}**", "", "", "", "", f"**{metrics[total + '_score']:.2f}**"] + [""] * 7)
+    return markdown_table(header, rows)
 
 
 @register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})
@@ -231,6 +232,8 @@ def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", i
     other_num}, perception_score, cognition_score and the parse rule used."""
     rule = mme_parse or "official"
     get_parser(rule)
+    if eval_stability:
+        check_stability(records, file)
     verdicts = parse_records(records, formulation, infer_method, rule, likelihood_reduction, file)
     metrics = aggregate(verdicts, rule)
     # the yes/no rule only reads free text; record what actually decided the answers

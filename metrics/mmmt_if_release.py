@@ -15,8 +15,10 @@ from collections import OrderedDict, defaultdict
 from itertools import combinations
 from typing import Any, Dict, List, Sequence, Tuple
 
-from metrics.pif import _fmt, bernoulli_ci, pif_metric
+from build.mmmt_if import load_release
+from metrics.pif_scores import _fmt, bernoulli_ci, pif_metric
 from utils.errors import ReformError
+from utils.predictions import register_prediction_file_reader
 
 #: release CSV column suffix -> model name used in records and tables
 RELEASE_MODEL_NAMES: "OrderedDict[str, str]" = OrderedDict(
@@ -27,7 +29,6 @@ PAPER_TABLE3 = {"Gemini 1.5 Pro": 0.473, "GPT-4o": 0.647, "Claude 3.5 Sonnet": 0
 
 def read_release_records(path: str) -> List[Dict[str, Any]]:
     """One prediction record per released model and turn, carrying the released per-turn PIF."""
-    from build.mmmt_if import load_release
     data = load_release(path)
     records: List[Dict[str, Any]] = []
     for column, model in RELEASE_MODEL_NAMES.items():
@@ -251,3 +252,7 @@ def print_release_report(records: Sequence[Dict[str, Any]], prediction_file: str
         write_json_atomic(os.path.join(output_dir, f"{stem}.results.json"), summary)
         write_text_atomic(os.path.join(output_dir, f"{stem}.results.md"), text)
     return {**report, "prediction_file": prediction_file, "num_records": len(records)}
+
+
+# `run_loader_eval --dataset_name MMMT-IF --prediction_file <release>.csv`: the released scores
+register_prediction_file_reader("MMMT-IF", ".csv", read_release_records)

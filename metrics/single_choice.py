@@ -5,9 +5,17 @@ response, written ``(A)`` or ``A)``, or a response that is only a mark (``A``, `
 whose mark names a valid option (letters compared case-insensitively). Failing that, a
 response equal to one option's text after lower-casing and removing punctuation and
 surrounding whitespace selects it. Otherwise the response is *unparsed* and counts wrong.
+Number marks have any number of digits (``(100)`` names option 100).
+
+Why no pattern here can backtrack: models do emit degenerate text (a mark and 150,000 spaces,
+a megabyte of dots), so every step is linear in the response: the lone mark is tested after
+``str.strip``, never with adjacent ``\\s*`` runs, and the standalone-mark pattern cannot start
+inside a run of letters or digits (its look-behind), so it rescans nothing.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import string
@@ -19,8 +27,8 @@ from utils.errors import ReformError, input_error
 
 UNPARSED = None
 _PUNCT_TABLE = str.maketrans("", "", string.punctuation)
-_MARK_RE = re.compile(r"(?<![A-Za-z0-9])\(?([A-Za-z]|\d{1,2})\)(?![A-Za-z0-9])")
-_LONE_MARK_RE = re.compile(r"^\s*\(?([A-Za-z]|\d{1,2})\)?\s*[.:]?\s*$")
+_MARK_RE = re.compile(r"(?<![A-Za-z0-9])\(?([A-Za-z]|[0-9]+)\)(?![A-Za-z0-9])")
+_LONE_MARK_RE = re.compile(r"\(?([A-Za-z]|[0-9]+)\)?")
 
 
 def normalize_text(text: str) -> str:
@@ -28,12 +36,21 @@ def normalize_text(text: str) -> str:
     return " ".join(str(text).lower().translate(_PUNCT_TABLE).split())
 
 
+def _strip_lone(response: str) -> str:
+    """The response without surrounding whitespace and one final ``.`` or ``:`` (what may follow
+    a lone mark), in linear time."""
+    text = response.strip()
+    if text.endswith((".", ":")):
+        text = text[:-1].rstrip()
+    return text
+
+
 def parse_choice(response: str, marks: Sequence[str], options: Sequence[str]) -> Optional[int]:
     """Index of the option a generated response names, or None when unparsed."""
     if not isinstance(response, str):
         return UNPARSED
     lookup = {m.lower(): i for i, m in enumerate(marks)}
-    lone = _LONE_MARK_RE.match(response)
+    lone = _LONE_MARK_RE.fullmatch(_strip_lone(response))
     if lone and lone.group(1).lower() in lookup:
         return lookup[lone.group(1).lower()]
     for m in _MARK_RE.finditer(response):
@@ -162,6 +179,45 @@ def instability(per_sample: List[Dict[str, Any]], key: str = "chosen_text") -> f
     return total / len(groups)
 
 
+#: what duplication varies between the copies of a sample: option order and marks, the
+#: instruction phrasing, and what the model was shown (a record may lack any of them)
+DUPLICATE_VARIED_FIELDS = ("instruct", "answer_options", "option_marks", "question_with_option", "candidates",
+                           "question", "history", "prompt")
+
+
+def stability_problem(records: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """Why instability would mislead on these records, or None when it can be measured.
+
+    Instability is the spread of answers across the duplicates of a sample, which differ in
+    option order, marks or instruction. With one copy per sample, or copies identical in every
+    DUPLICATE_VARIED_FIELDS field (``--shuffle_options false --random_instruct false``), greedy
+    decoding answers every copy alike and instability reads 0 by construction."""
+    views: Dict[str, set] = defaultdict(set)
+    copies: Dict[str, set] = defaultdict(set)
+    for r in records:
+        sid = str(r.get("sample_id"))
+        copies[sid].add(int(r.get("dup_index", 0) or 0))
+        shown = json.dumps([r.get(f) for f in DUPLICATE_VARIED_FIELDS], sort_keys=True, default=str)
+        views[sid].add(hashlib.blake2b(shown.encode("utf-8", "surrogatepass"), digest_size=16).digest())
+    duplicated = [sid for sid, dups in copies.items() if len(dups) > 1]
+    if not duplicated:
+        return ("--eval_stability needs duplicates of each sample (--dataset_duplication >= 2 at run time); "
+                "with one copy instability would read 0")
+    if all(len(views[sid]) == 1 for sid in duplicated):
+        return ("--eval_stability over identical copies: the duplicates of every sample have the same "
+                "instruction, options and marks (made with --shuffle_options false --random_instruct false?), "
+                "so instability would read 0 by construction; re-run with shuffled options, random "
+                "instructions or --option_mark random")
+    return None
+
+
+def check_stability(records: Sequence[Dict[str, Any]], file: Optional[str] = None) -> None:
+    """Refuse ``--eval_stability`` where ``stability_problem`` finds one (one line, naming the file)."""
+    problem = stability_problem(records)
+    if problem:
+        raise ReformError(f"{file or 'records'}: {problem}")
+
+
 def accuracy_summary(per_sample: List[Dict[str, Any]], infer_method: str, eval_stability: bool) -> Dict[str, Any]:
     """Accuracy, format hit rate (generation) and optional instability."""
     n = len(per_sample)
@@ -181,6 +237,8 @@ def single_choice_metric(records: List[Dict[str, Any]], formulation: str = "Sing
                          likelihood_reduction: str = "sum", file: Optional[str] = None,
                          **_: Any) -> Dict[str, Any]:
     """Generic SingleChoice metric."""
+    if eval_stability:
+        check_stability(records, file)
     per_sample = score_single_choice(records, infer_method, likelihood_reduction, file)
     return {"metrics": accuracy_summary(per_sample, infer_method, eval_stability), "per_sample": per_sample}
 
@@ -222,5 +280,7 @@ def exact_match_metric(records: List[Dict[str, Any]], infer_method: str = "gener
                        eval_stability: bool = False, likelihood_reduction: str = "sum",
                        file: Optional[str] = None, **_: Any) -> Dict[str, Any]:
     """Generic Generation metric: normalised exact match against ``answer`` (or the chosen candidate)."""
+    if eval_stability:
+        check_stability(records, file)
     per_sample = score_generation_match(records, infer_method, likelihood_reduction, file)
     return {"metrics": accuracy_summary(per_sample, infer_method, eval_stability), "per_sample": per_sample}

@@ -14,6 +14,9 @@ if ROOT not in sys.path:
 os.environ.setdefault("REFORM_CACHE", os.path.join(ROOT, ".cache", "reform_eval"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the response cache would serve one test's model calls to another and hide the model path under
+# test; tests of the cache pass --cache_dir and unset this
+os.environ.setdefault("REFORM_NO_CACHE", "1")
 
 COLOURS = ["red", "green", "blue", "yellow"]
 

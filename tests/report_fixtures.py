@@ -19,7 +19,8 @@ def iwisdm_records(n: int = 30, p_correct: float = 0.5, seed: int = 0, dups: int
             pick = ans if right else (ans + 1) % len(opts)
             recs.append({"sample_id": f"t{i:03d}", "dup_index": d, "benchmark": "iWISDM",
                          "formulation": "SingleChoice", "inference_method": "generation",
-                         "question": f"Trial {i}: what is it?", "answer_options": opts,
+                         "instruct": f"Instruction phrasing {d}.", "question": f"Trial {i}: what is it?",
+                         "answer_options": opts,
                          "option_marks": "ABCD"[:len(opts)], "answer": ans,
                          "prediction": f"({'ABCD'[pick]})" if i % 7 else "I am not sure",
                          "meta": {"complexity": ["low", "medium", "high"][i % 3],

@@ -47,3 +47,92 @@ def test_wheel_ships_dataset_configs_and_data(tmp_path):
     if os.path.isdir(data):
         files = {os.path.relpath(os.path.join(r, n), ROOT) for r, _, fs in os.walk(data) for n in fs}
         assert files and files <= names, files - names
+
+
+def _help_entries(parser):
+    """(flag, help text) of every option of a parser."""
+    return [(a.option_strings[-1], parser._get_formatter()._expand_help(a) if a.help else "")
+            for a in parser._actions if a.option_strings and a.dest != "help"]
+
+
+def test_every_flag_has_help_and_each_default_shows_once():
+    import run_loader_eval
+    from models import available_models
+    for parser in (run_eval.build_parser(), run_loader_eval.build_parser()):
+        for flag, text in _help_entries(parser):
+            assert text.strip(), f"{flag} has no help text"
+            assert text.count("default") <= 1, f"{flag}: {text}"
+    flat = " ".join(run_eval.build_parser().format_help().split())
+    for family in available_models():
+        assert family in flat, family
+    assert "from the current directory" in flat  # where --dataset_option paths are resolved
+
+
+def test_logged_command_is_rebuilt_from_the_config_without_the_key(tmp_path):
+    from evaluation.config import RunConfig
+    secret = "sk-live-abcdef123456"
+    cfg = RunConfig.from_argv(["--model", "openai_api", "--dataset_name", "custom", "--model_option",
+                               f"api_key={secret}", "--model_option", "max_concurrency=2", "--seed", "4"])
+    line = cfg.command_line()
+    assert secret not in line and secret not in repr(cfg) and secret not in str(cfg.to_dict())
+    assert secret not in str(cfg.flags())
+    assert "--seed 4" in line and "max_concurrency=2" in line and "api_key=<redacted>" in line
+    # the rebuilt line parses back to the same config (the key redacted)
+    again = RunConfig.from_argv(line.split()[1:])
+    assert again.generation == cfg.generation and again.dataset == cfg.dataset
+    assert cfg.model.options["api_key"].reveal() == secret
+
+
+def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
+    import signal
+    import time
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), "--model", "llava", "--model_name", "tiny",
+           "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--infer_method", "likelihood",
+           "--output_dir", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    shard = None
+    while time.time() < deadline and proc.poll() is None:  # wait until some samples are saved
+        shards = glob.glob(str(out / ".shards_*" / "*.jsonl"))
+        if shards and os.path.getsize(shards[0]) > 0:
+            shard = shards[0]
+            break
+        time.sleep(0.05)
+    assert shard, "the run never saved a sample"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "samples are saved" in lines[0], err
+    assert "re-running the same command resumes" in lines[0]
+    saved = int(lines[0].split("interrupted: ")[1].split(" of ")[0])
+    assert saved >= 1
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(prediction_files(out)) == 1
+
+
+def test_a_key_that_fails_to_parse_is_not_printed(tmp_path, capsys):
+    secret = "sk-unparsable-98765: [x"
+    rc = run_eval.main(["--model", "openai_api", "--dataset_name", "custom", "--output_dir", str(tmp_path / "o"),
+                        "--model_option", f"api_key={secret}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sk-unparsable" not in err and "cannot parse the value of api_key" in err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_dataset_option_paths_are_read_from_the_current_directory(tmp_path, monkeypatch):
+    """A relative --dataset_option path means what it means on the command line: from the current
+    directory, not from the dataset config's folder."""
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "conf"), n=4)
+    other = tmp_path / "work" / "data"
+    write_custom_dataset(str(other), n=6)
+    monkeypatch.chdir(tmp_path / "work")
+    out = tmp_path / "out"
+    assert run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
+                          "--dataset_option", "data_file=data/items.jsonl", "--output_dir", str(out)]) == 0
+    (pred,) = prediction_files(out)
+    import json
+    assert len(json.load(open(pred))) == 6  # the cwd's items, not the config folder's (4)

@@ -25,6 +25,27 @@ def test_number_marks():
     assert parse_choice("12)", ["1", "2"], ["x", "y"]) is None
 
 
+def test_number_marks_above_99():
+    marks = [str(i + 1) for i in range(120)]
+    opts = [f"option {i + 1}" for i in range(120)]
+    assert parse_choice("(100)", marks, opts) == 99
+    assert parse_choice("100", marks, opts) == 99
+    assert parse_choice("I pick 120) here", marks, opts) == 119
+    assert parse_choice("(121)", marks, opts) is None
+    assert parse_choice(" (B) : ", MARKS, OPTS) == 1 and parse_choice("B..", MARKS, OPTS) is None
+
+
+@pytest.mark.parametrize("reply,expected", [
+    ("A" + " " * 150_000, 0), ("A" + " " * 150_000 + "x", None), ("(" * 200_000 + "B", None),
+    ("1" * 200_000 + ")", None), ("B" + "\n" * 200_000 + ".", 1), ("A)" * 100_000, 0),
+])
+def test_parsing_is_linear_on_degenerate_replies(reply, expected):
+    import time
+    t0 = time.process_time()
+    assert parse_choice(reply, MARKS, OPTS) == expected
+    assert time.process_time() - t0 < 0.5  # the old lone-mark pattern backtracked for ~50 s on the second
+
+
 def test_reduction():
     assert reduce_scores([-2.0, -3.0], [1, 3], "sum") == [-2.0, -3.0]
     assert reduce_scores([-2.0, -3.0], [1, 3], "mean") == [-2.0, -1.0]
@@ -37,8 +58,8 @@ def rec(sid, dup, pred, answer=0, options=OPTS, **kw):
 
 
 def test_generation_accuracy_hit_rate_instability():
-    records = [rec("a", 0, "(A)"), rec("a", 1, "(A)"), rec("b", 0, "(B)", answer=1),
-               rec("b", 1, "nonsense", answer=1)]
+    records = [rec("a", 0, "(A)", instruct="one"), rec("a", 1, "(A)", instruct="two"),
+               rec("b", 0, "(B)", answer=1, instruct="one"), rec("b", 1, "nonsense", answer=1, instruct="two")]
     res = evaluate(records, "SingleChoice", "generation", eval_stability=True)
     m = res["metrics"]
     assert m["accuracy"] == 0.75 and m["format_hit_rate"] == 0.75

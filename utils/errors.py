@@ -6,7 +6,8 @@ one line and exit with code 2 instead of a traceback.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, List, Optional
 
 
 class ReformError(Exception):
@@ -37,3 +38,26 @@ def input_error(message: str, file: Optional[str] = None, record: Optional[Any] 
 def unknown_name(kind: str, name: Any, valid: Iterable[str]) -> ReformError:
     """Error for an unknown registry name; lists the valid names."""
     return ReformError(f"unknown {kind} '{name}'; valid names: {', '.join(sorted(valid))}")
+
+
+class Interrupted(ReformError):
+    """Ctrl-C or SIGTERM: what was saved and how to resume, in one line."""
+
+    exit_code = 130
+
+
+_stages: List[str] = []
+
+
+@contextmanager
+def stage(what: str) -> Iterator[None]:
+    """Name what the program is doing, so an unexpected failure can say it in one line."""
+    _stages.append(what)
+    try:
+        yield
+    finally:
+        _stages.pop()
+
+
+def current_stage() -> str:
+    return _stages[-1] if _stages else "starting"

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence
 
+import yaml
+
 from utils.errors import ReformError
+from utils.secrets import is_secret_key
 
 
 def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
     """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
-    import yaml
     out: Dict[str, Any] = {}
     for item in items:
         if "=" not in item:
@@ -17,13 +19,17 @@ def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
         try:
             out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
         except (yaml.YAMLError, RecursionError):
-            raise ReformError(f"{flag} {k.strip()}: cannot parse the value {v!r}") from None
+            shown = "(a credential, not shown)" if is_secret_key(k) else repr(v)
+            raise ReformError(f"{flag}: cannot parse the value of {k.strip()} {shown}") from None
     return out
 
 
-def metric_options(items: Sequence[str], mme_parse: Optional[str] = None) -> Dict[str, Any]:
-    """``--metric_option`` pairs plus the named metric flags (``--mme_parse``)."""
+def metric_options(items: Sequence[str], mme_parse: Optional[str] = None,
+                   strip_reasoning: bool = False) -> Dict[str, Any]:
+    """``--metric_option`` pairs plus the named metric flags (``--mme_parse``, ``--strip_reasoning``)."""
     options = parse_kv(items, "--metric_option")
     if mme_parse:
         options["mme_parse"] = mme_parse
+    if strip_reasoning:
+        options["strip_reasoning"] = True
     return options

@@ -1,7 +1,12 @@
 """Human-readable metric tables (markdown) for the console, log.txt and results.md."""
 from __future__ import annotations
 
+import html
+import re
 from typing import Any, Dict, List, Sequence
+
+#: line breaks of every kind (and other control characters), which would end a table row or a heading
+_BREAKS_RE = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]+")
 
 
 def fmt_value(v: Any) -> str:
@@ -12,11 +17,27 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
+def md_text(value: Any) -> str:
+    """Text made inert for one line of markdown (a heading, a list item, a paragraph line): line
+    breaks and control characters become one space, and ``&``, ``<``, ``>`` are HTML-escaped."""
+    return html.escape(_BREAKS_RE.sub(" ", str(value)), quote=False)
+
+
+def md_cell(value: Any) -> str:
+    """One markdown table cell: ``md_text`` plus ``\\`` and ``|`` backslash-escaped, so a cell can
+    neither split its row nor end it (a name like ``a|b\\n# x`` stays one cell)."""
+    return md_text(value).replace("\\", "\\\\").replace("|", "\\|")
+
+
+def md_row(cells: Sequence[Any]) -> str:
+    """One table row; every cell through ``md_cell``."""
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A markdown table; floats shown with 4 decimals."""
-    lines = ["| " + " | ".join(str(h) for h in header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(fmt_value(c) for c in row) + " |" for row in rows]
+    """A markdown table; floats shown with 4 decimals; every cell escaped (``md_cell``)."""
+    lines = [md_row(header), "|" + "|".join("---" for _ in header) + "|"]
+    lines += [md_row([fmt_value(c) for c in row]) for row in rows]
     return "\n".join(lines)
 
 
@@ -35,7 +56,7 @@ def flatten(d: Dict[str, Any], prefix: str = "") -> List[tuple]:
 def metrics_report(result: Dict[str, Any], title: str = "Metrics") -> str:
     """The summary table of top-level scalar metrics followed by the metric's own tables."""
     scalars = [(k, v) for k, v in result.get("metrics", {}).items() if not isinstance(v, (dict, list, tuple))]
-    parts = [f"## {title}", markdown_table(["metric", "value"], scalars)]
+    parts = [f"## {md_text(title)}", markdown_table(["metric", "value"], scalars)]
     for name, table in result.get("tables", {}).items():
-        parts += [f"### {name}", table]
+        parts += [f"### {md_text(name)}", table]
     return "\n\n".join(parts) + "\n"

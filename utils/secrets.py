@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Set
+from typing import Any, Dict, Set
 
 REDACTED = "<redacted>"
 
@@ -31,9 +31,11 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secr
 #: environment variables whose values are credentials
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                    "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
-_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
+# each pattern starts only where its leading run starts (the lookbehinds), so a long run of word
+# characters is scanned once, not once per position: linear time on degenerate model output
+_KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
 #: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
 _URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|signature|[A-Za-z0-9_-]*(?:api_?key|token|secret|password)))="
                         r"(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
 
@@ -57,6 +59,69 @@ def register_secret(value: Any) -> None:
     if isinstance(value, str) and len(value) >= 6:
         with _lock:
             _registered.add(value)
+
+
+class Secret:
+    """A credential as a value: its repr, str and JSON form are redacted, so a config that
+    holds one can be printed, logged, hashed or dumped without leaking it. Code that must send
+    the credential calls ``reveal()``, at the last moment (an HTTP header)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        if isinstance(value, Secret):
+            value = value.reveal()
+        object.__setattr__(self, "_value", "" if value is None else str(value))
+        register_secret(self._value)
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a Secret is immutable")
+
+    def __repr__(self) -> str:
+        return f"Secret({REDACTED!r})"
+
+    def __str__(self) -> str:
+        return REDACTED
+
+    def __format__(self, spec: str) -> str:
+        return REDACTED
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __reduce__(self) -> Any:  # pickled (DataLoader workers, deepcopy) as a Secret, never as text
+        return (Secret, (self._value,))
+
+    def __json__(self) -> str:
+        return REDACTED
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps(..., default=json_default)``: a Secret dumps as the redaction marker; other
+    unknown objects as their ``str`` (paths, enums)."""
+    if isinstance(obj, Secret):
+        return REDACTED
+    return str(obj)
+
+
+def reveal(value: Any) -> Any:
+    """The plain value of a Secret (anything else unchanged)."""
+    return value.reveal() if isinstance(value, Secret) else value
+
+
+def secret_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    """Options with every credential-named value wrapped as a Secret (parsed once, at the boundary)."""
+    return {k: (Secret(v) if is_secret_key(k) and v not in (None, "") and not isinstance(v, Secret) else v)
+            for k, v in options.items()}
 
 
 def _secret_values() -> Set[str]:
@@ -91,6 +156,8 @@ def redact(obj: Any) -> Any:
         return tuple(redact(v) for v in obj)
     if isinstance(obj, str):
         return redact_text(obj)
+    if isinstance(obj, Secret):
+        return REDACTED
     return obj
 
 
@@ -98,7 +165,7 @@ def drop_secrets(obj: Any) -> Any:
     """A copy of ``obj`` without credential entries at all (for the run identity: a new key
     must not change which prediction file a run uses)."""
     if isinstance(obj, dict):
-        return {k: drop_secrets(v) for k, v in obj.items() if not is_secret_key(k)}
+        return {k: drop_secrets(v) for k, v in obj.items() if not is_secret_key(k) and not isinstance(v, Secret)}
     if isinstance(obj, (list, tuple)):
         out = [drop_secrets(v) for v in obj
                if not (isinstance(v, str) and "=" in v and is_secret_key(v.split("=", 1)[0].strip()))]

@@ -16,6 +16,7 @@ import numpy as np
 
 from utils.commit import Commit, clean_stale_temps
 from utils.errors import ReformError
+from utils.report import markdown_table, md_text
 from evaluation.reporting.bootstrap import bootstrap, family_of
 
 #: headline metrics shown per family, in order, with their labels
@@ -58,8 +59,36 @@ def check_runs(runs: Sequence[Dict[str, Any]]) -> Tuple[str, str]:
 
 # -- paired tests --------------------------------------------------------------------------
 
-def _paired_values(ps: List[Dict[str, Any]], field: str) -> Dict[Tuple[str, int], float]:
+Key = Tuple[str, int]
+
+
+def _paired_values(ps: List[Dict[str, Any]], field: str) -> Dict[Key, float]:
     return {(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)): float(p[field]) for p in ps}
+
+
+def sample_shas(run: Dict[str, Any]) -> Dict[Key, str]:
+    """(sample_id, dup_index) -> the ``sample_sha`` of what the model was shown, from the
+    per_sample entries or the run's records (entries without one are absent)."""
+    out: Dict[Key, str] = {}
+    for src in (run.get("records") or [], run["result"].get("per_sample") or []):
+        for r in src:
+            if r.get("sample_sha") is not None:
+                out[(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))] = str(r["sample_sha"])
+    return out
+
+
+def pair_keys(keys_a: Sequence[Key], keys_b: Sequence[Key], sha_a: Dict[Key, str], sha_b: Dict[Key, str]
+              ) -> Tuple[List[Key], int]:
+    """(the keys paired, the number refused) among the keys both runs scored.
+
+    The pairing rule: two entries are one pair only when they were made from the same sample
+    content. Sharing (sample_id, dup_index) is not enough (two iWISDM builds with other trial
+    seeds reuse ids for different trials): both need a ``sample_sha`` and the two must be equal.
+    Only when *neither* entry has a sample_sha (files older than the field) are they paired by
+    key alone; one with and one without is refused, since nothing shows they match."""
+    shared = sorted(set(keys_a) & set(keys_b))
+    paired = [k for k in shared if sha_a.get(k) == sha_b.get(k)]
+    return paired, len(shared) - len(paired)
 
 
 def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> Dict[str, Any]:
@@ -84,15 +113,18 @@ def wilcoxon_pairs(a: Sequence[float], b: Sequence[float]) -> Dict[str, Any]:
 
 
 def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, Any]]:
-    """Every pair of runs on the (sample_id, dup_index) entries both scored."""
+    """Every pair of runs on the entries both scored from the same sample content (``pair_keys``);
+    ``n_refused`` counts the shared keys whose content differs or cannot be compared."""
     field = "pif" if family == "pif" else "correct"
     values = {r["name"]: _paired_values(r["result"]["per_sample"], field) for r in runs}
+    shas = {r["name"]: sample_shas(r) for r in runs}
     out = []
     for ra, rb in combinations(runs, 2):
         va, vb = values[ra["name"]], values[rb["name"]]
-        keys = sorted(set(va) & set(vb))
+        keys, refused = pair_keys(list(va), list(vb), shas[ra["name"]], shas[rb["name"]])
         a, b = [va[k] for k in keys], [vb[k] for k in keys]
         row: Dict[str, Any] = {"a": ra["name"], "b": rb["name"], "metric": field, "n_pairs": len(keys),
+                               "n_refused": refused,
                                "mean_a": float(np.mean(a)) if keys else None,
                                "mean_b": float(np.mean(b)) if keys else None}
         if not keys:
@@ -103,6 +135,18 @@ def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, 
             row.update(mcnemar([bool(x) for x in a], [bool(x) for x in b]))
         out.append(row)
     return out
+
+
+def pairing_notes(comp: Dict[str, Any]) -> List[str]:
+    """One sentence per pair of runs whose shared sample ids were (partly) refused as pairs."""
+    notes = []
+    for t in comp.get("paired_tests") or []:
+        if t.get("n_refused"):
+            notes.append(f"{t['n_refused']} entries that {t['a']} and {t['b']} share by sample id were not paired: "
+                         f"their sample content differs (sample_sha) or is unknown for one run; the paired test "
+                         f"uses the {t['n_pairs']} entries made from the same samples"
+                         + (" (none, so no test)." if not t["n_pairs"] else "."))
+    return notes
 
 
 # -- the comparison ------------------------------------------------------------------------
@@ -225,28 +269,28 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                 out.append((f"{extra_stat} by subtask", ["subtask", "n"] + [m["name"] for m in comp["models"]],
                             rows2))
     if comp["paired_tests"]:
-        header = ["model A", "model B", "test", "pairs", f"mean {comp['paired_tests'][0]['metric']} A", "mean B",
-                  "statistic", "p-value"]
+        header = ["model A", "model B", "test", "pairs", "refused pairs", f"mean {comp['paired_tests'][0]['metric']} A",
+                  "mean B", "statistic", "p-value"]
         rows = []
         for t in comp["paired_tests"]:
-            rows.append([t["a"], t["b"], t["test"] or "-", str(t["n_pairs"]),
+            rows.append([t["a"], t["b"], t["test"] or "-", str(t["n_pairs"]), str(t.get("n_refused", 0)),
                          "-" if t["mean_a"] is None else f"{t['mean_a']:.3f}",
                          "-" if t["mean_b"] is None else f"{t['mean_b']:.3f}",
                          "-" if t["statistic"] is None else f"{t['statistic']:g}",
                          "-" if t["p_value"] is None else f"{t['p_value']:.4g}"])
-        out.append(("Paired tests (samples both models scored)", header, rows))
+        out.append(("Paired tests (samples both models scored, paired by content)", header, rows))
     return out
 
 
 def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
     """comparison.md: the tables, then the plot files."""
     models = ", ".join(m["name"] for m in comp["models"])
-    lines = [f"# {comp['benchmark'] or 'Benchmark'} comparison ({comp['metric']})", "",
-             f"Models: {models}.", ""]
+    lines = [md_text(f"# {comp['benchmark'] or 'Benchmark'} comparison ({comp['metric']})"), "",
+             md_text(f"Models: {models}."), ""]
     for title, header, rows in tables(comp):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines.append("")
+        lines += [f"## {md_text(title)}", "", markdown_table(header, rows), ""]
+        notes = pairing_notes(comp) if title.startswith("Paired tests") else []
+        lines += [f"- Note: {md_text(n)}" for n in notes] + ([""] if notes else [])
     if plots:
         lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]
     return "\n".join(lines)

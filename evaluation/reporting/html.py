@@ -12,9 +12,10 @@ import base64
 import html
 import json
 import os
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from evaluation.reporting.compare import tables
+from evaluation.reporting.compare import pairing_notes, sample_shas, tables
 from utils.errors import ReformError
 from utils.images import thumbnail_jpeg
 
@@ -126,7 +127,8 @@ def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
     fields = [f for f, _ in GROUP_FIELDS[family]]
     strings, thumbs = Strings(), Thumbnails(max_thumb_bytes)
     samples: List[List[Any]] = []
-    sample_index: Dict[Tuple[str, int], int] = {}
+    # a sample is one card per content: two runs that reuse an id for other content get two
+    sample_index: Dict[Tuple[str, int, str], int] = {}
     results: List[List[Any]] = []
     present = set()
     for mi, run in enumerate(runs):
@@ -134,9 +136,11 @@ def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
         pf = res.get("prediction_file")
         base = os.path.dirname(os.path.abspath(pf)) if pf else os.getcwd()
         by_key = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run.get("records") or []}
+        shas = sample_shas(run)
         for p in res["per_sample"]:
-            key = (str(p["sample_id"]), int(p.get("dup_index", 0) or 0))
-            rec = by_key.get(key, {})
+            rkey = (str(p["sample_id"]), int(p.get("dup_index", 0) or 0))
+            rec = by_key.get(rkey, {})
+            key = (*rkey, shas.get(rkey, ""))
             if key not in sample_index:
                 groups = []
                 for f in fields:
@@ -183,10 +187,25 @@ def _plot_html(path: str) -> str:
             f"<figcaption>{html.escape(name)}</figcaption></figure>")
 
 
-def _safe_json(obj: Any) -> str:
-    """JSON that cannot close the <script> element it sits in."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/").replace(
-        "\u2028", "\\u2028").replace("\u2029", "\\u2029")
+#: characters that JSON may hold verbatim but HTML or JavaScript would read, written as \uXXXX
+#: escapes: no text in the data can end the <script> element, open a comment or end a JS line;
+#: lone surrogates (valid JSON, not encodable as UTF-8) are escaped too, so the page can be written
+_SCRIPT_UNSAFE_RE = re.compile("[<>&\u2028\u2029\ud800-\udfff]")
+_PLACEHOLDER_RE = re.compile(r"\{\{([A-Z]+)\}\}")
+
+
+def safe_json(obj: Any) -> str:
+    """JSON that is inert inside a ``<script>`` element: ``<``, ``>``, ``&``, U+2028 and U+2029
+    are escaped, so ``</script>``, ``<!--`` or ``]]>`` in a question cannot end or bend the
+    element, and ``JSON.parse`` of the element's text gives back ``obj`` exactly."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _SCRIPT_UNSAFE_RE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+
+
+def fill_template(template: str, values: Dict[str, str]) -> str:
+    """Replace every ``{{NAME}}`` in one pass, so a value that itself holds ``{{...}}`` (a model
+    name, a question) is never substituted again."""
+    return _PLACEHOLDER_RE.sub(lambda m: values[m.group(1)] if m.group(1) in values else m.group(0), template)
 
 
 def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Sequence[str] = (),
@@ -197,15 +216,15 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
     all_tables = tables(comp)
     summary = [t for t in all_tables if t[0].startswith(("Headline", "Paired"))]
     tbls = "".join(_table_html(t, h, r) for t, h, r in summary)
+    tbls += "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pairing_notes(comp))
     breakdowns = "".join(_table_html(*t) for t in all_tables if t not in summary)
     plots = "".join(_plot_html(p) for p in plot_files if p.endswith(".png"))
     note = ""
     if data["thumbs_skipped"]:
         note = f"<p class='note'>{data['thumbs_skipped']} image(s) not embedded (thumbnail size cap reached).</p>"
-    return (_TEMPLATE.replace("{{TITLE}}", html.escape(title)).replace("{{CI}}", html.escape(comp["ci"]))
-            .replace("{{TABLES}}", tbls).replace("{{BREAKDOWNS}}", breakdowns or "<p>None.</p>")
-            .replace("{{PLOTS}}", plots or "<p>No plots.</p>")
-            .replace("{{NOTE}}", note).replace("{{DATA}}", _safe_json(data)))
+    return fill_template(_TEMPLATE, {"TITLE": html.escape(title), "CI": html.escape(comp["ci"]), "TABLES": tbls,
+                                     "BREAKDOWNS": breakdowns or "<p>None.</p>",
+                                     "PLOTS": plots or "<p>No plots.</p>", "NOTE": note, "DATA": safe_json(data)})
 
 
 def write_html(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str,

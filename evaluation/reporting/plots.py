@@ -5,6 +5,7 @@ chance level the metric reports for each breakdown row, so a bar is read against
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -15,6 +16,26 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top": False,
                      "axes.spines.right": False, "font.size": 9})
+
+#: every text we draw is plain text: model and group names come from users, and a ``$`` in one
+#: must be drawn as written, never parsed as mathtext or LaTeX (``$\\frac{1}{$`` would crash)
+PLAIN_TEXT = {"text.usetex": False, "text.parse_math": False}
+
+
+def plain_text(fn: Any) -> Any:
+    """Run a plotting function with PLAIN_TEXT in force: a Text takes ``parse_math`` from the
+    settings when it is created, so every title, tick label and legend entry made inside is plain."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with plt.rc_context(PLAIN_TEXT):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def legend_label(name: str) -> str:
+    """A legend entry for a user's name: matplotlib hides labels that start with ``_``, so such a
+    name gets a leading space rather than vanishing from the legend."""
+    return f" {name}" if str(name).startswith("_") else str(name)
 
 
 def _legend_below(ax: Any, n: int) -> None:
@@ -80,6 +101,7 @@ def _chance(comp: Dict[str, Any], breakdown: str, groups: Sequence[str]) -> Opti
     return None
 
 
+@plain_text
 def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, ylabel: str,
                  out_dir: str, name: str, horizontal_labels: bool = True, ylim: Optional[Tuple[float, float]] = None
                  ) -> List[str]:
@@ -93,7 +115,7 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     fig, ax = plt.subplots(figsize=(6.4 if len(groups) * n <= 24 else 10, 3.8))
     for i, (model, vals, lo, hi) in enumerate(series):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=model, error_kw={"lw": 0.8})
+        ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=legend_label(model), error_kw={"lw": 0.8})
     chance = _chance(comp, breakdown, groups)
     if chance:
         for g, c in enumerate(chance):
@@ -112,6 +134,7 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     return _save(fig, out_dir, name)
 
 
+@plain_text
 def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, xlabel: str, ylabel: str,
                   out_dir: str, name: str, band: bool, chance: bool = False) -> List[str]:
     """One line per model over the groups; CI as a band or as error bars."""
@@ -123,12 +146,13 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
     series = _series(comp, breakdown, stat, groups)
     for i, (model, vals, lo, hi) in enumerate(series):
         if band:
-            line, = ax.plot(xs, vals, marker="o", ms=3, label=model)
+            line, = ax.plot(xs, vals, marker="o", ms=3, label=legend_label(model))
             ax.fill_between(xs, [v - e for v, e in zip(vals, lo)], [v + e for v, e in zip(vals, hi)],
                             color=line.get_color(), alpha=0.2, lw=0)
         else:  # a small offset per model keeps overlapping error bars apart
             shift = (i - (len(series) - 1) / 2) * min(0.08, 0.4 / max(len(series), 1))
-            ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=model)
+            ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3,
+                        label=legend_label(model))
     ch = _chance(comp, breakdown, groups) if chance else None
     if ch:
         ax.plot(xs, ch, color="black", ls="--", lw=1, marker="_", ms=14, label="chance")
@@ -144,6 +168,7 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
     return _save(fig, out_dir, name)
 
 
+@plain_text
 def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, name: str,
                   chance_key: Optional[str] = None) -> List[str]:
     fig, ax = plt.subplots(figsize=(max(3.5, 0.9 * len(comp["models"]) + 1.5), 3.2))
@@ -170,6 +195,7 @@ def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, nam
     return _save(fig, out_dir, name)
 
 
+@plain_text
 def instability_bars(comp: Dict[str, Any], out_dir: str) -> List[str]:
     rows = [(m["name"], m["extra"]["instability"]) for m in comp["models"] if "instability" in m["extra"]]
     if not rows:
@@ -183,6 +209,7 @@ def instability_bars(comp: Dict[str, Any], out_dir: str) -> List[str]:
     return _save(fig, out_dir, "instability")
 
 
+@plain_text
 def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
     """PIF-N-K against K per model (only when N > 1 responses were sampled)."""
     series = []
@@ -200,7 +227,7 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
         vals = [m["headline"][k]["value"] for k in ks]
         lo = [max(v - (m["headline"][k]["low"] if m["headline"][k]["low"] is not None else v), 0) for k, v in zip(ks, vals)]
         hi = [max((m["headline"][k]["high"] if m["headline"][k]["high"] is not None else v) - v, 0) for k, v in zip(ks, vals)]
-        ax.errorbar(xs, vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=name)
+        ax.errorbar(xs, vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=legend_label(name))
         ax.set_xticks(xs)
     n = ks[-1].split("_")[1]
     ax.set_xlabel("K (at least K of N responses follow every instruction)")
@@ -211,6 +238,7 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
     return _save(fig, out_dir, "pif_n_k")
 
 
+@plain_text
 def make_plots(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], out_dir: str) -> List[str]:
     """Every plot the benchmark calls for; returns the written paths (PNG and SVG)."""
     family = comp["family"]

@@ -22,6 +22,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from metrics.single_choice import check_stability
 from utils.commit import Commit, clean_stale_temps
 from utils.errors import ReformError, input_error
 from utils.inputs import check_name, list_dir, read_json
@@ -211,9 +212,8 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     from utils.report import metrics_report
 
     validate_records(records, prediction_file)
-    if eval_stability and records and all(int(r.get("dup_index", 0)) == 0 for r in records):
-        raise ReformError(f"{prediction_file or 'records'}: --eval_stability needs duplicates of each sample "
-                          "(--dataset_duplication >= 2 at run time); with one copy instability would read 0")
+    if eval_stability:
+        check_stability(records, prediction_file)
     formulation = _infer(records, "formulation", formulation, "--formulation")
     infer_method = _infer(records, "inference_method", infer_method, "--infer_method")
     result = evaluate(records, formulation, infer_method, eval_stability=eval_stability,

@@ -57,7 +57,7 @@ from PIL import Image
 from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.interfaces.base_interface import BaseInterface, CandidateScore
-from utils.secrets import redact_text, register_secret
+from utils.secrets import redact_text, register_secret, reveal
 from utils.errors import ReformError
 from utils.images import open_image
 from utils.preprocessors import ChatTemplateProcessor
@@ -239,7 +239,7 @@ class OpenAIAPIInterface(BaseInterface):
                               "(or set OPENAI_MODEL)")
         self.base_url: str = (cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL")
                               or DEFAULT_BASE_URL).rstrip("/")
-        self.api_key: Optional[str] = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
+        self.api_key: Optional[str] = reveal(cfg.get("api_key")) or os.environ.get("OPENAI_API_KEY") or None
         register_secret(self.api_key)
         self.timeout = float(cfg.get("timeout", 60.0))
         self.max_retries = int(cfg.get("max_retries", 5))

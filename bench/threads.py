@@ -1,0 +1,77 @@
+"""CPU threads and ranks: samples/s of one run_eval at 1, 2 and the default ("auto") threads,
+and of torchrun with 2 ranks, on the bench-size LLaVA (identical predictions checked).
+
+Each configuration is a whole ``run_eval`` command (model load included, as a user runs it),
+run in turn, best of ``--reps``; the prediction files must be identical across configurations.
+The last line is ``threads1_sps=... threads2_sps=... auto_sps=... ranks2_sps=...
+ranks2_vs_threads1=... identical=1``.
+
+Usage: ``python bench/threads.py [--samples 40] [--reps 2]``
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(argv: List[str], out: str, threads: Optional[int], ranks: int = 1) -> float:
+    env = dict(os.environ, REFORM_NO_CACHE="1")
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("REFORM_CPU_THREADS", None)
+    if threads is not None:
+        env["REFORM_CPU_THREADS"] = str(threads)
+    if ranks == 1:
+        cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), *argv]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+               os.path.join(ROOT, "run_eval.py"), *argv]
+    t0 = time.perf_counter()
+    done = subprocess.run([*cmd, "--output_dir", out, "--overwrite"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-2000:])
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=2)
+    args = ap.parse_args()
+    argv = ["--model", "llava", "--model_name", "tiny", "--model_option", "tiny_size=bench",
+            "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", str(args.samples),
+            "--infer_method", "likelihood", "--per_gpu_eval_batch_size", "4"]
+    configs: Dict[str, Dict[str, Optional[int]]] = {
+        "threads1": {"threads": 1, "ranks": 1}, "threads2": {"threads": 2, "ranks": 1},
+        "auto": {"threads": None, "ranks": 1}, "ranks2": {"threads": None, "ranks": 2}}
+    with tempfile.TemporaryDirectory() as tmp:
+        run(argv, os.path.join(tmp, "warm"), 1)  # builds the bench checkpoint once
+        best: Dict[str, float] = {}
+        files: Dict[str, bytes] = {}
+        for _ in range(args.reps):
+            for name, c in configs.items():
+                out = os.path.join(tmp, name)
+                t = run(argv, out, c["threads"], int(c["ranks"] or 1))
+                best[name] = min(best.get(name, t), t)
+                (pred,) = [p for p in glob.glob(os.path.join(out, "*.json")) if p.count(".") == 1]
+                with open(pred, "rb") as f:
+                    files[name] = f.read()
+    sps = {k: args.samples / v for k, v in best.items()}
+    for k, v in best.items():
+        print(f"{k:10s} {v:7.1f} s  {sps[k]:6.2f} samples/s")
+    identical = int(len(set(files.values())) == 1)
+    print(f"threads1_sps={sps['threads1']:.2f} threads2_sps={sps['threads2']:.2f} auto_sps={sps['auto']:.2f} "
+          f"ranks2_sps={sps['ranks2']:.2f} ranks2_vs_threads1={sps['ranks2'] / sps['threads1']:.2f} "
+          f"identical={identical}")
+
+
+if __name__ == "__main__":
+    main()

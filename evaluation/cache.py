@@ -1,0 +1,144 @@
+"""A content-addressed cache of model calls, safe for ranks, concurrent runs and kill -9.
+
+Key: a hash of everything that decides one response: the model's identity (family, checkpoint
+and its files' fingerprint, or an API's served model id and endpoint; the output-changing
+options), the rendered prompt, every image's pixel hash, the method and candidates, the
+generation settings, and the per-sample seed and response index. A changed image, prompt,
+checkpoint or setting is a different key, so a stale answer is never served (lmms-eval keys on
+the request string and can be).
+
+Store: append-only JSONL *segments*, one per writing process
+(``<dir>/<model key>/seg-<host>-<pid>-<nonce>.jsonl``). No process ever writes another's file,
+so torchrun ranks, two runs at once and shared filesystems (NFS, where SQLite's locking is not
+safe) need no lock. Each line carries a checksum of its value; a line torn by kill -9, or
+damaged any other way, is skipped on read, so a kill loses at most the calls in flight and
+never leaves a store that cannot be read. Segments of one model are read once per run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import socket
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
+
+logger = logging.getLogger("evaluation.cache")
+
+#: the store's format; a new format never reads an old one's lines
+FORMAT = 1
+
+
+def default_cache_dir() -> str:
+    root = os.environ.get("REFORM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "reform_eval")
+    return os.path.join(root, "responses")
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def image_hash(image: Any) -> str:
+    """The pixels of a decoded image (mode, size and bytes): what the model sees."""
+    tobytes = getattr(image, "tobytes", None)
+    if tobytes is None:  # not decoded (a path): the file's bytes
+        with open(str(image), "rb") as f:
+            return "file:" + hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{getattr(image, 'mode', '')}:{getattr(image, 'size', '')}".encode())
+    h.update(tobytes())
+    return "pixels:" + h.hexdigest()
+
+
+def call_key(model_key: str, prompt: Any, images: List[Any], method: str, candidates: Optional[List[str]],
+             settings: Dict[str, Any], seed: Optional[int], index: int) -> str:
+    """The key of one model call (see the module docstring)."""
+    body = {"f": FORMAT, "model": model_key, "prompt": prompt, "images": [image_hash(im) for im in images],
+            "method": method, "candidates": candidates, "settings": settings, "seed": seed, "index": index}
+    return hashlib.sha256(_canonical(body).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _line(key: str, value: Any) -> bytes:
+    payload = _canonical(value)
+    crc = zlib.crc32(payload.encode("utf-8", "surrogatepass"))
+    return (json.dumps({"k": key, "c": crc, "v": value}, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def _parse(line: bytes) -> Optional[Tuple[str, Any]]:
+    """(key, value) of one complete, intact line; None for a torn or damaged one."""
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        entry = json.loads(line)
+        key, crc, value = entry["k"], entry["c"], entry["v"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if not isinstance(key, str) or zlib.crc32(_canonical(value).encode("utf-8", "surrogatepass")) != crc:
+        return None
+    return key, value
+
+
+class ResponseCache:
+    """Read every segment of one model once; append this process's new calls to its own segment."""
+
+    def __init__(self, directory: str, model_key: str) -> None:
+        self.model_key = model_key
+        self.directory = os.path.join(directory, model_key[:24])
+        self.entries: Dict[str, Any] = {}
+        self.hits = 0
+        self.misses = 0
+        self.skipped_lines = 0
+        self._fd: Optional[int] = None
+        self._load()
+
+    def _load(self) -> None:
+        if not os.path.isdir(self.directory):
+            return
+        for name in sorted(os.listdir(self.directory)):
+            if not (name.startswith("seg-") and name.endswith(".jsonl")):
+                continue
+            try:
+                with open(os.path.join(self.directory, name), "rb") as f:
+                    for line in f:
+                        parsed = _parse(line)
+                        if parsed is None:
+                            self.skipped_lines += 1
+                            continue
+                        self.entries.setdefault(parsed[0], parsed[1])
+            except OSError as e:  # an unreadable segment is a miss, never a failure
+                logger.warning("response cache: cannot read %s (%s); its entries are ignored", name, e)
+        if self.skipped_lines:
+            logger.info("response cache: %d torn or damaged lines skipped", self.skipped_lines)
+
+    def get(self, key: str) -> Any:
+        if key in self.entries:
+            self.hits += 1
+            return self.entries[key]
+        self.misses += 1
+        return None
+
+    def put_many(self, items: List[Tuple[str, Any]]) -> None:
+        """Append entries as whole lines in one write (O_APPEND), then flush them to the file."""
+        if not items:
+            return
+        if self._fd is None:
+            os.makedirs(self.directory, exist_ok=True)
+            name = f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+            self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        data = b"".join(_line(k, v) for k, v in items)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        for k, v in items:
+            self.entries[k] = v
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def stats(self) -> Dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses}

@@ -1,0 +1,87 @@
+"""Merge and reuse: every record, from a shard line or an existing prediction file, is checked
+against the current samples by one checker before it counts as done."""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from typing import Any, Callable, Dict, List, Tuple
+
+from evaluation.plan import Key, RunPlan
+from evaluation.reporting.scoring import results_paths
+from utils.errors import ReformError
+from utils.predictions import read_predictions, read_shard_dir, record_key, write_json_atomic
+
+SHARD_FIX = "delete that shard file (or pass --overwrite) and re-run"
+FILE_FIX = "pass --overwrite to discard it and run again, or use another --output_dir to keep it"
+
+
+def record_checker(plan: RunPlan, fix: str) -> Callable[[Dict[str, Any], str], Key]:
+    """``check(record, where) -> key``: a record must be a prediction of one of the current
+    samples, made by this run: its key, run identity, sample fingerprint, answer, options and
+    question must match, and it must hold a prediction."""
+    want = {plan.key(s): (s, d) for s, d in zip(plan.samples, plan.digests)}
+
+    def check(rec: Dict[str, Any], where: str) -> Key:
+        try:
+            key = record_key(rec)
+        except (KeyError, TypeError, ValueError):
+            raise ReformError(f"{where}: not a prediction record (sample_id / dup_index); {fix}") from None
+        where = f"{where} (sample {key[0]!r}, duplicate {key[1]})"
+        if key not in want:
+            raise ReformError(f"{where}: is not in the current dataset build (the data changed?); {fix}")
+        sample, digest = want[key]
+        if rec.get("run_id") not in (None, plan.run_id):
+            raise ReformError(f"{where}: was made by another run ({rec.get('run_id')}); {fix}")
+        if "sample_sha" in rec and rec["sample_sha"] != digest[:16]:
+            raise ReformError(f"{where}: its sample changed since it was predicted (question, options, answer, "
+                              f"images or metadata); {fix}")
+        # a context-truncated record carries its shortened question (``context`` says what was dropped)
+        fields = ("answer", "answer_options") if rec.get("context") else ("answer", "answer_options", "question")
+        for field in fields:
+            if field in sample and field in rec and rec[field] != sample[field]:
+                raise ReformError(f"{where}: field '{field}' differs from the current sample; {fix}")
+        if "prediction" not in rec and not rec.get("skipped"):
+            raise ReformError(f"{where}: field 'prediction': missing; {fix}")
+        return key
+    return check
+
+
+def check_existing(plan: RunPlan) -> Tuple[Dict[Key, Dict[str, Any]], bool]:
+    """Records of an existing prediction file checked against the current samples: (records by
+    key, complete). A record of another sample set stops the run with what differs and what to do."""
+    records = read_predictions(plan.prediction_file)
+    check = record_checker(plan, FILE_FIX)
+    by_key: Dict[Key, Dict[str, Any]] = {}
+    for i, rec in enumerate(records):
+        key = check(rec, f"{plan.prediction_file}: record {i}")
+        if key in by_key:
+            raise ReformError(f"{plan.prediction_file}: record {i} (sample {key[0]!r}, duplicate {key[1]}): appears "
+                              "twice; pass --overwrite to discard the file and run again")
+        by_key[key] = rec
+    return by_key, len(by_key) == len(plan.samples)
+
+
+def merge_shards(plan: RunPlan, prior: Dict[Key, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Rank 0: one record per sample, in dataset order, written atomically; shards removed."""
+    done = dict(prior)
+    done.update(read_shard_dir(plan.shard_dir, plan.run_id, check=record_checker(plan, SHARD_FIX)))
+    missing = [plan.key(s) for s in plan.samples if plan.key(s) not in done]
+    if missing:
+        raise ReformError(f"{len(missing)} samples have no prediction after all ranks finished "
+                          f"(first: {missing[0]}); re-run the same command to complete them")
+    records = [done[plan.key(s)] for s in plan.samples]
+    write_json_atomic(plan.prediction_file, records)
+    shutil.rmtree(plan.shard_dir, ignore_errors=True)
+    return records
+
+
+def remove_prediction_and_results(pred_file: str, output_dir: str) -> None:
+    """``--overwrite``: the prediction file and every results file and report named after it."""
+    stem = results_paths(pred_file, output_dir)["stem"]
+    victims = [pred_file] + glob.glob(os.path.join(glob.escape(output_dir), glob.escape(stem) + ".*"))
+    for path in victims:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path) and not os.path.basename(path).startswith(".lock-"):
+            os.unlink(path)

@@ -1,0 +1,207 @@
+"""Planning a run: the samples, the run identity, the file names and the batch plan.
+
+Everything here is a pure function of the validated ``RunConfig`` and the built samples, so
+every rank computes the same plan without talking to the others.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from build import build_dataset
+from build.registry import Builder, get_builder_class, load_config, resolve_config
+from models import identity_env
+from evaluation.config import RunConfig
+from utils.errors import ReformError
+from utils.fingerprint import samples_fingerprint
+from utils.secrets import drop_secrets, json_default
+
+Key = Tuple[str, int]
+
+
+@dataclass
+class RunPlan:
+    """What one run computes and where it goes."""
+
+    config: RunConfig
+    samples: List[Dict[str, Any]]
+    builder: Builder
+    digests: List[str]
+    fingerprint: str
+    run_id: str
+    identity: Dict[str, Any]
+    config_path: Optional[str]
+    prediction_file: str
+    shard_dir: str
+    timing: Dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0})
+    cache_stats: Dict[str, int] = field(default_factory=dict)
+
+    def key(self, sample: Dict[str, Any]) -> Key:
+        return (str(sample["sample_id"]), int(sample["dup_index"]))
+
+    @property
+    def sample_sha(self) -> Dict[Key, str]:
+        return {self.key(s): d[:16] for s, d in zip(self.samples, self.digests)}
+
+
+def read_dataset_config(cfg: RunConfig) -> Tuple[Optional[str], Dict[str, Any]]:
+    """(path, content) of the dataset config, its keys and values checked by the builder."""
+    path = resolve_config(cfg.dataset.config, cfg.dataset.name)
+    content, _ = load_config(path)
+    cls = get_builder_class(cfg.dataset.name)
+    cls.check_option_names(content, path or "<dataset config>")
+    cls.check_option_values(content, path or "<dataset config>")
+    return path, content
+
+
+def build_samples(cfg: RunConfig, config_path: Optional[str]) -> Tuple[List[Dict[str, Any]], Builder]:
+    d, g = cfg.dataset, cfg.generation
+    return build_dataset(d.name, d.formulation, config_path, inference_method=g.infer_method,
+                         in_context_sample=d.in_context_sample, random_instruct=d.random_instruct,
+                         data_duplication=d.duplication, shuffle_options=d.shuffle_options,
+                         option_mark=d.option_mark, seed=g.seed, subsample=d.subsample,
+                         extra_options=dict(d.options))
+
+
+def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: str) -> Tuple[str, Dict[str, Any]]:
+    """(hash, identity dict) of everything that changes the predictions: model, checkpoint,
+    reformulation and generation settings, the dataset config's content and a fingerprint of the
+    built samples and their images. Credentials and placement options are left out (a new API
+    key, or more GPUs, must not start a new run)."""
+    m, d, g = cfg.model, cfg.dataset, cfg.generation
+    ident = {
+        "model": m.family, "model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
+        "model_option": cfg.model_options_for_identity(), "model_env": identity_env(m.family),
+        "checkpoint": checkpoint_fingerprint(m.name),
+        "dataset_name": d.name, "formulation": d.formulation, "dataset_option": d.options,
+        "dataset_duplication": d.duplication, "in_context_sample": d.in_context_sample,
+        "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
+        "dataset_subsample": d.subsample, "history": d.history, "save_images": d.save_images,
+        "context_policy": d.context_policy,
+        "infer_method": g.infer_method, "temperature": g.temperature, "max_new_tokens": g.max_new_tokens,
+        "num_samples": g.num_samples, "seed": g.seed,
+        "dataset_config_content": config_content, "data_fingerprint": data_fingerprint,
+    }
+    ident = drop_secrets(ident)
+    blob = json.dumps(ident, sort_keys=True, default=json_default).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:12], ident
+
+
+#: the identity entries that name the model (what the response cache is keyed by)
+MODEL_IDENTITY_KEYS = ("model", "model_name", "model_type", "half_evaluation", "model_option", "model_env",
+                       "checkpoint")
+
+
+def model_identity(ident: Dict[str, Any], loaded_checkpoint: Any = None) -> str:
+    """A hash of the model's part of the run identity plus the files of the checkpoint the
+    interface actually loaded (a 'tiny' or hub name resolves to a directory only at load time)."""
+    body = {k: ident.get(k) for k in MODEL_IDENTITY_KEYS}
+    body["loaded_checkpoint"] = loaded_checkpoint
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=json_default).encode("utf-8")).hexdigest()
+
+
+def checkpoint_fingerprint(model_name: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
+    """(file, size, mtime) of a local checkpoint directory's files: new weights in the same
+    directory are a new run, never the old predictions."""
+    if not model_name or not os.path.isdir(str(model_name)):
+        return None
+    out = []
+    for root, _, files in os.walk(str(model_name)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out.append((os.path.relpath(path, str(model_name)), st.st_size, st.st_mtime_ns))
+    return sorted(out)
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """A file-name-safe form of ``text``; one that had to be changed or cut carries a hash of the
+    whole text, so two names that differ anywhere never share a slug."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(text)).strip(".") or "_"
+    if safe == text and len(safe) <= limit:
+        return safe
+    digest = hashlib.sha256(str(text).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[:limit]}-{digest}"
+
+
+def prediction_path(cfg: RunConfig, run_id: str) -> str:
+    tag = slug(str(cfg.model.name or cfg.model.family).rstrip("/").replace(os.sep, "_"))
+    d = cfg.dataset
+    name = f"{d.name}_{d.formulation}_{cfg.generation.infer_method}_{cfg.model.family}_{tag}_{run_id}.json"
+    return os.path.join(cfg.output.output_dir, name)
+
+
+def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any]) -> RunPlan:
+    """Build the samples (from the dataset config ``read_dataset_config`` read), fingerprint them
+    and name the run."""
+    samples, builder = build_samples(cfg, config_path)
+    if not samples:
+        raise ReformError(f"{cfg.dataset.name}: the build produced no samples (check the dataset config and "
+                          "--dataset_option values)")
+    fingerprint, digests = samples_fingerprint(samples)
+    run_id, ident = identity(cfg, content, fingerprint)
+    pred = prediction_path(cfg, run_id)
+    return RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
+                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"))
+
+
+# -- the batch plan ---------------------------------------------------------------------------
+def dependencies(samples: Sequence[Dict[str, Any]], history_mode: str) -> List[List[Key]]:
+    """For each sample, the keys of the samples whose predictions its history needs (model
+    history only: reference history needs none)."""
+    out: List[List[Key]] = []
+    for s in samples:
+        deps: List[Key] = []
+        if history_mode == "model":
+            for turn in s.get("history", []):
+                if "source_sample_id" in turn:
+                    deps.append((str(turn["source_sample_id"]), int(s.get("dup_index", 0))))
+        out.append(deps)
+    return out
+
+
+def rank_groups(groups: List[List[int]], rank: int, world: int) -> List[int]:
+    """This rank's sample indices: every world-th group (a chat stays whole on one rank),
+    interleaved by position in the group so that a batch can hold turn t of several chats."""
+    mine = groups[rank::world]
+    order: List[int] = []
+    depth = max((len(g) for g in mine), default=0)
+    for pos in range(depth):
+        order.extend(g[pos] for g in mine if pos < len(g))
+    return order
+
+
+def plan_batches(order: Sequence[int], deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
+                 batch_size: int) -> List[List[int]]:
+    """Cut ``order`` into batches of at most ``batch_size`` in which every sample's dependencies
+    are finished before the batch starts (in ``done`` or in an earlier batch): a batch never holds
+    turn t and turn t+1 of one chat, whatever the batch size. Samples keep their order otherwise,
+    so data without dependencies is cut into plain consecutive batches."""
+    finished = set(done)
+    pending = list(order)
+    batches: List[List[int]] = []
+    while pending:
+        batch: List[int] = []
+        rest: List[int] = []
+        for j, i in enumerate(pending):
+            if len(batch) == batch_size:
+                rest.extend(pending[j:])
+                break
+            if all(k in finished for k in deps.get(i, ())):
+                batch.append(i)
+            else:
+                rest.append(i)
+        if not batch:
+            missing = next(k for k in deps[rest[0]] if k not in finished)
+            raise ReformError(f"sample {keys[rest[0]][0]}: history needs the prediction of {missing[0]}, "
+                              "which is not part of this run (it must come earlier in its chat)")
+        batches.append(batch)
+        finished.update(keys[i] for i in batch)
+        pending = rest
+    return batches

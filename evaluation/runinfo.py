@@ -1,0 +1,125 @@
+"""What a run records about itself (environment, versions, the run that made reused
+predictions) and where its log goes (console quiet by default, everything in log.txt)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from importlib import metadata
+from typing import Any, Dict
+
+from utils.errors import ReformError
+from utils.secrets import redact_text
+
+#: what describes how predictions were made (kept when a later command only re-scores them)
+RUN_INFO_KEYS = ("config", "command", "timing", "world_size", "versions", "git_revision", "git_dirty", "build_log",
+                 "build_info", "seed", "data_fingerprint")
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def environment_info() -> Dict[str, Any]:
+    """Package versions and git revision for the results file."""
+    versions = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "accelerate", "datasets", "pillow", "tokenizers", "networkx"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_HERE, capture_output=True, text=True,
+                             timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_HERE,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        rev, dirty = None, None
+    return {"versions": versions, "git_revision": rev, "git_dirty": dirty}
+
+
+def keep_original_run_info(extra: Dict[str, Any], paths: Dict[str, str]) -> Dict[str, Any]:
+    """A reused prediction file keeps the configuration, versions and timing of the run that made
+    it (from its ``.run.json`` or results file); this command's own settings go under ``rescored``."""
+    for path in (paths["run"], paths["json"]):
+        try:
+            with open(path, encoding="utf-8") as f:
+                original = json.load(f)
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(original, dict) and original.get("run_id") == extra.get("run_id"):
+            kept = {k: original[k] for k in RUN_INFO_KEYS if k in original}
+            return {**extra, **kept, "rescored": {"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                  "config": extra["config"], "versions": extra.get("versions")}}
+    return extra
+
+
+class RedactFilter(logging.Filter):
+    """Credentials never reach a log line (console or log.txt): the second net behind ``Secret``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = redact_text(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None:
+    """Console: warnings only (INFO with -v); log.txt: everything, on rank 0."""
+    logging.raiseExceptions = False  # a full disk must not print a traceback per log line
+    root = logging.getLogger()
+    root.setLevel(logging.INFO if is_main else logging.WARNING)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not any(getattr(h, "_reform_console", False) for h in root.handlers):
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        sh._reform_console = True  # type: ignore[attr-defined]
+        root.addHandler(sh)
+    for h in root.handlers:
+        if getattr(h, "_reform_console", False):
+            h.setLevel(logging.INFO if verbose else logging.WARNING)
+        if not any(isinstance(f, RedactFilter) for f in h.filters):
+            h.addFilter(RedactFilter())
+    for h in [h for h in root.handlers if getattr(h, "_reform_log", False)]:
+        root.removeHandler(h)
+        h.close()
+    quiet_libraries(verbose)
+    if is_main:
+        path = os.path.join(output_dir, "log.txt")
+        try:
+            fh = logging.FileHandler(path, encoding="utf-8")
+        except OSError as e:
+            raise ReformError(f"{path}: cannot write the log ({e.strerror or e})") from None
+        fh.setFormatter(fmt)
+        fh.addFilter(RedactFilter())
+        fh._reform_log = True  # type: ignore[attr-defined]
+        root.addHandler(fh)
+
+
+def log_file_handler() -> Any:
+    """The log.txt handler of this process, if one is set up."""
+    for h in logging.getLogger().handlers:
+        if getattr(h, "_reform_log", False):
+            return h
+    return None
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """No weight-loading bars or library warnings on the console unless -v."""
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in ("transformers", "accelerate", "datasets", "huggingface_hub", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import transformers  # heavy: imported only to silence it
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except ImportError:
+        pass
+    warnings.filterwarnings("ignore", message=".*TRANSFORMERS_CACHE.*")

@@ -1,0 +1,128 @@
+"""The layers of docs/architecture.md, checked on the real import graph.
+
+Every module is parsed; an import that goes up a layer, an import cycle between modules, or a
+project import inside a function fails with the edge that breaks the rule.
+"""
+from __future__ import annotations
+
+import ast
+import os
+from collections import defaultdict
+from typing import Dict, List, Set, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("utils", "build", "models", "metrics", "evaluation", "configs")
+LAYER = {"utils": 1, "configs": 1, "build": 2, "models": 2, "metrics": 2, "evaluation": 3,
+         "run_eval": 4, "run_loader_eval": 4}
+
+
+def modules() -> Dict[str, str]:
+    out = {}
+    for top in PACKAGES:
+        for dp, dns, fns in os.walk(os.path.join(ROOT, top)):
+            dns[:] = [d for d in dns if not d.startswith((".", "__"))]
+            for f in fns:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dp, f), ROOT)[:-3].replace(os.sep, ".")
+                    out[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(dp, f)
+    for cli in ("run_eval", "run_loader_eval"):
+        out[cli] = os.path.join(ROOT, cli + ".py")
+    return out
+
+
+def _resolve(name: str, mods: Dict[str, str]) -> str:
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def graph() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, int]]]:
+    """(module -> imported project modules, [(module, import, line) of function-level imports])."""
+    mods = modules()
+    edges: Dict[str, Set[str]] = defaultdict(set)
+    inner: List[Tuple[str, str, int]] = []
+    for mod, path in mods.items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        pkg = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+        funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        nested = {id(sub) for f in funcs for sub in ast.walk(f)}
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join([p for p in parts if p] + ([base] if base else []))
+                names = [f"{base}.{a.name}" for a in node.names] + [base]
+            for n in names:
+                target = _resolve(n, mods)
+                if target and target != mod and not mod.startswith(target + "."):
+                    edges[mod].add(target)
+                    if id(node) in nested:
+                        inner.append((mod, target, node.lineno))
+    return edges, inner
+
+
+def test_no_upward_imports():
+    edges, _ = graph()
+    bad = []
+    for mod, targets in edges.items():
+        for t in targets:
+            a, b = mod.split(".")[0], t.split(".")[0]
+            up = LAYER[b] > LAYER[a]
+            sideways = LAYER[a] == LAYER[b] == 2 and a != b and not (a == "metrics" and b == "build")
+            if up or sideways:
+                bad.append(f"{mod} -> {t}")
+    assert not bad, bad
+
+
+def test_the_command_lines_do_not_import_each_other():
+    edges, _ = graph()
+    assert "run_loader_eval" not in edges["run_eval"] and "run_eval" not in edges["run_loader_eval"]
+
+
+def test_no_import_cycles():
+    edges, _ = graph()
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    cycles: List[List[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_project_imports_at_module_top():
+    _, inner = graph()
+    assert not inner, [f"{m}:{line} imports {t} inside a function" for m, t, line in inner]
+
+
+def test_command_lines_are_thin():
+    for cli in ("run_eval.py", "run_loader_eval.py"):
+        with open(os.path.join(ROOT, cli), encoding="utf-8") as f:
+            assert sum(1 for _ in f) < 200, cli

@@ -1,0 +1,91 @@
+"""Issues 16 (item 7) and 18: every PIF checker runs in linear time on degenerate replies.
+
+Real models emit such text (a run of dots, of spaces, one mark repeated). Before, 100,000
+dots took about 16 s per instruction in the sentence splitter, and a 5,000-digit number
+raised ValueError. The bounds below are generous (measured: under 0.2 s for 100,000
+characters, under 1.5 s per checker and 3 s for the whole metric on 1 MB, on a loaded
+2-core machine), so a quadratic regression, not noise, is what fails them: 1 MB of dots
+read quadratically takes minutes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pytest
+
+from metrics.pif import INSTRUCTION_IDS, check_instructions, pif_metric
+
+#: degenerate replies, each built to about ``n`` characters
+DEGENERATE = {
+    "dots": lambda n: "." * n,
+    "spaces": lambda n: "A" + " " * n,
+    "dot_space": lambda n: ". " * (n // 2),
+    "spaced_ellipsis_then_word": lambda n: ". " * (n // 2) + "x",
+    "exclamations": lambda n: "!" * n,
+    "ellipsis_chars": lambda n: "\u2026" * n,
+    "initials": lambda n: "A. " * (n // 3),
+    "list_markers": lambda n: "1. " * (n // 3),
+    "letter_markers": lambda n: "a. b. c. d. " * (n // 12),
+    "counting_list": lambda n: " ".join(f"{i}." for i in range(1, n // 6)),
+    "parenthesised_marks": lambda n: "(A) " * (n // 4),
+    "open_parens": lambda n: "(" * n,
+    "straight_quotes": lambda n: '"' * n,
+    "footnotes": lambda n: "[1]" * (n // 3),
+    "bullets": lambda n: "\u2022 " * (n // 2),
+    "em_dashes": lambda n: "\u2014" * n,
+    "hyphens": lambda n: "- " * (n // 2),
+    "one_long_word": lambda n: "a" * n,
+    "one_long_number": lambda n: "9" * n,
+    "thousands": lambda n: "1," * (n // 2),
+    "per_per": lambda n: "per " * (n // 4),
+    "short_lines": lambda n: "A.\n" * (n // 3),
+    "question_lower": lambda n: "why? no " * (n // 8),
+}
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+@pytest.mark.parametrize("name", sorted(DEGENERATE))
+def test_100k_characters_through_every_checker(name: str) -> None:
+    text = DEGENERATE[name](100_000)
+    ids = list(INSTRUCTION_IDS)
+    strict = _seconds(lambda: check_instructions(text, ids))
+    loose = _seconds(lambda: check_instructions(text, ids, loose=True))
+    assert strict < 2.0 and loose < 2.0, (name, strict, loose)
+
+
+def test_100000_dots_do_not_take_seconds() -> None:
+    ids = list(INSTRUCTION_IDS)
+    for iid in ids:
+        assert _seconds(lambda: check_instructions("." * 100_000, [iid])) < 0.5, iid
+
+
+def test_long_digit_runs_are_no_error() -> None:
+    assert check_instructions("9" * 5000, ["number_odd", "number_even"]) == [False, False]
+    assert check_instructions("It is 7 and " + "9" * 5000 + ".", ["number_odd"]) == [True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DEGENERATE))
+def test_1mb_replies_through_every_checker(name: str) -> None:
+    """Each of the 13 strict checkers on its own, on a 1 MB reply (measured: at most 1.5 s)."""
+    text = DEGENERATE[name](1_000_000)
+    for iid in INSTRUCTION_IDS:
+        seconds = _seconds(lambda: check_instructions(text, [iid]))
+        assert seconds < 5.0, (name, iid, seconds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DEGENERATE))
+def test_1mb_replies_scored_under_a_bound(name: str) -> None:
+    """The whole metric on one 1 MB reply: strict and loose verdicts and the reasons
+    (measured: at most 3 s, bench/pif.py --degenerate)."""
+    rec = {"sample_id": "x-t01", "prediction": DEGENERATE[name](1_000_000),
+           "meta": {"chat_id": "x", "turn": 1, "instructions": list(INSTRUCTION_IDS)}}
+    seconds = _seconds(lambda: pif_metric([rec]))
+    assert seconds < 10.0, (name, seconds)

@@ -1,0 +1,73 @@
+"""Pairing by content: paired tests pair two runs' entries only when they were made from the
+same sample (equal ``sample_sha``), and the comparison says how many shared ids were refused."""
+from __future__ import annotations
+
+import json
+
+import run_eval
+import run_loader_eval
+from tests.conftest import prediction_files
+from tests.report_fixtures import iwisdm_records, run
+from evaluation.reporting.compare import pair_keys, paired_tests
+from evaluation.reporting.html import sample_data
+from evaluation.reporting.compare import build_comparison
+
+
+def test_pair_keys_rule():
+    keys = [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 0)]
+    sha_a = {("a", 0): "1", ("b", 0): "2", ("c", 0): "3"}
+    sha_b = {("a", 0): "1", ("b", 0): "X", ("d", 0): "4"}
+    # a: equal content; b: other content; c, d: known for one run only; e: known for neither
+    assert pair_keys(keys, keys[:4] + [("e", 0)], sha_a, sha_b) == ([("a", 0), ("e", 0)], 3)
+    assert pair_keys(keys, [("z", 0)], sha_a, sha_b) == ([], 0)
+
+
+def _with_sha(records, tag):
+    for r in records:
+        r["sample_sha"] = f"{tag}-{r['sample_id']}"
+    return records
+
+
+def test_same_ids_other_content_are_not_paired():
+    a = run("a", _with_sha(iwisdm_records(30, 0.8, seed=1), "seed1"))
+    b = run("b", _with_sha(iwisdm_records(30, 0.3, seed=2), "seed2"))
+    (t,) = paired_tests([a, b], "accuracy")
+    assert (t["n_pairs"], t["n_refused"], t["test"], t["p_value"]) == (0, 30, None, None)
+    # ten trials rebuilt with the same content pair again
+    for r_a, r_b in list(zip(a["records"], b["records"]))[:10]:
+        r_b["sample_sha"] = r_a["sample_sha"]
+    (t,) = paired_tests([a, b], "accuracy")
+    assert (t["n_pairs"], t["n_refused"], t["test"]) == (10, 20, "exact McNemar")
+    # the sample browser shows other content under a shared id as its own sample
+    data = sample_data(build_comparison([a, b], n_boot=20), [a, b])
+    assert len(data["samples"]) == 30 + 20
+
+
+def test_iwisdm_runs_with_other_trial_seeds_refuse_mcnemar(tmp_path, capsys):
+    out = tmp_path / "iw"
+    common = ["--output_dir", str(out), "--do_eval", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
+              "--formulation", "SingleChoice", "--dataset_subsample", "12"]
+    assert run_eval.main(["--model", "random", *common, "--dataset_option", "seed=0"]) == 0
+    assert run_eval.main(["--model", "random", *common, "--dataset_option", "seed=1"]) == 0
+    files = prediction_files(out)
+    assert len(files) == 2
+    ids = [[r["sample_id"] for r in json.load(open(f))] for f in files]
+    assert ids[0] == ids[1]  # the same ids, made from other trials
+    capsys.readouterr()
+    cmp_dir = tmp_path / "cmp"
+    assert run_loader_eval.main(["--prediction_file", str(out / "iWISDM_*"), "--output_dir", str(cmp_dir),
+                                 "--n_boot", "50"]) == 0
+    comp = json.load(open(cmp_dir / "comparison.json"))
+    (t,) = comp["paired_tests"]
+    assert (t["n_pairs"], t["n_refused"], t["test"], t["p_value"]) == (0, 12, None, None)
+    note = "12 entries that"
+    assert note in open(cmp_dir / "comparison.md").read()
+    assert note in open(cmp_dir / "report.html").read()
+    assert "exact McNemar" not in capsys.readouterr().out
+    # the same trials (same seed) by another model pair as before
+    assert run_eval.main(["--model", "constant", *common, "--dataset_option", "seed=0"]) == 0
+    assert run_loader_eval.main(["--prediction_file", str(out / "iWISDM_*"), "--output_dir", str(tmp_path / "c3"),
+                                 "--n_boot", "50"]) == 0
+    tests = json.load(open(tmp_path / "c3" / "comparison.json"))["paired_tests"]
+    assert sorted((t["n_pairs"], t["n_refused"]) for t in tests) == [(0, 12), (0, 12), (12, 0)]
+    assert sum(t["test"] == "exact McNemar" for t in tests) == 1
