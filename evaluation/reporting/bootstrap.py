@@ -168,8 +168,12 @@ def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
     """PIF (strict, loose), PIF-N-K, PIF-IQR-N; PIF by turn, by number of instructions, per instruction."""
     from metrics.pif import INSTRUCTION_IDS, iqr
     pif = [float(p["pif"]) for p in ps]
+    # None means "not scored" (a released per-turn PIF carries no loose verdicts): such entries are
+    # left out of the loose mean, as the metric leaves them out, never counted as 0
+    loose = [p.get("pif_loose", p["pif"]) for p in ps]
+    scored = np.array([v is not None for v in loose], dtype=bool)
     head: Dict[str, np.ndarray] = {"pif": wmean(W, pif),
-                                   "pif_loose": wmean(W, [float(p.get("pif_loose", p["pif"])) for p in ps])}
+                                   "pif_loose": wmean(W, [0.0 if v is None else float(v) for v in loose], scored)}
     samples = [list(p.get("pif_samples") or [p["pif"]]) for p in ps]
     n = min(len(s) for s in samples) if samples else 1
     perfect = np.array([sum(1 for v in s[:n] if v >= 1.0 - 1e-12) for s in samples])
@@ -182,7 +186,7 @@ def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
     per_instr: Dict[str, Dict[str, Any]] = {}
     for iid in INSTRUCTION_IDS:
         rows = [(i, p["followed"][p["instructions"].index(iid)]) for i, p in enumerate(ps)
-                if iid in (p.get("instructions") or [])]
+                if iid in (p.get("instructions") or []) and p.get("followed") is not None]
         if rows:
             cols = np.array([i for i, _ in rows])
             per_instr[iid] = {"followed": wmean(W[:, cols], [ok for _, ok in rows]), "n": len(rows)}
