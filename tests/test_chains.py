@@ -145,3 +145,38 @@ def test_mmmt_if_release_only_run_score_compare(tmp_path):
     assert mine["headline"]["pif"]["value"] == pytest.approx(own["pif"])
     assert mine["headline"]["pif_loose"]["value"] == pytest.approx(own["pif_loose"])
     assert _scored(pred)["metrics"]["pif"] == pytest.approx(own["pif"])
+
+
+def _fake_venv(work: str) -> None:
+    """A .venv as the demo leaves it, whose python is this interpreter: pip is a no-op (nothing
+    is installed into the real environment) and the project counts as installed."""
+    bin_dir = os.path.join(work, ".venv", "bin")
+    os.makedirs(bin_dir)
+    with open(os.path.join(bin_dir, "python"), "w") as f:
+        f.write(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ]; then exit 0; fi\nexec {sys.executable} "$@"\n')
+    os.chmod(os.path.join(bin_dir, "python"), 0o755)
+    with open(os.path.join(bin_dir, "activate"), "w") as f:
+        f.write(f'export VIRTUAL_ENV="{work}/.venv"\nexport PATH="{bin_dir}:$PATH"\n')
+    open(os.path.join(work, ".venv", ".project-installed"), "w").close()
+
+
+@pytest.mark.slow
+def test_benchmark_script_works_right_after_the_demo(tmp_path):
+    """commands/iwisdm_llava.sh from a shell where `python` and `torchrun` are not the project's
+    (nothing activated): it runs with the repository's .venv, as demo.sh does."""
+    work = tmp_path / "clone"
+    work.mkdir()
+    for name in os.listdir(ROOT):
+        if name not in (".git", ".venv", "output", ".pytest_cache"):
+            os.symlink(os.path.join(ROOT, name), work / name)
+    _fake_venv(str(work))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env.update(PATH="/usr/bin:/bin", OMP_NUM_THREADS="1")
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", "commands/iwisdm_llava.sh", "--dataset_subsample", "2", "--max_new_tokens", "2",
+                           "--per_gpu_eval_batch_size", "2", "--output_dir", str(out)],
+                          cwd=str(work), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (pred,) = prediction_files(out)
+    assert len(json.load(open(pred))) == 2
+    assert results_of(pred)["metrics"]["num_records"] == 2
