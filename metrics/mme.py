@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
-from metrics import register_metric, register_option_choices
+from metrics import ReportSpec, register_metric, register_option_choices, register_report
 from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
@@ -220,6 +220,11 @@ def subtask_table(metrics: Dict[str, Any]) -> str:
     for total in ("perception", "cognition"):
         rows.append([f"**{total}**", "", "", "", "", f"**{metrics[total + '_score']:.2f}**"] + [""] * 7)
     return markdown_table(header, rows)
+
+
+register_report("mme", ReportSpec(family="mme", strata="subtask", subtasks=SUBTASKS,
+                                  score_groups=(("perception_score", PERCEPTION), ("cognition_score", COGNITION)),
+                                  per_sample_fields=("subtask", "category", "image")))
 
 
 @register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})

@@ -105,6 +105,8 @@ def test_mme_placeholder_run_score_compare(tmp_path, capsys):
     assert heads == {"constant": pytest.approx(150.0), "random": pytest.approx(random_total)}
     sub = {mod["name"]: mod["breakdowns"]["subtask"] for mod in comp["models"]}
     assert {s: g["score"]["value"] for s, g in sub["constant"].items()} == {s: 50.0 for s in subtasks}
+    # 20 or more images per subtask: every number has its interval
+    assert all(g["score"]["low"] is not None for g in sub["random"].values())
     assert comp["paired_tests"] and comp["paired_tests"][0]["n_pairs"] == 140
 
 
@@ -141,6 +143,7 @@ def test_mmmt_if_release_only_run_score_compare(tmp_path):
         head = by_name[f"{name} (release)"]["headline"]
         assert head["pif"]["value"] == pytest.approx(value)
         assert head["pif_loose"]["value"] is None  # the release scores no loose verdicts: not a 0
+        assert head["pif"]["low"] is None and head["pif"]["high"] is None  # one chat: no interval
     (mine,) = [m for m in comp["models"] if not m["name"].endswith("(release)")]
     assert mine["headline"]["pif"]["value"] == pytest.approx(own["pif"])
     assert mine["headline"]["pif_loose"]["value"] == pytest.approx(own["pif_loose"])
