@@ -144,6 +144,7 @@ def test_mmmt_if_release_only_run_score_compare(tmp_path):
         assert head["pif"]["value"] == pytest.approx(value)
         assert head["pif_loose"]["value"] is None  # the release scores no loose verdicts: not a 0
         assert head["pif"]["low"] is None and head["pif"]["high"] is None  # one chat: no interval
+        assert set(head) == {"pif", "pif_loose"}  # one response per turn: no PIF-1-1, no PIF-IQR-1
     (mine,) = [m for m in comp["models"] if not m["name"].endswith("(release)")]
     assert mine["headline"]["pif"]["value"] == pytest.approx(own["pif"])
     assert mine["headline"]["pif_loose"]["value"] == pytest.approx(own["pif_loose"])
@@ -183,3 +184,23 @@ def test_benchmark_script_works_right_after_the_demo(tmp_path):
     (pred,) = prediction_files(out)
     assert len(json.load(open(pred))) == 2
     assert results_of(pred)["metrics"]["num_records"] == 2
+
+
+def test_mme_subsample_totals_say_what_is_missing(tmp_path, capsys):
+    """A subsample's totals are not MME totals: the console, results.md and the report say beside
+    each total how many subtasks are missing or incomplete."""
+    subtasks = ["existence", "OCR", "code_reasoning"]
+    root = write_placeholder_release(QUESTIONS, str(tmp_path / "release"), subtasks=subtasks)
+    out = tmp_path / "mme"
+    assert run_eval.main(["--model", "constant", "--dataset_name", "MME", "--dataset_config", "mme",
+                          "--dataset_option", f"root={root}", "--dataset_option", f"subtasks=[{','.join(subtasks)}]",
+                          "--dataset_subsample", "30", "--formulation", "Generation", "--output_dir", str(out),
+                          "--do_eval"]) == 0
+    printed = capsys.readouterr().out
+    assert "| perception_score | 100.0000 | 8 of 10 subtasks missing, 2 incomplete |" in printed
+    assert "| total_score | 150.0000 | 11 of 14 subtasks missing, 3 incomplete |" in printed
+    pred = _file_of(out, "constant")
+    md = open(pred[:-5] + ".results.md").read()
+    assert "| **cognition** | 3 of 4 subtasks missing, 1 incomplete |" in md
+    comp = open(os.path.join(pred[:-5] + ".report", "comparison.md")).read()
+    assert "150.0 [150.0, 150.0] (11 of 14 subtasks missing, 3 incomplete)" in comp

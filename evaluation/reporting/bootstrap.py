@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from metrics import report_spec
+from metrics import ReportSpec, coverage_note, report_spec
 from utils.seeding import np_rng_for
 
 Stats = Dict[str, Any]
@@ -169,7 +169,19 @@ def mme_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
             sums[group_of[sub]] = sums[group_of[sub]] + score
     head.update(sums)
     head["total_score"] = sum(sums.values(), zero.copy())
-    return {"headline": head, "breakdowns": {"subtask": subs}}
+    return {"headline": head, "breakdowns": {"subtask": subs}, "notes": coverage_notes(ps, spec)}
+
+
+def coverage_notes(ps: List[Dict[str, Any]], spec: ReportSpec) -> Dict[str, str]:
+    """Headline name -> its coverage note (``metrics.coverage_note``) for each sum over subtasks
+    that a subsample left missing or incomplete."""
+    field = spec.strata or "subtask"
+    counts: Dict[str, int] = defaultdict(int)
+    for p in ps:
+        counts[str(p.get(field))] += 1
+    groups = list(spec.score_groups) + [("total_score", tuple(s for _, m in spec.score_groups for s in m))]
+    notes = {name: coverage_note(counts, members, spec.subtask_sizes) for name, members in groups}
+    return {k: v for k, v in notes.items() if v}
 
 
 def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
@@ -186,10 +198,11 @@ def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
     samples = [list(p.get("pif_samples") or [p["pif"]]) for p in ps]
     n = min(len(s) for s in samples) if samples else 1
     perfect = np.array([sum(1 for v in s[:n] if v >= 1.0 - 1e-12) for s in samples])
-    for k in range(1, n + 1):
-        head[f"pif_{n}_{k}"] = wmean(W, perfect >= k)
-    if spec.spread is not None:
-        head[f"pif_iqr_{n}"] = wmean(W, [spec.spread(s[:n]) for s in samples])
+    if n > 1:  # with one response per turn PIF-1-1 is PIF rounded down and the spread is 0: no columns
+        for k in range(1, n + 1):
+            head[f"pif_{n}_{k}"] = wmean(W, perfect >= k)
+        if spec.spread is not None:
+            head[f"pif_iqr_{n}"] = wmean(W, [spec.spread(s[:n]) for s in samples])
     # the number of instructions is read from the list (released rows carry no count of their own)
     rows = [{**p, "num_instructions": len(p.get("instructions") or [])} for p in ps]
     breakdowns: Dict[str, Dict[str, Dict[str, Any]]] = {}
@@ -258,9 +271,11 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
     c_arr = np.asarray(clusters, dtype=object)
     s_arr = None if strata is None else np.asarray([str(x) for x in strata], dtype=object)
     head_ok = _enough_clusters(c_arr, s_arr, None)
+    notes = stats.get("notes") or {}
     out: Dict[str, Any] = {"family": family, "num_clusters": len(set(map(str, clusters))),
                            "min_clusters": MIN_CLUSTERS,
-                           "headline": {k: interval(v, head_ok) for k, v in stats["headline"].items()},
+                           "headline": {k: {**interval(v, head_ok), **({"note": notes[k]} if k in notes else {})}
+                                        for k, v in stats["headline"].items()},
                            "breakdowns": {}}
     for name, groups in stats["breakdowns"].items():
         rows = {}
