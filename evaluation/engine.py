@@ -29,9 +29,9 @@ from evaluation.reporting.scoring import (append_run_index, check_export, evalua
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
 from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
-from utils.report import markdown_table
 from utils.commit import Commit, clean_stale_temps
 from utils.predictions import ensure_writable_dir, remove_stale_temps
+from utils.report import scalar_table
 from utils.runlock import RunLock
 
 logger = logging.getLogger("evaluation.engine")
@@ -59,8 +59,7 @@ class RunResult:
         if self.results_files:
             s = self.summary
             title = f"{s.get('benchmark', '')} {s.get('formulation', '')} {s.get('infer_method', '')}".strip()
-            scalars = [(k, v) for k, v in self.metrics.items() if not isinstance(v, (dict, list, tuple))]
-            lines += [f"## {title}", "", markdown_table(["metric", "value"], scalars), "",
+            lines += [f"## {title}", "", scalar_table(self.metrics, s.get("notes")), "",
                       f"results: {self.results_files['json']} (every table: {self.results_files['md']})"]
             if self.report:
                 lines.append(f"report: {self.report}")

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
-from metrics import register_metric, register_option_choices
+from metrics import ReportSpec, coverage_note, register_metric, register_option_choices, register_report
 from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
@@ -219,9 +219,25 @@ def subtask_table(metrics: Dict[str, Any]) -> str:
         rows.append([s, m["category"], m["num_questions"], f"{100 * m['acc']:.2f}", f"{100 * m['acc_plus']:.2f}",
                      f"{m['score']:.2f}", m["TP"], m["FN"], m["TN"], m["FP"], f"{m['precision']:.4f}",
                      f"{m['recall']:.4f}", m["other_num"]])
-    for total in ("perception", "cognition"):
-        rows.append([f"**{total}**", "", "", "", "", f"**{metrics[total + '_score']:.2f}**"] + [""] * 7)
+    notes = total_notes(metrics)
+    for total in ("perception", "cognition", "total"):
+        rows.append([f"**{total}**", notes.get(f"{total}_score", ""), "", "", "", f"**{metrics[total + '_score']:.2f}**"]
+                    + [""] * 7)
     return markdown_table(header, rows)
+
+
+def total_notes(metrics: Dict[str, Any]) -> Dict[str, str]:
+    """perception_score / cognition_score / total_score -> "3 of 14 subtasks missing" when a
+    subsample left subtasks missing or incomplete (printed beside each total)."""
+    counts = {s: m["num_questions"] for s, m in metrics["subtasks"].items()}
+    notes = {f"{name}_score": coverage_note(counts, members, OFFICIAL_COUNTS)
+             for name, members in (("perception", PERCEPTION), ("cognition", COGNITION), ("total", SUBTASKS))}
+    return {k: v for k, v in notes.items() if v}
+
+
+register_report("mme", ReportSpec(family="mme", strata="subtask", subtasks=SUBTASKS, subtask_sizes=OFFICIAL_COUNTS,
+                                  score_groups=(("perception_score", PERCEPTION), ("cognition_score", COGNITION)),
+                                  per_sample_fields=("subtask", "category", "image")))
 
 
 @register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})
@@ -243,7 +259,8 @@ def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", i
         metrics["parse_rule"] = "option_marks"
     if eval_stability:
         metrics["instability"] = instability(verdicts, key="parsed")
-    return {"metrics": metrics, "per_sample": verdicts, "tables": {"MME subtasks": subtask_table(metrics)}}
+    return {"metrics": metrics, "per_sample": verdicts, "tables": {"MME subtasks": subtask_table(metrics)},
+            "notes": total_notes(metrics)}
 
 
 # -- the official tool's results folder -----------------------------------------------------

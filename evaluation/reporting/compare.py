@@ -195,9 +195,9 @@ def fmt_ci(cell: Optional[Dict[str, Any]], digits: int = 3) -> str:
     if not cell or cell.get("value") is None:
         return "-"
     v = f"{cell['value']:.{digits}f}"
-    if cell.get("low") is None:
-        return v
-    return f"{v} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+    if cell.get("low") is not None:
+        v = f"{v} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+    return f"{v} ({cell['note']})" if cell.get("note") else v  # e.g. a subsample's missing subtasks
 
 
 def _digits(family: str, stat: str) -> int:

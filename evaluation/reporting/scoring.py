@@ -231,6 +231,8 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         "eval_stability": eval_stability, "metric_options": dict(metric_options or {}),
         "prediction_file": os.path.abspath(prediction_file) if prediction_file else None,
         "num_records": len(records)}
+    if result.get("notes"):  # said beside a number (a subsample total's missing subtasks)
+        summary["notes"] = result["notes"]
     if extra:
         summary = {**extra, **summary}
     report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
