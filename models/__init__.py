@@ -65,7 +65,7 @@ def model_option_names(name: str) -> Tuple[str, ...]:
     names: set = set()
     for cls in getattr(MODELS[name], "__mro__", ()):
         names.update(getattr(cls, "option_names", ()) if "option_names" in vars(cls) else ())
-    return tuple(sorted(names))
+    return tuple(sorted(names - set(getattr(MODELS[name], "refused_options", {}))))
 
 
 def _dtype_names() -> Tuple[str, ...]:
@@ -102,6 +102,10 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
     "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
+    "adaptive_concurrency": (lambda v: isinstance(v, bool), "true or false"),
+    "max_total_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
+    "prompt_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
+    "completion_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
 }
 
 
@@ -122,6 +126,9 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
         raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself (use its own flag, e.g. "
                           f"--{'per_gpu_eval_batch_size' if run_keys[0] == 'batch_size' else run_keys[0]}), "
                           "not a model option")
+    refused = getattr(MODELS[name], "refused_options", {})  # a family names the shared keys it cannot honour
+    for key in sorted(k for k in options if k in refused):
+        raise ReformError(f"--model_option {key}: not used by model '{name}' ({refused[key]})")
     valid = set(model_option_names(name))
     unknown = sorted(k for k in options if k not in valid)
     if unknown:

@@ -34,3 +34,11 @@ def generation_stats(text: Any) -> Dict[str, Any]:
     if getattr(text, "usage", None):
         out["usage"] = dict(text.usage)
     return out
+
+
+def finish_text(text: str) -> str:
+    """The one normalisation of generated text, shared by every path that produces it (the
+    in-process models and the API client): surrounding whitespace removed. Why one function:
+    MME's official parse is whitespace-sensitive, so a served model must give the very string
+    the same model gives in-process."""
+    return text.strip()
