@@ -36,9 +36,11 @@ def generation_stats(text: Any) -> Dict[str, Any]:
     return out
 
 
-def finish_text(text: str) -> str:
-    """The one normalisation of generated text, shared by every path that produces it (the
-    in-process models and the API client): surrounding whitespace removed. Why one function:
-    MME's official parse is whitespace-sensitive, so a served model must give the very string
-    the same model gives in-process."""
-    return text.strip()
+def finish_text(text: str, tokens: Optional[int] = None, usage: Optional[Dict[str, Any]] = None) -> GenText:
+    """The one normalisation of generated text, shared by every generation path (in-process and
+    API): surrounding whitespace stripped, then wrapped with what was counted.
+
+    Why one function: MME's official parse is whitespace-sensitive, so two paths that strip
+    differently score the same greedy model differently (issue 15).
+    """
+    return GenText(str(text).strip(), tokens=tokens, usage=usage)
