@@ -24,6 +24,8 @@ import threading
 import urllib.parse
 from typing import Any, Dict, Set, Tuple
 
+import yaml
+
 REDACTED = "<redacted>"
 
 #: key names (case-insensitive, ``-`` = ``_``) that hold credentials
@@ -203,6 +205,11 @@ def _secret_url(public: str, secrets: Dict[str, Secret]) -> SecretURL:
     obj = str.__new__(SecretURL, public)
     obj.secrets = dict(secrets)
     return obj
+
+
+# YAML (a config echoed as flags, a dumped config) shows the redaction marker and the public URL
+yaml.SafeDumper.add_representer(Secret, lambda dumper, _: dumper.represent_str(REDACTED))
+yaml.SafeDumper.add_representer(SecretURL, lambda dumper, url: dumper.represent_str(str.__str__(url)))
 
 
 def secret_options(options: Dict[str, Any]) -> Dict[str, Any]:
