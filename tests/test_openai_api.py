@@ -556,7 +556,7 @@ def _records(out) -> List[Dict[str, Any]]:
 def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_resumes(server, tmp_path, capsys):
     """Each reply costs 10 + 3 tokens; a request may need up to 5 + 10. With 40 tokens, two
     requests fit (26 used) and the third (26 + 15 > 40) is never sent: the run stops with one
-    line, the two answers are saved, and the same command then finishes the run."""
+    line, the two answers are saved, and the command with a raised budget finishes the same run."""
     import run_eval
     server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     args = _run_args(server, tmp_path, "--model_option", "max_total_tokens=40")
@@ -565,8 +565,9 @@ def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_res
     assert "max_total_tokens=40" in err and "26 tokens used (20 prompt + 6 completion)" in err
     assert "re-running the same command resumes" in err
     assert len(server.requests) == 2
+    args[-1] = "max_total_tokens=100"  # a raised budget resumes the same run (the budget is not in its identity)
     assert run_eval.main(args) == 0
-    assert len(server.requests) == 3
+    assert len(server.requests) == 3  # only the sample that had not run
     records = _records(tmp_path / "out")
     assert len(records) == 3
     for r in records:
