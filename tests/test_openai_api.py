@@ -733,3 +733,11 @@ def test_usage_totals_and_cost_per_million_tokens():
                    "total_tokens": 4040, "generated_tokens": 40, "cost": 0.0104}
     partial = usage_totals(recs + [{"prediction": "x"}], prompt_price=2.5)
     assert "cost" not in partial and "generated_tokens" not in partial and partial["records_with_usage"] == 2
+
+
+def test_an_option_value_that_fails_to_parse_does_not_print_a_nested_key():
+    from evaluation.config import RunConfig
+    with pytest.raises(ReformError, match="cannot parse the value of extra_body") as e:
+        RunConfig.from_argv(["--model", "openai_api", "--dataset_name", "MME", "--model_option",
+                             f"extra_body={{auth: {{token: {BODY_KEY}, x: [1}}"])
+    assert BODY_KEY not in str(e.value)

@@ -34,7 +34,7 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secr
 #: environment variables whose values are credentials
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                    "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
-_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
+_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"{}\[\]]+)")
 #: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
 _URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|code|auth|[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|"
