@@ -113,3 +113,12 @@ def test_wandb_offline_files(scored, tmp_path, monkeypatch):
         if os.path.isfile(path):
             with open(path, "rb") as f:
                 assert SECRET.encode() not in f.read(), path
+
+
+@pytest.mark.parametrize("backend", ["mlflow", "wandb"])
+def test_a_missing_extra_is_one_line_naming_the_pip_command(scored, monkeypatch, backend):
+    import sys
+    monkeypatch.setitem(sys.modules, backend, None)  # as if not installed: import raises ImportError
+    with pytest.raises(ReformError, match=rf"^--log_to {backend}: the {backend} package is not installed; "
+                                          rf"run: pip install '\.\[{backend}\]'"):
+        log_run(backend, *scored)
