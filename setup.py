@@ -21,7 +21,8 @@ setup(
     include_package_data=True,
     py_modules=["run_eval", "run_loader_eval"],
     install_requires=requirements,
-    extras_require={"test": ["pytest>=7"]},
+    # experiment trackers (--log_to mlflow / wandb), imported only when asked for
+    extras_require={"test": ["pytest>=7"], "mlflow": ["mlflow>=2.10"], "wandb": ["wandb>=0.16"]},
     entry_points={"console_scripts": ["run_eval=run_eval:cli", "run_loader_eval=run_loader_eval:cli"]},
     options={"build": {"build_base": ".setuptools-build"},
              "egg_info": {"egg_base": "."}},

@@ -34,7 +34,8 @@ from utils.secrets import REDACTED, Secret, secret_options
 #: model options that decide where and how fast a model runs, never what it outputs: left out of
 #: the run identity, so moving a run to other devices (or a faster endpoint) resumes it
 PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder", "gpus_per_rank", "tp_plan", "max_concurrency",
-                     "timeout", "max_retries", "backoff_base", "backoff_max")
+                     "timeout", "max_retries", "backoff_base", "backoff_max", "adaptive_concurrency",
+                     "max_total_tokens", "prompt_price", "completion_price")
 HISTORY_MODES = ("model", "reference")
 CONTEXT_POLICIES = ("error", "truncate_history", "skip")
 REDUCTIONS = ("sum", "mean")

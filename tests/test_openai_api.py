@@ -556,7 +556,7 @@ def _records(out) -> List[Dict[str, Any]]:
 def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_resumes(server, tmp_path, capsys):
     """Each reply costs 10 + 3 tokens; a request may need up to 5 + 10. With 40 tokens, two
     requests fit (26 used) and the third (26 + 15 > 40) is never sent: the run stops with one
-    line, the two answers are saved, and the same command then finishes the run."""
+    line, the two answers are saved, and the command with a raised budget finishes the same run."""
     import run_eval
     server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     args = _run_args(server, tmp_path, "--model_option", "max_total_tokens=40")
@@ -565,8 +565,9 @@ def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_res
     assert "max_total_tokens=40" in err and "26 tokens used (20 prompt + 6 completion)" in err
     assert "re-running the same command resumes" in err
     assert len(server.requests) == 2
+    args[-1] = "max_total_tokens=100"  # a raised budget resumes the same run (the budget is not in its identity)
     assert run_eval.main(args) == 0
-    assert len(server.requests) == 3
+    assert len(server.requests) == 3  # only the sample that had not run
     records = _records(tmp_path / "out")
     assert len(records) == 3
     for r in records:
@@ -645,3 +646,98 @@ def test_adaptive_limit_grows_back_while_replies_are_healthy():
     t0 = time.monotonic()
     lim.release(lim.acquire(), "ok")
     assert time.monotonic() - t0 >= 0.15  # Retry-After pauses new requests
+
+
+# -- issue 16 class 2: credentials as a type, end to end ---------------------------------------
+
+KEY, URL_KEY, URL_PW, BODY_KEY = "sk-e2e-KEY-111111", "qk-e2e-333333", "pw-e2e-PASS-222", "tk-e2e-444444"
+
+
+def _leaks(text: str) -> List[str]:
+    return [s for s in (KEY, URL_KEY, URL_PW, BODY_KEY) if s in text]
+
+
+def test_credentials_reach_the_server_and_no_file_output_or_log(server, tmp_path, capsys, caplog, monkeypatch):
+    """The key (option), a key in base_url's query, the password in its user info and a token
+    deep in extra_body all reach the server; the server echoes them in its answer; none of them
+    appears in any file under the output directory (predictions, shards, results, log, cache),
+    nor on stdout/stderr or in the log records."""
+    import os
+    import run_eval
+    monkeypatch.delenv("REFORM_NO_CACHE", raising=False)  # the response cache is written too
+    host = server.url.split("//", 1)[1]
+    base = f"http://user:{URL_PW}@{host}?api-key={URL_KEY}&deployment=d1"
+    server.script = ["echo_key"] * 3
+    args = _run_args(server, tmp_path, "--model_option", f"api_key={KEY}", "--model_option", f"base_url={base}",
+                     "--model_option", f"extra_body={{metadata: {{auth: {{token: {BODY_KEY}}}, user: u1}}}}",
+                     "--do_eval")
+    with caplog.at_level("DEBUG"):
+        assert run_eval.main(args) == 0
+    # the server really received every credential
+    assert all(h["Authorization"] == f"Bearer {KEY}" for h in server.headers)
+    assert all(f"api-key={URL_KEY}" in p and "deployment=d1" in p for p in server.paths)
+    assert all(r["metadata"] == {"auth": {"token": BODY_KEY}, "user": "u1"} for r in server.requests)
+    # ... and nothing kept it
+    std = capsys.readouterr()
+    assert _leaks(std.out + std.err) == [] and _leaks(caplog.text) == []
+    files = [os.path.join(root, n) for root, _, names in os.walk(tmp_path / "out") for n in names]
+    assert any(f.endswith("results.json") for f in files) and any("cache" in f for f in files)
+    for path in files:
+        with open(path, "rb") as f:
+            assert _leaks(f.read().decode("utf-8", "replace")) == [], path
+    preds = [r["prediction"] for r in _records(tmp_path / "out")]
+    assert preds and all(p.startswith("you sent Bearer <redacted> /v1/chat/completions?") for p in preds), preds
+    assert all("deployment=d1" in p and '"user": "u1"' in p for p in preds)  # only the secrets are cut
+
+
+def test_user_info_of_base_url_is_sent_as_basic_auth_and_never_shown(server):
+    host = server.url.split("//", 1)[1]
+    model, _ = get_model("openai_api", {"model_name": "m", "base_url": f"http://user:{URL_PW}@{host}"})
+    assert model.raw_generate([], "x") == "echo: x"
+    assert base64.b64decode(server.headers[0]["Authorization"].split()[1]).decode() == f"user:{URL_PW}"
+    assert _leaks(json.dumps(model.describe()) + repr(model.config) + model.url) == []
+
+
+def test_config_time_split_and_plain_values_are_wrapped():
+    from utils.secrets import Secret, SecretURL, drop_secrets, secret_options, split_url_secrets
+    url = f"https://user:{URL_PW}@h.example/v1?api-key={URL_KEY}&auth=a-secret-9&X-Amz-Signature=sig-777777&v=2"
+    public, secrets = split_url_secrets(url)
+    assert public == "https://h.example/v1?v=2"
+    assert sorted(secrets) == ["query:X-Amz-Signature", "query:api-key", "query:auth", "userinfo"]
+    opts = secret_options({"base_url": url, "api_key": KEY, "extra_body": {"a": [1], "x": {"access_token": BODY_KEY}}})
+    assert isinstance(opts["base_url"], SecretURL) and opts["base_url"] == public
+    assert isinstance(opts["api_key"], Secret) and isinstance(opts["extra_body"]["x"]["access_token"], Secret)
+    assert _leaks(json.dumps(opts, default=str) + repr(opts) + json.dumps(drop_secrets(opts), default=str)) == []
+    assert opts["base_url"].reveal().startswith(f"https://user:{URL_PW}@h.example/v1?v=2&")
+    assert f"api-key={URL_KEY}" in opts["base_url"].reveal()
+    import pickle
+    again = pickle.loads(pickle.dumps(opts["base_url"]))
+    assert isinstance(again, SecretURL) and again.reveal() == opts["base_url"].reveal()
+
+
+def test_a_reply_that_fails_to_parse_does_not_print_the_key(server):
+    """The key sits past the first 200 characters' cut: scrubbing happens before the cut."""
+    model, _ = _model(server, api_key=KEY)
+    server.script = ["echo_key_notjson"]
+    with pytest.raises(ReformError, match="malformed JSON") as e:
+        model.raw_generate([], "x")
+    assert _leaks(str(e.value)) == [] and "sk-e2e" not in str(e.value)
+
+
+def test_usage_totals_and_cost_per_million_tokens():
+    from utils.usage import usage_totals
+    recs = [{"usage": {"prompt_tokens": 1000, "completion_tokens": 10, "total_tokens": 1010}, "generated_tokens": 10},
+            {"usage": {"prompt_tokens": 3000, "completion_tokens": 30}, "generated_tokens": 30}]
+    out = usage_totals(recs, prompt_price=2.5, completion_price=10.0)
+    assert out == {"records": 2, "records_with_usage": 2, "prompt_tokens": 4000, "completion_tokens": 40,
+                   "total_tokens": 4040, "generated_tokens": 40, "cost": 0.0104}
+    partial = usage_totals(recs + [{"prediction": "x"}], prompt_price=2.5)
+    assert "cost" not in partial and "generated_tokens" not in partial and partial["records_with_usage"] == 2
+
+
+def test_an_option_value_that_fails_to_parse_does_not_print_a_nested_key():
+    from evaluation.config import RunConfig
+    with pytest.raises(ReformError, match="cannot parse the value of extra_body") as e:
+        RunConfig.from_argv(["--model", "openai_api", "--dataset_name", "MME", "--model_option",
+                             f"extra_body={{auth: {{token: {BODY_KEY}, x: [1}}"])
+    assert BODY_KEY not in str(e.value)

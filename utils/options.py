@@ -6,7 +6,7 @@ from typing import Any, Dict, Optional, Sequence
 import yaml
 
 from utils.errors import ReformError
-from utils.secrets import is_secret_key
+from utils.secrets import is_secret_key, redact_text
 
 
 def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
@@ -19,7 +19,7 @@ def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
         try:
             out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
         except (yaml.YAMLError, RecursionError):
-            shown = "(a credential, not shown)" if is_secret_key(k) else repr(v)
+            shown = "(a credential, not shown)" if is_secret_key(k) else repr(redact_text(v))
             raise ReformError(f"{flag}: cannot parse the value of {k.strip()} {shown}") from None
     return out
 

@@ -24,6 +24,8 @@ import threading
 import urllib.parse
 from typing import Any, Dict, Set, Tuple
 
+import yaml
+
 REDACTED = "<redacted>"
 
 #: key names (case-insensitive, ``-`` = ``_``) that hold credentials
@@ -33,8 +35,10 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secr
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                    "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
 # each pattern starts only where its leading run starts (the lookbehinds), so a long run of word
-# characters is scanned once, not once per position: linear time on degenerate model output
-_KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
+# characters is scanned once, not once per position: linear time on degenerate model output.
+# A key may be quoted (a Python or JSON repr: ``'token': 'x'``); a value stops at brackets.
+_KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<q>['\"]?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>\s*[=:]\s*)"
+                 r"(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"{}\[\]]+)")
 #: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
 _URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
 _URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|code|auth|[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|"
@@ -207,6 +211,11 @@ def _secret_url(public: str, secrets: Dict[str, Secret]) -> SecretURL:
     return obj
 
 
+# YAML (a config echoed as flags, a dumped config) shows the redaction marker and the public URL
+yaml.SafeDumper.add_representer(Secret, lambda dumper, _: dumper.represent_str(REDACTED))
+yaml.SafeDumper.add_representer(SecretURL, lambda dumper, url: dumper.represent_str(str.__str__(url)))
+
+
 def secret_options(options: Dict[str, Any]) -> Dict[str, Any]:
     """Options with every credential-named value wrapped as a Secret, at any depth of a mapping
     value (``extra_body``), and every ``*url`` value with credentials inside as a SecretURL
@@ -241,7 +250,7 @@ def redact_text(text: str) -> str:
 
     def mask(m: "re.Match[str]") -> str:
         if is_secret_key(m.group("key").split(".")[-1].lstrip("-")):
-            return f"{m.group('key')}{m.group('sep')}{REDACTED}"
+            return f"{m.group('q')}{m.group('key')}{m.group('q')}{m.group('sep')}{REDACTED}"
         return m.group(0)
     return _KV.sub(mask, text)
 

@@ -371,7 +371,7 @@ class OpenAIAPIInterface(BaseInterface):
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
-        cfg = self.config
+        self.config = cfg = secret_options(self.config)  # a Python caller's plain key is wrapped too
         for key, why in self.refused_options.items():
             if key in cfg:
                 raise ReformError(f"--model_option {key}: not used by model 'openai_api' ({why})")
