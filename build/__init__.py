@@ -13,8 +13,10 @@ from torch.utils.data import Dataset
 
 from build.reformulation import Reformulator
 from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder, resolve_config
-from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
+from utils.images import open_image
+from utils.predictions import image_ids
+from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,6 @@ __all__ = ["BUILDERS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_datas
 
 def _load_image(image: Any, record: Any = None) -> Any:
     if isinstance(image, str):
-        from utils.images import open_image
         return open_image(image, record=record)
     return image
 
@@ -65,7 +66,6 @@ class ReformDataset(Dataset):
         return len(self.samples)
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
-        from utils.predictions import image_ids
         sample = dict(self.samples[idx])
         sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:

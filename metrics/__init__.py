@@ -59,7 +59,8 @@ class ReportSpec:
     ``score_groups``: headline name -> the subtasks whose scores it sums. ``items``: the named
     items of an item breakdown (instruction ids), in report order; ``spread``: the per-entry
     spread of repeated samples (PIF-IQR-N). ``per_sample_fields``: fields the metric copies into
-    each per-sample entry for the breakdowns and the per-sample browser.
+    each per-sample entry for the breakdowns and the per-sample browser. ``chance``: statistic ->
+    the value a uniform guesser reaches in every group (plots draw it as the chance line).
     """
     family: str = "accuracy"
     strata: Optional[str] = None
@@ -71,6 +72,7 @@ class ReportSpec:
     items: Tuple[str, ...] = ()
     spread: Optional[Callable[[Sequence[float]], float]] = None
     per_sample_fields: Tuple[str, ...] = ()
+    chance: Dict[str, float] = field(default_factory=dict)
 
 
 def coverage_note(counts: Dict[str, int], members: Sequence[str], sizes: Dict[str, int]) -> Optional[str]:

@@ -21,59 +21,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from metrics import ReportSpec, coverage_note, report_spec
-from utils.seeding import np_rng_for
+from utils.bootstrap import MIN_CLUSTERS, cluster_weights, interval, wmean
+from utils.report import markdown_table
+
+#: resamples per interval on every surface (results.md, comparison, report)
+N_BOOT = 1000
 
 Stats = Dict[str, Any]
 Family = Callable[[List[Dict[str, Any]], np.ndarray, Dict[str, Any]], Stats]
-
-
-def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int, key: str,
-                    strata: Optional[Sequence[Any]] = None) -> np.ndarray:
-    """(n_boot + 1, n_entries) draw counts; row 0 is the data itself (all ones)."""
-    uniq, inv = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
-    n_c = len(uniq)
-    counts = np.ones((n_boot + 1, n_c))
-    if n_boot and n_c:
-        rng = np_rng_for(seed, "bootstrap", key)
-        stratum_of = np.zeros(n_c, dtype=int)
-        if strata is not None:
-            s_uniq, s_inv = np.unique(np.asarray([str(s) for s in strata]), return_inverse=True)
-            stratum_of[inv] = s_inv
-        boot = np.zeros((n_boot, n_c))
-        for s in np.unique(stratum_of):
-            members = np.flatnonzero(stratum_of == s)
-            m = len(members)
-            draws = rng.integers(0, m, size=(n_boot, m))
-            flat = (draws + (np.arange(n_boot) * m)[:, None]).ravel()
-            boot[:, members] = np.bincount(flat, minlength=n_boot * m).reshape(n_boot, m)
-        counts[1:] = boot
-    return counts[:, inv]
-
-
-def wmean(W: np.ndarray, x: Sequence[float], mask: Optional[np.ndarray] = None) -> np.ndarray:
-    """Weighted mean per resample (NaN where a resample holds no entry)."""
-    xv = np.asarray(x, dtype=float)
-    if mask is not None:
-        W, xv = W[:, mask], xv[mask]
-    tot = W.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tot > 0, (W @ xv) / np.where(tot > 0, tot, 1), np.nan)
-
-
-#: a group whose entries come from fewer clusters shows no interval (docs/metrics.md): with 1 or 2
-#: clusters the percentile bootstrap has almost nothing to resample and collapses to zero width
-MIN_CLUSTERS = 5
-
-
-def interval(values: np.ndarray, enough_clusters: bool = True) -> Dict[str, Optional[float]]:
-    """{"value", "low", "high"} from a (n_boot + 1,) array; no interval without enough clusters."""
-    def f(x: float) -> Optional[float]:
-        return None if x is None or not np.isfinite(x) else float(x)
-    boot = values[1:][np.isfinite(values[1:])]
-    if boot.size == 0 or not enough_clusters:
-        return {"value": f(values[0]), "low": None, "high": None}
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"value": f(values[0]), "low": f(lo), "high": f(hi)}
 
 
 def _group_sort_key(k: Any) -> Tuple[int, Any]:
@@ -285,3 +240,27 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
             rows[g] = {k: (v if k == "n" else interval(v, ok)) for k, v in row.items() if k != "clusters"}
         out["breakdowns"][name] = rows
     return out
+
+
+def interval_title(n_boot: int, seed: int) -> str:
+    return (f"95% intervals ({n_boot} cluster-bootstrap resamples, seed {seed}; "
+            f"none from fewer than {MIN_CLUSTERS} clusters)")
+
+
+def interval_table(per_sample: List[Dict[str, Any]], result: Dict[str, Any], key: str = "", n_boot: int = 1000,
+                   seed: int = 0) -> str:
+    """The headline numbers and every breakdown group with the interval the report shows (the
+    same resamples: same seed, ``key`` the benchmark), for results.md and the console, so one
+    number has one interval everywhere."""
+    b = bootstrap(per_sample, result, n_boot=n_boot, seed=seed, key=key)
+
+    def cells(label: str, n: Any, stat: str, cell: Dict[str, Any]) -> List[Any]:
+        v = cell.get("value")
+        span = "-" if cell.get("low") is None else f"[{cell['low']:.4f}, {cell['high']:.4f}]"
+        return [label, n, stat, "-" if v is None else f"{v:.4f}", span]
+
+    rows = [cells("all", len(per_sample), k, c) for k, c in b["headline"].items()]
+    for name, groups in b["breakdowns"].items():
+        for g, row in groups.items():
+            rows += [cells(f"{name} {g}", row["n"], k, c) for k, c in row.items() if k != "n"]
+    return markdown_table(["group", "n", "number", "value", "95% interval"], rows)

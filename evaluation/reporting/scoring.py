@@ -22,6 +22,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from metrics.single_choice import check_stability
 from utils.errors import ReformError, input_error
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
@@ -221,6 +222,10 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         "num_records": len(records)}
     if result.get("notes"):  # said beside a number (a subsample total's missing subtasks)
         summary["notes"] = result["notes"]
+    # one interval method on every surface: the report's cluster bootstrap, in results.md too
+    result["tables"][interval_title(N_BOOT, 0)] = interval_table(
+        result.get("per_sample", []), {"metric": result["metric"], "infer_method": infer_method},
+        key=str(records[0].get("benchmark") or ""), n_boot=N_BOOT)
     if extra:
         summary = {**extra, **summary}
     report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
