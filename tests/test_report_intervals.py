@@ -95,3 +95,15 @@ def test_mme_plot_has_the_chance_line_and_a_zero_bar_is_drawn(monkeypatch, tmp_p
     total = dict(figs)["mme_total"].axes[0]
     assert any(seg[0][1] == seg[1][1] == 0.0 and seg[0][0] != seg[1][0]
                for coll in total.collections for seg in coll.get_segments())
+
+
+def test_per_sample_card_shows_the_options_with_their_marks():
+    from evaluation.reporting.html import sample_data
+    rec = {"sample_id": "t0", "dup_index": 0, "question": "Is it?", "answer_options": ["false", "true"],
+           "option_marks": ["A", "B"], "question_with_option": "Is it? Options: (A) false; (B) true.",
+           "answer": 1, "prediction": "(B)"}
+    p = {"sample_id": "t0", "dup_index": 0, "cluster": "t0", "question": "Is it?", "answer_text": "true",
+         "prediction": "(B)", "extracted": 1, "correct": True}
+    data = sample_data({"family": "accuracy"}, [{"name": "m", "records": [rec],
+                                                 "result": {"prediction_file": None, "per_sample": [p]}}])
+    assert data["strings"][data["samples"][0][2]] == "Is it? Options: (A) false; (B) true."
