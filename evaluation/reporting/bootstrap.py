@@ -7,11 +7,13 @@ cluster; resampling draws whole clusters with replacement, within strata (MME su
 iWISDM complexity) that the benchmark's design fixes.
 
 Each metric family is one function ``family(per_sample, W, result) -> {"headline": {name:
-array}, "breakdowns": {breakdown: {group: {stat: array, "n": int}}}}``. ``W`` has one row
-per resample and one column per entry (how often the entry's cluster was drawn); row 0 is
-all ones, so ``array[0]`` is the point estimate on the data as given and must equal what
-the metric itself reports (the tests check it). The interval is the 2.5 and 97.5
-percentiles of rows 1..n_boot.
+array}, "breakdowns": {breakdown: {group: {stat: array, "n": int, "clusters": entry mask}}},
+"notes": {name: text}}``. ``W`` has one row per resample and one column per entry (how often
+the entry's cluster was drawn); row 0 is all ones, so ``array[0]`` is the point estimate on the
+data as given and must equal what the metric itself reports (the tests check it). The interval
+is the 2.5 and 97.5 percentiles of rows 1..n_boot, shown only when the number's entries span
+enough clusters (``utils.bootstrap.MIN_CLUSTERS``). Which family, strata and breakdowns a
+metric has comes from its ReportSpec (``metrics.register_report``): no benchmark is named here.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def cluster_of(p: Dict[str, Any]) -> str:
 
 
 def _ordered(groups: Dict[str, np.ndarray], order: Sequence[str]) -> Dict[str, np.ndarray]:
-    """Groups in the spec's preferred order, the rest after them as groups_of sorted them."""
+    """Groups in the spec's preferred order, the rest after them by name."""
     if not order:
         return groups
     rank = {g: i for i, g in enumerate(order)}
