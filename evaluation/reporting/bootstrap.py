@@ -155,7 +155,7 @@ def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
     samples = [list(p.get("pif_samples") or [p["pif"]]) for p in ps]
     n = min(len(s) for s in samples) if samples else 1
     perfect = np.array([sum(1 for v in s[:n] if v >= 1.0 - 1e-12) for s in samples])
-    if n > 1:  # with one response per turn PIF-1-1 is PIF rounded down and the spread is 0: no columns
+    if n > 1:  # with one response per turn the spread is 0 and PIF-1-1 adds nothing N-K is for: no columns
         for k in range(1, n + 1):
             head[f"pif_{n}_{k}"] = wmean(W, perfect >= k)
         if spec.spread is not None:
