@@ -18,6 +18,8 @@ from utils.images import open_image
 from utils.predictions import image_ids
 from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.seeding import rng_for
+from utils.images import open_image
+from utils.predictions import image_ids
 
 logger = logging.getLogger(__name__)
 

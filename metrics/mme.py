@@ -17,6 +17,7 @@ over every (image, dup) pair, i.e. the mean of the per-duplicate figures.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ from metrics import ReportSpec, coverage_note, register_metric, register_option_
 from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
+from utils.inputs import list_dir, read_text
 from utils.predictions import register_prediction_dir_reader, register_results_exporter
 from utils.report import markdown_table
 
@@ -275,15 +277,7 @@ def _one_line(text: str) -> str:
 
 def _results_lines(path: str) -> List[Tuple[int, str]]:
     """(line number, text) of the non-blank lines of a results file; one error line if not UTF-8."""
-    import stat
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise input_error("results file is not a regular file", file=path)
-    try:
-        with open(path, "r", encoding="utf-8-sig", newline="") as f:
-            raw_lines = f.readlines()
-    except UnicodeDecodeError as e:
-        raise input_error(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                          "save the results file as UTF-8", file=path) from None
+    raw_lines = io.StringIO(read_text(path, "results file"), newline="").readlines()
     out = []
     for no, raw in enumerate(raw_lines, 1):
         line = raw[:-2] if raw.endswith("\r\n") else raw.rstrip("\n")
@@ -314,9 +308,8 @@ def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
     if not os.path.isdir(results_dir):
         raise input_error("MME results folder not found", file=results_dir)
     found: Dict[str, str] = {}
-    for fname in sorted(os.listdir(results_dir)):
-        if not fname.endswith(".txt"):
-            continue
+    # list_dir refuses names that are not UTF-8, dangling links and case twins (Existence.txt)
+    for fname in list_dir(results_dir, "MME results folder", suffix=(".txt",)):
         sub = canonical_subtask(fname[:-4])
         if sub is None:
             logger.info("MME results: ignoring %s (not a subtask name)", fname)

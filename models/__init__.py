@@ -53,9 +53,19 @@ def available_models() -> list:
     return sorted(MODELS)
 
 
-#: config keys run_eval itself sets (not ``--model_option`` keys, but never an error)
-RUN_CONFIG_KEYS = ("model_name", "model_type", "half_evaluation", "device", "inference_method", "seed", "batch_size")
-
+#: config keys run_eval itself sets (never ``--model_option`` keys), each with how a user sets
+#: it instead; every flag named here exists in ``run_eval.py --help`` (tested)
+RUN_CONFIG_KEYS: Dict[str, str] = {
+    "model_name": "use --model_name",
+    "model_type": "use --model_type",
+    "half_evaluation": "use --half_evaluation",
+    "inference_method": "use --infer_method",
+    "seed": "use --seed",
+    "batch_size": "use --per_gpu_eval_batch_size",
+    "device": ("run_eval places each rank on its own GPU, or on the CPU when no GPU is visible; to run on "
+               "the CPU, hide the GPUs (CUDA_VISIBLE_DEVICES= python run_eval.py ...); to spread a model "
+               "over devices, use --model_option device_map=auto or gpus_per_rank=K"),
+}
 
 def model_option_names(name: str) -> Tuple[str, ...]:
     """Every ``--model_option`` key the family ``name`` reads (collected over its class hierarchy)."""
@@ -65,7 +75,7 @@ def model_option_names(name: str) -> Tuple[str, ...]:
     names: set = set()
     for cls in getattr(MODELS[name], "__mro__", ()):
         names.update(getattr(cls, "option_names", ()) if "option_names" in vars(cls) else ())
-    return tuple(sorted(names))
+    return tuple(sorted(names - set(getattr(MODELS[name], "refused_options", {}))))
 
 
 def _dtype_names() -> Tuple[str, ...]:
@@ -102,6 +112,10 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
     "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
+    "adaptive_concurrency": (lambda v: isinstance(v, bool), "true or false"),
+    "max_total_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
+    "prompt_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
+    "completion_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
 }
 
 
@@ -119,9 +133,11 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
     values of the shared keys are checked (``OPTION_CHECKS``) before anything is loaded."""
     run_keys = sorted(k for k in options if k in RUN_CONFIG_KEYS)
     if run_keys:
-        raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself (use its own flag, e.g. "
-                          f"--{'per_gpu_eval_batch_size' if run_keys[0] == 'batch_size' else run_keys[0]}), "
-                          "not a model option")
+        raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself, not a model option; "
+                          f"{RUN_CONFIG_KEYS[run_keys[0]]}")
+    refused = getattr(MODELS[name], "refused_options", {})  # a family names the shared keys it cannot honour
+    for key in sorted(k for k in options if k in refused):
+        raise ReformError(f"--model_option {key}: not used by model '{name}' ({refused[key]})")
     valid = set(model_option_names(name))
     unknown = sorted(k for k in options if k not in valid)
     if unknown:

@@ -41,12 +41,14 @@ import os
 import shutil
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from PIL import Image
 
 from utils.schema import IMAGE_TOKEN
 from models.checkpoint_files import check_checkpoint_dir
 from models.interfaces.base_interface import BaseInterface, CandidateScore
+from models.outputs import GenText, finish_text
 from utils.errors import ReformError
 from utils.images import open_image
 
@@ -183,6 +185,9 @@ class HFBaseInterface(BaseInterface):
     #: counted from ``position_offset``) or ``model`` (the model derives them from the mask)
     position_source: str = "mask"
     position_offset: int = 0
+    #: what the processor returns (``return_tensors``): ``pt``, or ``np`` for a processor that
+    #: post-processes its own outputs with numpy (PaliGemma), which warns on torch tensors
+    processor_tensors: str = "pt"
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -403,7 +408,7 @@ class HFBaseInterface(BaseInterface):
         """Length of the processor's ``input_ids`` for this prompt (image tokens expanded)."""
         text = self.render(prompt)
         imgs = self._images(images, 0)
-        kwargs: Dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        kwargs: Dict[str, Any] = {"text": [text], "return_tensors": self.processor_tensors}
         if imgs:
             kwargs["images"] = imgs
         enc = self.processor(**kwargs)
@@ -484,7 +489,7 @@ class HFBaseInterface(BaseInterface):
 
     def _encode(self, texts: List[str], images: List[Image.Image]) -> Dict[str, torch.Tensor]:
         """Processor call (left padding), moved to the model's device and dtype."""
-        kwargs: Dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
+        kwargs: Dict[str, Any] = {"text": texts, "return_tensors": self.processor_tensors, "padding": True}
         if images:
             kwargs["images"] = images
         return self.to_model_inputs(self.processor(**kwargs))
@@ -493,6 +498,8 @@ class HFBaseInterface(BaseInterface):
         """Processor outputs as a dict on the model's device, floating tensors in its dtype."""
         out: Dict[str, Any] = {}
         for k, v in enc.items():
+            if isinstance(v, np.ndarray):
+                v = torch.from_numpy(v)
             if isinstance(v, torch.Tensor):
                 v = v.to(self.device)
                 if v.is_floating_point():
@@ -513,7 +520,7 @@ class HFBaseInterface(BaseInterface):
     # ---------------------------------------------------------------------------- generation
     @torch.inference_mode()
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
-                           **gen_kwargs: Any) -> List[str]:
+                           **gen_kwargs: Any) -> List[GenText]:
         """Greedy (temperature 0/None) or sampled generation; the prompt is stripped.
 
         Sampling with ``seeds`` (one int per prompt) runs batched and batch-invariant: each
@@ -609,14 +616,31 @@ class HFBaseInterface(BaseInterface):
         return kwargs
 
     def _generate(self, texts: List[str], images: List[List[Image.Image]], hf_kwargs: Dict[str, Any],
-                  offset: int = 0) -> List[str]:
+                  offset: int = 0) -> List[GenText]:
         enc = self._encode(texts, [im for ims in images for im in ims])
         length = enc["input_ids"].shape[1]
         for i in range(len(texts)):
             n = int(enc["attention_mask"][i].sum()) if "attention_mask" in enc else length
             self._check_context(n + hf_kwargs["max_new_tokens"], offset + i, "prompt + max_new_tokens")
         out = self.model.generate(**enc, **hf_kwargs)
-        return [s.strip() for s in self.tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)]
+        return self.decode_generated(out[:, length:])
+
+    def decode_generated(self, new_ids: torch.Tensor) -> List[GenText]:
+        """Generated token rows (prompt removed) as ``finish_text`` texts carrying their token
+        counts: a row's tokens up to and including its first EOS (later positions are the
+        padding of a row that finished early)."""
+        texts = self.tokenizer.batch_decode(new_ids, skip_special_tokens=True)
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        eos_ids = torch.tensor([e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None],
+                               dtype=new_ids.dtype, device=new_ids.device)
+        width = new_ids.shape[1]
+        counts = []
+        for row in new_ids:
+            hits = torch.nonzero(torch.isin(row, eos_ids)).flatten() if len(eos_ids) else row[:0]
+            counts.append(int(hits[0]) + 1 if len(hits) else width)
+        return [finish_text(t, tokens=n) for t, n in zip(texts, counts)]
 
     # ---------------------------------------------------------------------------- likelihood
     def candidate_ids(self, prompt_text: str, candidate: str) -> List[int]:
@@ -768,7 +792,7 @@ class HFBaseInterface(BaseInterface):
                                  (same & causal[None]) | own], dim=-1)
             mask4d = torch.zeros(bsz, 1, n, p_len + n, dtype=self.dtype, device=dev)
             mask4d.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
-            out = self.candidate_model()(input_ids=ids, attention_mask=mask4d, past_key_values=cache, use_cache=True,
+            out = self.candidate_model()(input_ids=ids, attention_mask=mask4d, cache=cache, use_cache=True,
                                          **self.candidate_positions(pos, torch.arange(bsz, device=dev)))
             lp = torch.log_softmax(out.logits.float(), dim=-1)
             for b, cands in enumerate(pieces):
@@ -802,7 +826,7 @@ class HFBaseInterface(BaseInterface):
             cache.batch_select_indices(index)
             self.select_candidate_rows(index)
             am = torch.cat([mask[index].to(dev), torch.ones(len(rows), max_len - 1, dtype=mask.dtype, device=dev)], 1)
-            out = self.candidate_model()(input_ids=targets[:, :-1], attention_mask=am, past_key_values=cache,
+            out = self.candidate_model()(input_ids=targets[:, :-1], attention_mask=am, cache=cache,
                                          use_cache=True,
                                          **self.candidate_positions(
                                              real.to(dev)[index][:, None] + torch.arange(max_len - 1, device=dev)[None],
@@ -837,7 +861,7 @@ class HFBaseInterface(BaseInterface):
     def prefix_cache(self, out: Any) -> Any:
         """The KV cache of the prefix pass's output (hook; BLIP-2 nests it in
         ``language_model_outputs``)."""
-        return out.past_key_values
+        return out.cache
 
     def candidate_model(self) -> Any:
         """The module that runs candidate tokens against the prefix cache (hook): the full

@@ -34,3 +34,13 @@ def generation_stats(text: Any) -> Dict[str, Any]:
     if getattr(text, "usage", None):
         out["usage"] = dict(text.usage)
     return out
+
+
+def finish_text(text: str, tokens: Optional[int] = None, usage: Optional[Dict[str, Any]] = None) -> GenText:
+    """The one normalisation of generated text, shared by every generation path (in-process and
+    API): surrounding whitespace stripped, then wrapped with what was counted.
+
+    Why one function: MME's official parse is whitespace-sensitive, so two paths that strip
+    differently score the same greedy model differently (issue 15).
+    """
+    return GenText(str(text).strip(), tokens=tokens, usage=usage)

@@ -33,6 +33,7 @@ from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.interfaces.base_interface import CandidateScore
+from models.outputs import GenText
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
 from models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
 from utils.errors import ReformError
@@ -89,7 +90,7 @@ class Blip2Interface(HFBaseInterface):
 
     def prefix_cache(self, out: Any) -> Any:
         """BLIP-2's output keeps the language model's cache in ``language_model_outputs``."""
-        return out.language_model_outputs.past_key_values
+        return out.language_model_outputs.cache
 
     def candidate_model(self) -> Any:
         """BLIP-2's forward needs ``pixel_values``; candidates run on the language model."""
@@ -148,14 +149,14 @@ class Blip2Interface(HFBaseInterface):
 
     # ------------------------------------------------------------------ generation
     def _generate(self, texts: List[str], images: List[List[Image.Image]], hf_kwargs: Dict[str, Any],
-                  offset: int = 0) -> List[str]:
+                  offset: int = 0) -> List[GenText]:
         if not self.seq2seq:
             return super()._generate(texts, images, hf_kwargs, offset)
         enc = self._encode(texts, [im for ims in images for im in ims])
         for i in range(len(texts)):
             self._check_context(int(enc["attention_mask"][i].sum()), offset + i, "prompt")
-        out = self.model.generate(**enc, **hf_kwargs)  # decoder tokens only
-        return [s.strip() for s in self.tokenizer.batch_decode(out, skip_special_tokens=True)]
+        out = self.model.generate(**enc, **hf_kwargs)  # decoder tokens only, after the start token
+        return self.decode_generated(out[:, 1:])
 
     # ------------------------------------------------------------------ likelihood
     def candidate_ids(self, prompt_text: str, candidate: str) -> List[int]:

@@ -55,6 +55,9 @@ class PaliGemmaInterface(HFBaseInterface):
     likelihood_strategy = "expand"
     #: Gemma positions are 1-indexed (explicit in a left-padded batched prefix pass)
     position_offset = 1
+    #: the processor builds its ``labels`` with ``np.array`` on its outputs, which warns
+    #: (DeprecationWarning, numpy 2) when they are torch tensors
+    processor_tensors = "np"
 
     def make_preprocessor(self, config: Dict[str, Any]) -> AllImagesFirstProcessor:
         """Images first, then ``Question: ... Answer:`` turns (``roles``, ``system_msg``,
