@@ -7,11 +7,13 @@ entries keep the extracted answer beside the verdict so every score can be expla
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from metrics.reasoning import strip_reasoning_records
 from utils.errors import ReformError, unknown_name
+from utils.report import markdown_table
 
 METRICS: Dict[str, Callable[..., Dict[str, Any]]] = {}
 
@@ -123,7 +125,6 @@ STANDARD_ARGS = ("records", "formulation", "infer_method", "eval_stability", "li
 
 def check_metric_options(name: str, options: Dict[str, Any]) -> None:
     """``--metric_option`` keys must be parameters of the metric, and values of the default's type."""
-    import inspect
     params = {p.name: p for p in inspect.signature(get_metric(name)).parameters.values()
               if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
     valid = {k: p.default for k, p in params.items() if k not in STANDARD_ARGS}
@@ -179,7 +180,6 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
     result.setdefault("tables", {})
     result["metric"] = name
     if skipped:
-        from utils.report import markdown_table
         n = sum(skipped.values())
         result["metrics"]["skipped_samples"] = n
         result["tables"]["Skipped samples (excluded from every metric)"] = markdown_table(
