@@ -13,8 +13,10 @@ from torch.utils.data import Dataset
 
 from build.reformulation import Reformulator
 from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder, resolve_config
-from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
+from utils.images import open_image
+from utils.predictions import image_ids
+from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.seeding import rng_for
 from utils.images import open_image
 from utils.predictions import image_ids

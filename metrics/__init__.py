@@ -7,11 +7,13 @@ entries keep the extracted answer beside the verdict so every score can be expla
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from metrics.reasoning import strip_reasoning_records
 from utils.errors import ReformError, unknown_name
+from utils.report import markdown_table
 
 METRICS: Dict[str, Callable[..., Dict[str, Any]]] = {}
 
@@ -59,7 +61,8 @@ class ReportSpec:
     ``score_groups``: headline name -> the subtasks whose scores it sums. ``items``: the named
     items of an item breakdown (instruction ids), in report order; ``spread``: the per-entry
     spread of repeated samples (PIF-IQR-N). ``per_sample_fields``: fields the metric copies into
-    each per-sample entry for the breakdowns and the per-sample browser.
+    each per-sample entry for the breakdowns and the per-sample browser. ``chance``: statistic ->
+    the value a uniform guesser reaches in every group (plots draw it as the chance line).
     """
     family: str = "accuracy"
     strata: Optional[str] = None
@@ -71,6 +74,7 @@ class ReportSpec:
     items: Tuple[str, ...] = ()
     spread: Optional[Callable[[Sequence[float]], float]] = None
     per_sample_fields: Tuple[str, ...] = ()
+    chance: Dict[str, float] = field(default_factory=dict)
 
 
 def coverage_note(counts: Dict[str, int], members: Sequence[str], sizes: Dict[str, int]) -> Optional[str]:
@@ -121,7 +125,6 @@ STANDARD_ARGS = ("records", "formulation", "infer_method", "eval_stability", "li
 
 def check_metric_options(name: str, options: Dict[str, Any]) -> None:
     """``--metric_option`` keys must be parameters of the metric, and values of the default's type."""
-    import inspect
     params = {p.name: p for p in inspect.signature(get_metric(name)).parameters.values()
               if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
     valid = {k: p.default for k, p in params.items() if k not in STANDARD_ARGS}
@@ -177,7 +180,6 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
     result.setdefault("tables", {})
     result["metric"] = name
     if skipped:
-        from utils.report import markdown_table
         n = sum(skipped.values())
         result["metrics"]["skipped_samples"] = n
         result["tables"]["Skipped samples (excluded from every metric)"] = markdown_table(

@@ -237,7 +237,9 @@ def total_notes(metrics: Dict[str, Any]) -> Dict[str, str]:
 
 register_report("mme", ReportSpec(family="mme", strata="subtask", subtasks=SUBTASKS, subtask_sizes=OFFICIAL_COUNTS,
                                   score_groups=(("perception_score", PERCEPTION), ("cognition_score", COGNITION)),
-                                  per_sample_fields=("subtask", "category", "image")))
+                                  per_sample_fields=("subtask", "category", "image"),
+                                  # uniform yes/no guessing: acc 0.5 and acc+ 0.25, so 50 + 25 per subtask
+                                  chance={"score": 75.0}))
 
 
 @register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})

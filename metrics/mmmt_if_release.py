@@ -16,7 +16,8 @@ from itertools import combinations
 from typing import Any, Dict, List, Sequence, Tuple
 
 from build.mmmt_if import load_release
-from metrics.pif_scores import _fmt, bernoulli_ci, pif_metric
+from metrics.pif_scores import _fmt, pif_metric
+from utils.bootstrap import cluster_interval
 from utils.errors import ReformError
 from utils.predictions import register_prediction_file_reader
 from utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
@@ -131,9 +132,13 @@ def release_reference_report(records: Sequence[Dict[str, Any]]) -> Dict[str, Any
     per_turn: Dict[str, Dict[Tuple[str, Any], float]] = {}
     for model, recs in groups.items():
         res = pif_metric(recs)
-        pifs = [s["pif"] for s in res["per_sample"]]
-        _, lo, hi = bernoulli_ci(pifs)
-        per_model[model] = dict(res["metrics"], pif_ci95_low=lo, pif_ci95_high=hi)
+        ps = res["per_sample"]
+        ci = cluster_interval([s["pif"] for s in ps], [str(s["chat_id"]) for s in ps], key=model)
+        per_model[model] = dict(res["metrics"], pif_ci95_low=ci["low"], pif_ci95_high=ci["high"])
+        for t, row in per_model[model]["pif_by_turn"].items():  # chats resampled, as in the report
+            at = [s for s in ps if str(s["turn"]) == t]
+            ci = cluster_interval([s["pif"] for s in at], [str(s["chat_id"]) for s in at], key=f"{model}/{t}")
+            row.update(ci95_low=ci["low"], ci95_high=ci["high"])
         per_turn[model] = {_turn_key(s): s["pif"] for s in res["per_sample"]}
     models = list(groups)
     tests: Dict[str, Dict[str, Any]] = {}
@@ -157,6 +162,11 @@ def release_reference_report(records: Sequence[Dict[str, Any]]) -> Dict[str, Any
     return {"metrics": metrics, "tables": _tables(models, per_model, tests, dominance)}
 
 
+def _span(low: Any, high: Any) -> str:
+    """" [low, high]", or nothing where too few chats give no interval."""
+    return "" if low is None else f" [{_fmt(low)}, {_fmt(high)}]"
+
+
 def _p(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.2e}"
 
@@ -167,8 +177,8 @@ def _tables(models: List[str], per_model: Dict[str, Dict[str, Any]], tests: Dict
     for m in models:
         pm = per_model[m]
         paper = PAPER_TABLE3.get(m)
-        rows.append(f"| {m} | {pm['num_turns']} | {_fmt(pm['pif'])} | [{_fmt(pm['pif_ci95_low'])}, "
-                    f"{_fmt(pm['pif_ci95_high'])}] | "
+        span = _span(pm["pif_ci95_low"], pm["pif_ci95_high"]).strip() or "-"
+        rows.append(f"| {m} | {pm['num_turns']} | {_fmt(pm['pif'])} | {span} | "
                     f"{'-' if paper is None else f'{paper:.3f}'} |")
     corpus = "\n".join(rows)
     turns = sorted({t for m in models for t in per_model[m]["pif_by_turn"]}, key=lambda t: int(t))
@@ -183,7 +193,7 @@ def _tables(models: List[str], per_model: Dict[str, Dict[str, Any]], tests: Dict
                 cells.append("-")
                 continue
             means.append(v["pif"])
-            cells.append(f"{_fmt(v['pif'])} [{_fmt(v['ci95_low'])}, {_fmt(v['ci95_high'])}]")
+            cells.append(_fmt(v["pif"]) + _span(v["ci95_low"], v["ci95_high"]))
         rows.append(f"| {t} | {n} | " + " | ".join(cells) + f" | {_fmt(sum(means) / len(means))} |")
     by_turn = "\n".join(rows)
     ks = sorted({k for m in models for k in per_model[m]["pif_by_num_instructions"]}, key=int)

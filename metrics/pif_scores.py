@@ -185,10 +185,9 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
             if s["followed"] is not None:  # released scores carry no per-instruction verdicts
                 follow[iid].append(s["followed"][j])
                 follow_loose[iid].append(s["followed_loose"][j])
-    metrics["pif_by_turn"] = {}
-    for t in sorted(by_turn):
-        m, lo, hi = bernoulli_ci(by_turn[t])
-        metrics["pif_by_turn"][str(t)] = {"pif": m, "ci95_low": lo, "ci95_high": hi, "n": len(by_turn[t])}
+    # intervals are the reporting layer's (one cluster-bootstrap method on every surface)
+    metrics["pif_by_turn"] = {str(t): {"pif": float(np.mean(by_turn[t])), "n": len(by_turn[t])}
+                              for t in sorted(by_turn)}
     metrics["pif_by_num_instructions"] = {str(k): {"pif": float(np.mean(v)), "n": len(v)}
                                           for k, v in sorted(by_num.items())}
     metrics["pif_by_instruction"] = {
@@ -209,9 +208,9 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
 
 
 def _tables(m: Dict[str, Any], n_resp: int) -> Dict[str, str]:
-    rows = ["| turn | n | PIF | 95% CI |", "|---:|---:|---:|---|"]
+    rows = ["| turn | n | PIF |", "|---:|---:|---:|"]
     for t, v in m["pif_by_turn"].items():
-        rows.append(f"| {t} | {v['n']} | {_fmt(v['pif'])} | [{_fmt(v['ci95_low'])}, {_fmt(v['ci95_high'])}] |")
+        rows.append(f"| {t} | {v['n']} | {_fmt(v['pif'])} |")
     per_turn = "\n".join(rows)
     rows = ["| instruction | category | n | followed (strict) | followed (loose) | PIF given it |",
             "|---|---|---:|---:|---:|---:|"]

@@ -68,6 +68,12 @@ def test_iwisdm_run_score_compare(tmp_path, capsys):
     assert {_picked(r) for r in const} == {0}  # the first option shown
     const_acc = sum(r["answer"] == 0 for r in const) / 20
     assert results_of(const_file)["metrics"]["accuracy"] == pytest.approx(const_acc)
+    # one interval method: results.md shows the report's bootstrap interval, digit for digit
+    with open(os.path.join(const_file[:-5] + ".report", "comparison.json"), encoding="utf-8") as f:
+        cell = json.load(f)["models"][0]["headline"]["accuracy"]
+    md = open(const_file[:-5] + ".results.md", encoding="utf-8").read()
+    assert (f"| all | 20 | accuracy | {cell['value']:.4f} | [{cell['low']:.4f}, {cell['high']:.4f}] |"
+            in md), md
 
     capsys.readouterr()
     assert run_loader_eval.main(["--prediction_file", str(out), "--output_dir", str(tmp_path / "cmp"),
@@ -149,6 +155,9 @@ def test_mmmt_if_release_only_run_score_compare(tmp_path):
     assert mine["headline"]["pif"]["value"] == pytest.approx(own["pif"])
     assert mine["headline"]["pif_loose"]["value"] == pytest.approx(own["pif_loose"])
     assert _scored(pred)["metrics"]["pif"] == pytest.approx(own["pif"])
+    md = open(pred[:-5] + ".results.md", encoding="utf-8").read()
+    assert "| turn | n | PIF |\n" in md and "95% CI" not in md  # no second (Wald) interval
+    assert "| turn 1 | 1 | pif | " in md  # the bootstrap table: one chat, so no interval
 
 
 def _fake_venv(work: str) -> None:

@@ -65,3 +65,45 @@ def test_benchmarks_reach_reporting_through_the_registry():
     src = open(__import__("evaluation.reporting.bootstrap", fromlist=["x"]).__file__).read()
     for name in ("build.mme", "metrics.iwisdm", "metrics.pif", "PERCEPTION", "INSTRUCTION_IDS", "iwisdm"):
         assert name not in src, name
+
+
+def _captured_figures(monkeypatch):
+    from evaluation.reporting import plots
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out_dir, name: figs.append((name, fig)) or [name])
+    return plots, figs
+
+
+def _comp(metric, family, models):
+    return {"benchmark": "B", "metric": metric, "family": family, "models": models}
+
+
+def test_mme_plot_has_the_chance_line_and_a_zero_bar_is_drawn(monkeypatch, tmp_path):
+    plots, figs = _captured_figures(monkeypatch)
+    cell = lambda v: {"value": v, "low": None, "high": None}  # noqa: E731
+    models = [{"name": n, "headline": {"total_score": cell(t)}, "extra": {}, "chance_by": {},
+               "breakdowns": {"subtask": {"OCR": {"n": 40, "score": cell(s)}, "existence": {"n": 60, "score": cell(s)}}}}
+              for n, s, t in (("zero", 0.0, 0.0), ("half", 100.0, 200.0))]
+    plots.make_plots(_comp("mme", "mme", models), [], str(tmp_path))
+    fig = dict(figs)["mme_subtasks"]
+    ax = fig.axes[0]
+    segs = [seg for coll in ax.collections for seg in coll.get_segments()]
+    chance = [seg for seg in segs if seg[0][1] == 75.0 and seg[1][1] == 75.0]
+    assert len(chance) == 2  # one tick per subtask at 75
+    zeros = [seg for seg in segs if seg[0][1] == seg[1][1] == 0.0 and seg[0][0] != seg[1][0]]
+    assert len(zeros) == 2  # the zero model's two bars
+    total = dict(figs)["mme_total"].axes[0]
+    assert any(seg[0][1] == seg[1][1] == 0.0 and seg[0][0] != seg[1][0]
+               for coll in total.collections for seg in coll.get_segments())
+
+
+def test_per_sample_card_shows_the_options_with_their_marks():
+    from evaluation.reporting.html import sample_data
+    rec = {"sample_id": "t0", "dup_index": 0, "question": "Is it?", "answer_options": ["false", "true"],
+           "option_marks": ["A", "B"], "question_with_option": "Is it? Options: (A) false; (B) true.",
+           "answer": 1, "prediction": "(B)"}
+    p = {"sample_id": "t0", "dup_index": 0, "cluster": "t0", "question": "Is it?", "answer_text": "true",
+         "prediction": "(B)", "extracted": 1, "correct": True}
+    data = sample_data({"family": "accuracy"}, [{"name": "m", "records": [rec],
+                                                 "result": {"prediction_file": None, "per_sample": [p]}}])
+    assert data["strings"][data["samples"][0][2]] == "Is it? Options: (A) false; (B) true."

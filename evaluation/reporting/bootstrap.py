@@ -7,11 +7,13 @@ cluster; resampling draws whole clusters with replacement, within strata (MME su
 iWISDM complexity) that the benchmark's design fixes.
 
 Each metric family is one function ``family(per_sample, W, result) -> {"headline": {name:
-array}, "breakdowns": {breakdown: {group: {stat: array, "n": int}}}}``. ``W`` has one row
-per resample and one column per entry (how often the entry's cluster was drawn); row 0 is
-all ones, so ``array[0]`` is the point estimate on the data as given and must equal what
-the metric itself reports (the tests check it). The interval is the 2.5 and 97.5
-percentiles of rows 1..n_boot.
+array}, "breakdowns": {breakdown: {group: {stat: array, "n": int, "clusters": entry mask}}},
+"notes": {name: text}}``. ``W`` has one row per resample and one column per entry (how often
+the entry's cluster was drawn); row 0 is all ones, so ``array[0]`` is the point estimate on the
+data as given and must equal what the metric itself reports (the tests check it). The interval
+is the 2.5 and 97.5 percentiles of rows 1..n_boot, shown only when the number's entries span
+enough clusters (``utils.bootstrap.MIN_CLUSTERS``). Which family, strata and breakdowns a
+metric has comes from its ReportSpec (``metrics.register_report``): no benchmark is named here.
 """
 from __future__ import annotations
 
@@ -21,59 +23,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from metrics import ReportSpec, coverage_note, report_spec
-from utils.seeding import np_rng_for
+from utils.bootstrap import MIN_CLUSTERS, cluster_weights, interval, wmean
+from utils.report import markdown_table
+
+#: resamples per interval on every surface (results.md, comparison, report)
+N_BOOT = 1000
 
 Stats = Dict[str, Any]
 Family = Callable[[List[Dict[str, Any]], np.ndarray, Dict[str, Any]], Stats]
-
-
-def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int, key: str,
-                    strata: Optional[Sequence[Any]] = None) -> np.ndarray:
-    """(n_boot + 1, n_entries) draw counts; row 0 is the data itself (all ones)."""
-    uniq, inv = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
-    n_c = len(uniq)
-    counts = np.ones((n_boot + 1, n_c))
-    if n_boot and n_c:
-        rng = np_rng_for(seed, "bootstrap", key)
-        stratum_of = np.zeros(n_c, dtype=int)
-        if strata is not None:
-            s_uniq, s_inv = np.unique(np.asarray([str(s) for s in strata]), return_inverse=True)
-            stratum_of[inv] = s_inv
-        boot = np.zeros((n_boot, n_c))
-        for s in np.unique(stratum_of):
-            members = np.flatnonzero(stratum_of == s)
-            m = len(members)
-            draws = rng.integers(0, m, size=(n_boot, m))
-            flat = (draws + (np.arange(n_boot) * m)[:, None]).ravel()
-            boot[:, members] = np.bincount(flat, minlength=n_boot * m).reshape(n_boot, m)
-        counts[1:] = boot
-    return counts[:, inv]
-
-
-def wmean(W: np.ndarray, x: Sequence[float], mask: Optional[np.ndarray] = None) -> np.ndarray:
-    """Weighted mean per resample (NaN where a resample holds no entry)."""
-    xv = np.asarray(x, dtype=float)
-    if mask is not None:
-        W, xv = W[:, mask], xv[mask]
-    tot = W.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tot > 0, (W @ xv) / np.where(tot > 0, tot, 1), np.nan)
-
-
-#: a group whose entries come from fewer clusters shows no interval (docs/metrics.md): with 1 or 2
-#: clusters the percentile bootstrap has almost nothing to resample and collapses to zero width
-MIN_CLUSTERS = 5
-
-
-def interval(values: np.ndarray, enough_clusters: bool = True) -> Dict[str, Optional[float]]:
-    """{"value", "low", "high"} from a (n_boot + 1,) array; no interval without enough clusters."""
-    def f(x: float) -> Optional[float]:
-        return None if x is None or not np.isfinite(x) else float(x)
-    boot = values[1:][np.isfinite(values[1:])]
-    if boot.size == 0 or not enough_clusters:
-        return {"value": f(values[0]), "low": None, "high": None}
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"value": f(values[0]), "low": f(lo), "high": f(hi)}
 
 
 def _group_sort_key(k: Any) -> Tuple[int, Any]:
@@ -108,7 +65,7 @@ def cluster_of(p: Dict[str, Any]) -> str:
 
 
 def _ordered(groups: Dict[str, np.ndarray], order: Sequence[str]) -> Dict[str, np.ndarray]:
-    """Groups in the spec's preferred order, the rest after them as groups_of sorted them."""
+    """Groups in the spec's preferred order, the rest after them by name."""
     if not order:
         return groups
     rank = {g: i for i, g in enumerate(order)}
@@ -198,7 +155,7 @@ def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
     samples = [list(p.get("pif_samples") or [p["pif"]]) for p in ps]
     n = min(len(s) for s in samples) if samples else 1
     perfect = np.array([sum(1 for v in s[:n] if v >= 1.0 - 1e-12) for s in samples])
-    if n > 1:  # with one response per turn PIF-1-1 is PIF rounded down and the spread is 0: no columns
+    if n > 1:  # with one response per turn the spread is 0 and PIF-1-1 adds nothing N-K is for: no columns
         for k in range(1, n + 1):
             head[f"pif_{n}_{k}"] = wmean(W, perfect >= k)
         if spec.spread is not None:
@@ -285,3 +242,27 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
             rows[g] = {k: (v if k == "n" else interval(v, ok)) for k, v in row.items() if k != "clusters"}
         out["breakdowns"][name] = rows
     return out
+
+
+def interval_title(n_boot: int, seed: int) -> str:
+    return (f"95% intervals ({n_boot} cluster-bootstrap resamples, seed {seed}; "
+            f"none from fewer than {MIN_CLUSTERS} clusters)")
+
+
+def interval_table(per_sample: List[Dict[str, Any]], result: Dict[str, Any], key: str = "", n_boot: int = 1000,
+                   seed: int = 0) -> str:
+    """The headline numbers and every breakdown group with the interval the report shows (the
+    same resamples: same seed, ``key`` the benchmark), for results.md and the console, so one
+    number has one interval everywhere."""
+    b = bootstrap(per_sample, result, n_boot=n_boot, seed=seed, key=key)
+
+    def cells(label: str, n: Any, stat: str, cell: Dict[str, Any]) -> List[Any]:
+        v = cell.get("value")
+        span = "-" if cell.get("low") is None else f"[{cell['low']:.4f}, {cell['high']:.4f}]"
+        return [label, n, stat, "-" if v is None else f"{v:.4f}", span]
+
+    rows = [cells("all", len(per_sample), k, c) for k, c in b["headline"].items()]
+    for name, groups in b["breakdowns"].items():
+        for g, row in groups.items():
+            rows += [cells(f"{name} {g}", row["n"], k, c) for k, c in row.items() if k != "n"]
+    return markdown_table(["group", "n", "number", "value", "95% interval"], rows)

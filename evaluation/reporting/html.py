@@ -153,7 +153,10 @@ def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
                     groups.append(None if v is None else str(v))
                 imgs = [thumbs.add(f) for f in image_files(rec, base)]
                 sample_index[key] = len(samples)
-                samples.append([key[0], key[1], strings(p.get("question") or rec.get("question")),
+                # a card shows the options with their marks ("Options: (A) false; (B) true."), so
+                # an extracted "B" can be read against them
+                question = rec.get("question_with_option") or p.get("question") or rec.get("question")
+                samples.append([key[0], key[1], strings(question),
                                 strings(p.get("answer_text")), groups, [i for i in imgs if i is not None]])
             checks = [[c["instruction"], bool(c["followed"]), c.get("reason", "")] for c in p.get("checks") or []]
             extracted = p.get("chosen_text") if p.get("chosen_text") is not None else p.get("extracted")

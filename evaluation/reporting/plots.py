@@ -17,6 +17,8 @@ from utils.predictions import temp_prefix
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
+from metrics import report_spec  # noqa: E402
+
 plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top": False,
                      "axes.spines.right": False, "font.size": 9})
 
@@ -102,11 +104,20 @@ def _chance(comp: Dict[str, Any], breakdown: str, groups: Sequence[str]) -> Opti
     return None
 
 
+def _draw_zeros(ax: Any, xs: Sequence[float], vals: Sequence[float], width: float, color: Any) -> None:
+    """A bar of height 0 is invisible: draw it as a thick line on the axis, so a model that
+    scores 0 is seen to score 0 rather than to be missing."""
+    for x, v in zip(xs, vals):
+        if v == 0:
+            ax.hlines(0, x - width / 2, x + width / 2, colors=[color], lw=3, zorder=3, clip_on=False)
+
+
 @plain_text
 def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, ylabel: str,
                  out_dir: str, name: str, horizontal_labels: bool = True, ylim: Optional[Tuple[float, float]] = None
                  ) -> List[str]:
-    """One bar per model and group with CI error bars; chance as a black tick per group."""
+    """One bar per model and group with CI error bars; chance as a black tick per group (the
+    groups' own chance, else the metric's registered chance for ``stat``)."""
     groups = _groups(comp, breakdown)
     if not groups:
         return []
@@ -116,8 +127,11 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     fig, ax = plt.subplots(figsize=(6.4 if len(groups) * n <= 24 else 10, 3.8))
     for i, (model, vals, lo, hi) in enumerate(series):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=legend_label(model), error_kw={"lw": 0.8})
+        bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=legend_label(model), error_kw={"lw": 0.8})
+        _draw_zeros(ax, xs, vals, width, bars.patches[0].get_facecolor() if bars.patches else None)
     chance = _chance(comp, breakdown, groups)
+    if not chance and stat in report_spec(comp.get("metric")).chance:
+        chance = [report_spec(comp.get("metric")).chance[stat]] * len(groups)
     if chance:
         for g, c in enumerate(chance):
             ax.hlines(c, g - 0.45, g + 0.45, colors="black", linestyles="--", lw=1,
@@ -184,6 +198,8 @@ def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, nam
         lo.append(0.0 if cell.get("low") is None else max(v - cell["low"], 0.0))
         hi.append(0.0 if cell.get("high") is None else max(cell["high"] - v, 0.0))
     ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3, color=[f"C{i}" for i in range(len(vals))])
+    for i, v in enumerate(vals):
+        _draw_zeros(ax, [i], [v], 0.8, f"C{i}")
     if chance_key:
         chances = [m["extra"].get(chance_key) for m in comp["models"] if m["extra"].get(chance_key) is not None]
         if chances:

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import build  # noqa: F401  (registers the builders, for dataset-name lookups)
 import metrics  # noqa: F401  (metric modules register readers and exporters)
 from build.registry import get_builder_class
+from evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from evaluation.reporting.report import compare_runs
 from metrics import evaluate
 from metrics.mmmt_if_release import print_release_report, reference_records_from
@@ -233,6 +234,10 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         "num_records": len(records)}
     if result.get("notes"):  # said beside a number (a subsample total's missing subtasks)
         summary["notes"] = result["notes"]
+    # one interval method on every surface: the report's cluster bootstrap, in results.md too
+    result["tables"][interval_title(N_BOOT, 0)] = interval_table(
+        result.get("per_sample", []), {"metric": result["metric"], "infer_method": infer_method},
+        key=str(records[0].get("benchmark") or ""), n_boot=N_BOOT)
     if extra:
         summary = {**extra, **summary}
     report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
