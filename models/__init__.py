@@ -112,6 +112,8 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
     "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
+    "roles": (lambda v: (isinstance(v, str) and v.count(",") == 1) or (isinstance(v, (list, tuple)) and len(v) == 2),
+              "two role names, e.g. roles=Question,Answer"),
 }
 
 
