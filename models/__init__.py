@@ -79,7 +79,7 @@ def model_option_names(name: str) -> Tuple[str, ...]:
 
 
 def _dtype_names() -> Tuple[str, ...]:
-    from models.hf_base import _DTYPES
+    from models.hf_loading import _DTYPES  # torch-heavy; the registry itself stays light to import
     return tuple(_DTYPES)
 
 
