@@ -8,10 +8,11 @@ Why its own module: everything here runs once, before the first sample; the per-
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -97,6 +98,23 @@ def _device_name(d: Any, group: Optional[List[int]], label: str, key: str, allow
                       f"{', '.join(valid)}")
 
 
+@contextlib.contextmanager
+def weight_loading_bars(show: bool) -> Iterator[None]:
+    """transformers' "Loading weights" progress bars only when asked (``-v``): without it a run,
+    and the Python API, print nothing of their own while loading (issue 17); the previous
+    setting is restored."""
+    from transformers.utils import logging as hf_logging  # transformers is heavy; loaded only to load a model
+
+    was = hf_logging.is_progress_bar_enabled()
+    if was and not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not show:
+            hf_logging.enable_progress_bar()
+
+
 class HFLoadingMixin:
     """Loading and placement of ``HFBaseInterface`` (config in ``self.config``)."""
 
@@ -174,7 +192,8 @@ class HFLoadingMixin:
         if os.path.isdir(self.model_path):
             check_checkpoint_dir(self.model_path)  # a truncated weight file: one line naming it
         try:
-            self.model = cls.from_pretrained(self.model_path, **kwargs)
+            with weight_loading_bars(logger.isEnabledFor(logging.INFO)):
+                self.model = cls.from_pretrained(self.model_path, **kwargs)
         except (OSError, ValueError, RuntimeError) as e:
             raise ReformError(f"model {self.label}: cannot load weights from '{self.model_path}': {_one_line(e)}") from None
         except Exception as e:  # noqa: BLE001 - safetensors' Rust errors have no Python base class
