@@ -125,6 +125,7 @@ def test_loading_prints_no_progress_bars(capfd):
     logger = logging.getLogger("models.hf_loading")
     old = logger.level
     try:
+        logger.setLevel(logging.WARNING)  # no -v (an earlier test may have configured logging)
         get_model("llava", {"model_name": path, "device": "cpu"})
         assert "Loading weights" not in capfd.readouterr().err
         assert hf_logging.is_progress_bar_enabled()
