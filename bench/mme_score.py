@@ -29,8 +29,9 @@ RESPONSES = ["Yes", "No", "yes.", "No, there is not.", "  yes", "Yes\nThe image 
 
 
 def default_questions() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(os.path.dirname(here), "shared", "data", "mme")
+    """The official question lists shipped with the project (configs/data/mme_questions)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(here), "configs", "data", "mme_questions")
 
 
 def make_prediction_file(questions: str, workdir: str) -> str:

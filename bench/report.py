@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--keep", default=None, metavar="DIR", help="also copy the report folder here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from evaluation.reporting.compare import compare_runs
+    from evaluation.reporting.report import compare_runs
     with tempfile.TemporaryDirectory() as work:
         t0 = time.perf_counter()
         runs = make_runs(args.questions, work)

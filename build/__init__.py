@@ -12,10 +12,12 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from torch.utils.data import Dataset
 
 from build.reformulation import Reformulator
-from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder
+from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder, resolve_config
 from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.errors import ReformError, unknown_name
 from utils.seeding import rng_for
+from utils.images import open_image
+from utils.predictions import image_ids
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +31,12 @@ for _mod in BUILDER_MODULES:
         if e.name != _mod:
             raise
 
-#: reformulation defaults shared by the command line and ``load_reform_dataset`` (one place)
+#: reformulation defaults shared by the command line (evaluation.config reads them) and by
+#: ``build_dataset`` / ``load_reform_dataset``: one place, so a sample built in Python is the sample
+#: the CLI builds (zero-shot unless asked)
 LOAD_DEFAULTS: Dict[str, Any] = {"in_context_sample": False, "random_instruct": True, "data_duplication": 1,
                                  "shuffle_options": True, "option_mark": "upper"}
+_D = LOAD_DEFAULTS
 
 __all__ = ["BUILDERS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_dataset", "load_reform_dataset",
            "register_builder", "IMAGE_TOKEN", "Sample"]
@@ -39,7 +44,6 @@ __all__ = ["BUILDERS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_datas
 
 def _load_image(image: Any, record: Any = None) -> Any:
     if isinstance(image, str):
-        from utils.images import open_image
         return open_image(image, record=record)
     return image
 
@@ -62,7 +66,6 @@ class ReformDataset(Dataset):
         return len(self.samples)
 
     def __getitem__(self, idx: int) -> Dict[str, Any]:
-        from utils.predictions import image_ids
         sample = dict(self.samples[idx])
         sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:
@@ -77,13 +80,15 @@ class ReformDataset(Dataset):
 
 
 def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str, Dict[str, Any], None] = None,
-                  inference_method: str = "generation", in_context_sample: bool = True,
-                  random_instruct: bool = True, data_duplication: int = 1, shuffle_options: bool = True,
-                  option_mark: str = "upper", seed: int = 0, subsample: Optional[int] = None,
+                  inference_method: str = "generation", in_context_sample: bool = _D["in_context_sample"],
+                  random_instruct: bool = _D["random_instruct"], data_duplication: int = _D["data_duplication"],
+                  shuffle_options: bool = _D["shuffle_options"], option_mark: str = _D["option_mark"],
+                  seed: int = 0, subsample: Optional[int] = None,
                   extra_options: Optional[Dict[str, Any]] = None, **builder_options: Any) -> tuple:
     """Build the unified samples; returns ``(samples, builder)``.
 
-    ``dataset_config`` is a YAML path or a dict; ``builder_options`` (or the ``extra_options`` dict, for
+    ``dataset_config`` is a YAML path, the name of a shipped config (``"mme"``, ``"iwisdm_high"``, as
+    ``--dataset_config`` takes) or a dict; ``builder_options`` (or the ``extra_options`` dict, for
     keys that share a name with this function's parameters, such as the trial ``seed``) override
     its keys.
     ``subsample`` keeps a seeded random subset of that many *groups* (``Builder.subsample_key``:
@@ -99,7 +104,7 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
     if isinstance(dataset_config, dict):
         cfg, cfg_path = dict(dataset_config), None
     else:
-        cfg, cfg_path = load_config(dataset_config)
+        cfg, cfg_path = load_config(resolve_config(dataset_config, cls.name))
     builder = cls(cfg, cfg_path, **{**builder_options, **(extra_options or {})})
     items = builder.build_items(formulation, inference_method, seed)
     if subsample is not None:
@@ -137,20 +142,25 @@ def subsample_groups(items: List[Dict[str, Any]], builder: Builder, n: int, seed
             seen.add(k)
             keys.append(k)
     if n >= len(keys):
+        if n > len(keys):
+            logger.warning("%s: subsample %d is larger than the data (%d to draw from); all %d are used",
+                           builder.name, n, len(keys), len(keys))
         return items
     chosen = set(rng_for(seed, builder.name, "subsample").sample(keys, n))
     return [it for it in items if builder.subsample_key(it) in chosen]
 
 
 def load_reform_dataset(dataset_name: str, formulation: str, dataset_config: Union[str, Dict[str, Any], None] = None,
-                        inference_method: str = "generation", in_context_sample: bool = True,
-                        random_instruct: bool = True, data_duplication: int = 1,
-                        shuffle_options: bool = True, option_mark: str = "upper", seed: int = 0,
+                        inference_method: str = "generation", in_context_sample: bool = _D["in_context_sample"],
+                        random_instruct: bool = _D["random_instruct"], data_duplication: int = _D["data_duplication"],
+                        shuffle_options: bool = _D["shuffle_options"], option_mark: str = _D["option_mark"],
+                        seed: int = 0,
                         preprocessor: Optional[Callable[[Dict[str, Any]], Any]] = None,
                         lazy_images: bool = False, subsample: Optional[int] = None,
                         **builder_options: Any) -> ReformDataset:
     """Load a benchmark as an indexable dataset of unified samples.
 
+    Its defaults are the command line's (``LOAD_DEFAULTS``: zero-shot, shuffled options marked (A)).
     Same arguments and seed give identical samples on every rank and every run. Use it with
     ``torch.utils.data.DataLoader(ds, collate_fn=list)`` (samples are dicts with PIL images).
     """

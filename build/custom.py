@@ -14,16 +14,8 @@ from typing import Any, Dict, List
 
 from build.registry import FLAG, PATH, Builder, register_builder
 from utils.errors import ReformError, input_error
-from utils.predictions import loads_json, read_text_file
-
-
-def _encodable(text: str) -> bool:
-    """False for text with lone surrogates (``"\\ud800"`` in JSON), which no file can hold."""
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
+from utils.inputs import check_name, iter_jsonl
+from utils.images import open_image
 
 
 @register_builder("custom")
@@ -37,16 +29,13 @@ class CustomBuilder(Builder):
         data_file = self.require("data_file")
         if not isinstance(data_file, str):
             raise input_error("must be a path", file=self.config_path or "<options>", field="data_file")
-        path = self.resolve_path(data_file)
+        path = check_name(self.resolve_path(data_file), "data file")
         if not os.path.isfile(path):
             raise input_error("data file not found", file=path)
         base = os.path.dirname(path)
         items = []
         first_line: Dict[str, int] = {}
-        for lineno, line in enumerate(read_text_file(path, "data file").splitlines(), 1):
-            if not line.strip():
-                continue
-            rec = loads_json(line, path, f"line {lineno}")
+        for lineno, rec in iter_jsonl(path, "data file"):  # decoding, depth, numbers, Unicode checked there
             item = self._item(rec, formulation, path, lineno, base)
             if item["sample_id"] in first_line:
                 raise input_error(f"duplicate sample_id {item['sample_id']!r} (first on line "
@@ -60,7 +49,6 @@ class CustomBuilder(Builder):
 
     def _skip_corrupt(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """Drop items with an image that does not decode; the count goes to results."""
-        from utils.images import open_image
         kept, skipped = [], []
         for it in items:
             try:
@@ -83,12 +71,12 @@ class CustomBuilder(Builder):
             if key not in rec:
                 raise input_error("missing", file=path, record=where, field=key)
         if not isinstance(rec["sample_id"], (str, int)) or isinstance(rec["sample_id"], bool) \
-                or not str(rec["sample_id"]).strip() or not _encodable(str(rec["sample_id"])):
-            raise input_error("must be a non-empty string of valid Unicode", file=path, record=where, field="sample_id")
+                or not str(rec["sample_id"]).strip():
+            raise input_error("must be a non-empty string", file=path, record=where, field="sample_id")
         if not isinstance(rec["question"], str):
             raise input_error("must be a string", file=path, record=where, field="question")
         images = rec.get("images", [])
-        if not isinstance(images, list) or not all(isinstance(p, str) and p and "\x00" not in p and _encodable(p)
+        if not isinstance(images, list) or not all(isinstance(p, str) and p and "\x00" not in p
                                                    for p in images):
             raise input_error("must be a list of image paths (strings)", file=path, record=where, field="images")
         meta = rec.get("meta", {})

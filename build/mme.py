@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
 from utils.errors import ReformError, input_error
+from utils.images import check_image
+from utils.inputs import list_dir, read_bytes, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -100,15 +102,12 @@ def apply_prompt(question: str, prompt: str) -> str:
 
 
 def image_ok(source: Any) -> Optional[str]:
-    """None if the image (path or bytes) decodes, else the reason; cheap header + verify check."""
-    from PIL import Image, UnidentifiedImageError
+    """None if the image (path or bytes) passes the pixel guard and ``verify``, else the reason."""
     try:
-        fp = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-        with Image.open(fp) as im:
-            im.verify()
+        check_image(source)
         return None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        return str(e) or type(e).__name__
+    except ReformError as e:
+        return str(e).split(": ", 1)[-1]
 
 
 # -- reading question files ------------------------------------------------------------
@@ -143,26 +142,23 @@ def check_pair(rows: Sequence[Tuple[int, str, str]], file: str, what: str = "ima
 
 
 def _read_lines(path: str) -> List[str]:
-    from utils.predictions import read_text_file
-    return read_text_file(path, "question file").splitlines(keepends=True)
+    return read_text(path, "question file").splitlines(keepends=True)
 
 
 def scan_release_subtask(root: str, subtask: str) -> List[Dict[str, Any]]:
     """One subtask folder of the official release -> [{name, image_path, rows, file}]."""
-    folder = os.path.join(root, subtask)
-    if not os.path.isdir(folder):
-        # the release spells OCR in capitals; accept any casing of the folder name
-        matches = [d for d in os.listdir(root) if d.lower() == subtask.lower()
-                   and os.path.isdir(os.path.join(root, d))] if os.path.isdir(root) else []
-        if not matches:
-            raise input_error(f"subtask folder '{subtask}' not found", file=root)
-        folder = os.path.join(root, matches[0])
+    # the release spells OCR in capitals: any casing of the folder name, but only one (list_dir
+    # refuses case twins, dangling links and names that are not UTF-8)
+    matches = [d for d in list_dir(root, "MME release folder", kind="dir") if d.lower() == subtask.lower()]
+    if not matches:
+        raise input_error(f"subtask folder '{subtask}' not found", file=root)
+    folder = os.path.join(root, matches[0])
     if subtask in NESTED_SUBTASKS and os.path.isdir(os.path.join(folder, "questions_answers_YN")):
         qdir, idir = os.path.join(folder, "questions_answers_YN"), os.path.join(folder, "images")
     else:
         qdir = idir = folder
     entries = []
-    txts = sorted(f for f in os.listdir(qdir) if f.endswith(".txt"))
+    txts = list_dir(qdir, "MME question folder", suffix=(".txt",), kind="file")
     if not txts:
         raise input_error("no question files (<stem>.txt)", file=qdir)
     for txt in txts:
@@ -229,8 +225,7 @@ def _image_bytes(value: Any, file: str, row: int) -> bytes:
         if value.get("bytes") is not None:
             return bytes(value["bytes"])
         if value.get("path") and os.path.isfile(value["path"]):
-            with open(value["path"], "rb") as f:
-                return f.read()
+            return read_bytes(value["path"], "parquet image")
     elif isinstance(value, (bytes, bytearray)):
         return bytes(value)
     raise input_error("image holds neither bytes nor a readable path", file=file, record=f"row {row}",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import re
 from collections import Counter, OrderedDict
@@ -29,6 +30,8 @@ from utils.schema import IMAGE_TOKEN
 from build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
                                         split_instruction_prefix)
 from utils.errors import ReformError, input_error
+from utils.images import check_image
+from utils.inputs import read_csv, read_json
 from utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
@@ -49,6 +52,8 @@ COL_TURN = "turn count (which turn in this conversation)"
 COL_PROMPT = "prompt"
 COL_ALL = "all instructions"
 COL_COUNT = "instruction count"
+#: the largest turn number read from the release (its chats have at most 20 turns)
+MAX_TURN = 10_000
 RELEASE_MODELS = ("Gemini", "GPT-4o", "Sonnet")
 
 
@@ -139,11 +144,7 @@ def load_mmdu(path: str) -> List[MMDUChat]:
     """Read an MMDU ``benchmark.json`` (a list of items or a dict keyed by id)."""
     if not os.path.isfile(path):
         raise input_error("MMDU benchmark file not found", file=path)
-    with open(path, "r", encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise input_error(f"invalid JSON ({e})", file=path) from None
+    data = read_json(path, "MMDU benchmark file")
     if isinstance(data, dict):
         items = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
     elif isinstance(data, list):
@@ -225,10 +226,12 @@ class ReleaseData:
 
 
 def _float_or_none(x: Any) -> Optional[float]:
+    """A finite number, else None (a 400-digit or "inf" score is no score)."""
     try:
-        return float(x)
-    except (TypeError, ValueError):
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return v if math.isfinite(v) else None
 
 
 def load_release(path: str) -> ReleaseData:
@@ -239,13 +242,7 @@ def load_release(path: str) -> ReleaseData:
     """
     if not os.path.isfile(path):
         raise input_error("MMMT-IF release CSV not found", file=path)
-    with open(path, "r", encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in (COL_CHAT, COL_TURN, COL_PROMPT, COL_ALL, COL_COUNT)
-                   if c not in (reader.fieldnames or [])]
-        if missing:
-            raise input_error(f"missing columns {missing}", file=path)
-        rows = list(reader)
+    _, rows = read_csv(path, "MMMT-IF release CSV", required=(COL_CHAT, COL_TURN, COL_PROMPT, COL_ALL, COL_COUNT))
     chats: "OrderedDict[str, List[ReleaseTurn]]" = OrderedDict()
     turns: List[ReleaseTurn] = []
     irregular: List[str] = []
@@ -256,8 +253,10 @@ def load_release(path: str) -> ReleaseData:
         try:
             tno = int(str(row[COL_TURN]).strip())
         except ValueError:
-            raise chat_error(f"turn number {row[COL_TURN]!r} is not an integer (row {n + 2})",
+            raise chat_error(f"turn number {row[COL_TURN][:40]!r} is not an integer (row {n + 2})",
                              cid, file=path) from None
+        if not 0 <= tno <= MAX_TURN:
+            raise chat_error(f"turn number {str(tno)[:40]} is outside 0..{MAX_TURN} (row {n + 2})", cid, file=path)
         prompt = normalize_ws(row[COL_PROMPT])
         try:
             new_id, question = split_instruction_prefix(prompt)
@@ -287,7 +286,7 @@ def load_release(path: str) -> ReleaseData:
         count = None
         try:
             count = int(float(str(row[COL_COUNT]).strip()))
-        except ValueError:
+        except (ValueError, OverflowError):
             irregular.append(f"chat {cid} turn {tno}: instruction count {row[COL_COUNT]!r} is not a number")
         if listed is not None and listed != cumulative:
             irregular.append(f"chat {cid} turn {tno}: 'all instructions' {listed} differs from the "
@@ -428,13 +427,11 @@ class MMMTIFBuilder(Builder):
 
     def _bad_images(self, paths: Sequence[str]) -> List[str]:
         """Images that are missing or cannot be decoded (the paper drops such chats)."""
-        from PIL import Image
         bad = []
         for p in paths:
             try:
-                with Image.open(p) as im:
-                    im.verify()
-            except (OSError, SyntaxError, ValueError):
+                check_image(p)
+            except ReformError:
                 bad.append(p)
         return bad
 

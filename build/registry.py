@@ -12,6 +12,8 @@ import yaml
 
 from utils.schema import FORMULATIONS
 from utils.errors import ReformError, input_error, unknown_name
+from utils.inputs import MAX_DEPTH, check_name, check_value, read_text
+import configs
 
 BUILDERS: Dict[str, Type["Builder"]] = {}
 
@@ -39,7 +41,6 @@ def get_builder_class(name: str) -> Type["Builder"]:
 
 def shipped_config_dir() -> str:
     """``configs/datasets`` of this installation (package data with ``pip install .``)."""
-    import configs
     return os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "datasets")
 
 
@@ -74,15 +75,18 @@ def load_config(path: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise input_error("dataset config file not found", file=path)
-    from utils.predictions import read_text_file
-    text = read_text_file(path, "dataset config")
+    text = read_text(check_name(path, "dataset config"), "dataset config")
     try:
         cfg = yaml.load(text, Loader=_StrictLoader) or {}  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise input_error(f"invalid YAML ({' '.join(str(e).split())})", file=path) from None
     except RecursionError:
         raise input_error("invalid YAML (recursive alias or nesting too deep)", file=path) from None
-    _check_acyclic(cfg, path)
+    try:
+        _check_acyclic(cfg, path)
+    except RecursionError:
+        raise input_error(f"invalid YAML (nested more than {MAX_DEPTH} levels)", file=path) from None
+    check_value(cfg, path, max_depth=MAX_DEPTH, finite=False)
     if not isinstance(cfg, dict):
         raise input_error("a dataset config must be a mapping of options", file=path)
     return cfg, path

@@ -9,9 +9,8 @@
 # MODEL_NAME (or --model_name): a local checkpoint or an offline HF id (default: tiny, random weights).
 # Usage: bash commands/mme_llava.sh [run_eval options, e.g. --dataset_subsample 20]
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY="${PYTHON:-python}"
-if command -v torchrun >/dev/null 2>&1; then RUN=(torchrun); else RUN=("$PY" -m torch.distributed.run); fi
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/_python.sh"  # .venv (as demo.sh), PY, RUN (torchrun)
 DATA=()
 if [ ! -d data/MME_Benchmark_release_version ] && ! printf '%s\n' "$@" | grep -qE '^(root|parquet)=|^--dataset_config'; then
   PLACEHOLDER="${MME_PLACEHOLDER:-$PWD/output/mme/placeholder_release}"
@@ -22,7 +21,7 @@ if [ ! -d data/MME_Benchmark_release_version ] && ! printf '%s\n' "$@" | grep -q
        "($PLACEHOLDER): these scores are not MME scores" >&2
   DATA=(--dataset_option "root=$PLACEHOLDER")
 fi
-"${RUN[@]}" --standalone --nproc_per_node="${NPROC:-1}" run_eval.py \
+"${RUN[@]}" run_eval.py \
   --model llava --model_name "${MODEL_NAME:-tiny}" \
   --dataset_name MME --dataset_config configs/datasets/mme.yaml ${DATA[@]+"${DATA[@]}"} \
   --formulation Generation --infer_method generation --max_new_tokens 8 \

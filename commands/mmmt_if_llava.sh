@@ -7,9 +7,8 @@
 # weights). Answers are up to 256 new tokens (MAX_NEW_TOKENS), except with tiny: 16, because its
 # 2,048-token context cannot hold a chat of 256-token answers and random weights never stop early.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY="${PYTHON:-python}"
-if command -v torchrun >/dev/null 2>&1; then RUN=(torchrun); else RUN=("$PY" -m torch.distributed.run); fi
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/_python.sh"  # .venv (as demo.sh), PY, RUN (torchrun)
 MODEL_NAME="${MODEL_NAME:-tiny}"
 prev=""
 for a in "$@"; do  # a --model_name given on the command line decides the default answer length
@@ -18,7 +17,7 @@ for a in "$@"; do  # a --model_name given on the command line decides the defaul
   prev="$a"
 done
 if [ "$MODEL_NAME" = tiny ]; then DEFAULT_TOKENS=16; else DEFAULT_TOKENS=256; fi
-"${RUN[@]}" --standalone --nproc_per_node="${NPROC:-1}" run_eval.py \
+"${RUN[@]}" run_eval.py \
   --model llava --model_name "$MODEL_NAME" \
   --dataset_name MMMT-IF --dataset_config configs/datasets/mmmt_if.yaml \
   --formulation Generation --infer_method generation --history model \

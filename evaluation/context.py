@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from build.mmmt_if_instructions import split_instruction_prefix
 from utils.schema import IMAGE_TOKEN
 from utils.errors import ReformError
+from utils.predictions import make_record
 
 CONTEXT_POLICIES = ("error", "truncate_history", "skip")
 
@@ -166,7 +167,6 @@ def fit_batch(batch: Sequence[Dict[str, Any]], preprocessor: Callable[[Dict[str,
 
     ``finish(sample, record) -> record`` completes a skipped sample's record the way the
     caller completes every other record (model label, sample fingerprint, ...)."""
-    from utils.predictions import make_record
 
     run, prompts, skipped = [], [], []
     for s in batch:

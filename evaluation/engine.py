@@ -23,14 +23,15 @@ from evaluation.config import RunConfig
 from evaluation.execute import run_rank
 from evaluation.merge import SHARD_FIX, check_existing, merge_shards, record_checker, remove_prediction_and_results
 from evaluation.plan import RunPlan, make_plan, read_dataset_config
-from evaluation.reporting.compare import write_run_report
-from evaluation.reporting.scoring import (append_run_index, evaluate_files, export_results, results_paths,
-                                          run_eval_tag, run_name, score_records)
+from evaluation.reporting.report import write_run_report
+from evaluation.reporting.scoring import (append_run_index, check_export, evaluate_files, export_results,
+                                          results_paths, run_eval_tag, run_name, score_records)
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
 from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
-from utils.report import markdown_table
-from utils.predictions import ensure_writable_dir, remove_stale_temps, write_json_atomic
+from utils.commit import Commit, clean_stale_temps
+from utils.predictions import ensure_writable_dir, remove_stale_temps
+from utils.report import scalar_table
 from utils.runlock import RunLock
 
 logger = logging.getLogger("evaluation.engine")
@@ -58,8 +59,7 @@ class RunResult:
         if self.results_files:
             s = self.summary
             title = f"{s.get('benchmark', '')} {s.get('formulation', '')} {s.get('infer_method', '')}".strip()
-            scalars = [(k, v) for k, v in self.metrics.items() if not isinstance(v, (dict, list, tuple))]
-            lines += [f"## {title}", "", markdown_table(["metric", "value"], scalars), "",
+            lines += [f"## {title}", "", scalar_table(self.metrics, s.get("notes")), "",
                       f"results: {self.results_files['json']} (every table: {self.results_files['md']})"]
             if self.report:
                 lines.append(f"report: {self.report}")
@@ -105,6 +105,8 @@ def evaluate(config: RunConfig, dinfo: Optional[DistInfo] = None) -> RunResult:
         if cfg.dataset.subsample:
             logger.info("--dataset_subsample %d: whole groups drawn (%d samples)", cfg.dataset.subsample,
                         len(plan.samples))
+    if cfg.scoring.export_mme_results:  # an export folder of another run is refused before any work
+        _setup_checked(lambda: check_export([], "MME", cfg.scoring.export_mme_results, plan.prediction_file))
     lock = RunLock(cfg.output.output_dir, plan.run_id)
     if dinfo.is_main:
         lock.acquire()
@@ -131,6 +133,7 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
     cfg = plan.config
     pred_file = plan.prediction_file
     if dinfo.is_main:
+        clean_stale_temps(cfg.output.output_dir, depth=2)  # any temporary of ours a killed command left
         for path in (pred_file, *results_paths(pred_file).values()):
             if isinstance(path, str) and path.endswith((".json", ".md")):
                 remove_stale_temps(path)
@@ -194,36 +197,43 @@ def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:
 
 
 def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo: DistInfo, result: RunResult) -> None:
-    """Rank 0: export, score and report, or record how to score later."""
+    """Rank 0: export, score and report, or record how to score later: every output of this
+    command is one unit (``utils.commit``), in place together or not at all."""
     cfg = plan.config
+    s = cfg.scoring
     extra = _run_info(plan, dinfo, complete)
-    if cfg.scoring.export_mme_results:
-        export_results(records, "MME", cfg.scoring.export_mme_results,
-                       likelihood_reduction=cfg.scoring.likelihood_reduction)
-        logger.info("wrote MME official-format results to %s", cfg.scoring.export_mme_results)
-    if cfg.scoring.do_eval:
-        s = cfg.scoring
-        summary = score_records(records, formulation=cfg.dataset.formulation, infer_method=cfg.generation.infer_method,
-                                eval_stability=s.eval_stability, likelihood_reduction=s.likelihood_reduction,
-                                prediction_file=plan.prediction_file, output_dir=cfg.output.output_dir,
-                                metric_options=dict(s.metric_options), extra=extra, tool="run_eval", quiet=True,
-                                tag=run_eval_tag(s.likelihood_reduction, s.eval_stability, dict(s.metric_options)))
-        run = {"name": run_name(records, plan.prediction_file), "records": records, "result": summary}
-        stem = os.path.basename(summary["results_files"]["json"])[:-len(".results.json")]
-        report = write_run_report(run, os.path.join(cfg.output.output_dir, stem + ".report"))
-        result.metrics = summary["metrics"]
-        result.results_files = dict(summary["results_files"])
-        result.report = report["files"].get("report_html")
-        result.summary = {**summary, "benchmark": records[0].get("benchmark", "") if records else ""}
-        logger.info("results: %s%s", result.results_files["json"],
-                    f"; report: {result.report}" if result.report else "")
-    else:
-        paths = results_paths(plan.prediction_file, cfg.output.output_dir)
-        if not (complete and os.path.exists(paths["run"])):
-            write_json_atomic(paths["run"], extra)
-        append_run_index(cfg.output.output_dir, {"tool": "run_eval", "prediction_file": os.path.abspath(
-            plan.prediction_file), "run_info": paths["run"], "run_id": plan.run_id})
-        result.run_info = paths["run"]
+    if s.export_mme_results:  # refused before anything is written when the records are not MME's
+        check_export(records, "MME", s.export_mme_results, plan.prediction_file)
+    with Commit(f"outputs of {plan.prediction_file}") as commit:
+        if s.export_mme_results:
+            export_results(records, "MME", s.export_mme_results, prediction_file=plan.prediction_file,
+                           commit=commit, likelihood_reduction=s.likelihood_reduction)
+        if s.do_eval:
+            summary = score_records(records, formulation=cfg.dataset.formulation,
+                                    infer_method=cfg.generation.infer_method, eval_stability=s.eval_stability,
+                                    likelihood_reduction=s.likelihood_reduction, prediction_file=plan.prediction_file,
+                                    output_dir=cfg.output.output_dir, metric_options=dict(s.metric_options),
+                                    extra=extra, tool="run_eval", quiet=True, commit=commit,
+                                    tag=run_eval_tag(s.likelihood_reduction, s.eval_stability, dict(s.metric_options)))
+            run = {"name": run_name(records, plan.prediction_file), "records": records, "result": summary}
+            stem = os.path.basename(summary["results_files"]["json"])[:-len(".results.json")]
+            report = write_run_report(run, os.path.join(cfg.output.output_dir, stem + ".report"), commit=commit)
+            result.metrics = summary["metrics"]
+            result.results_files = dict(summary["results_files"])
+            result.report = report["files"].get("report_html")
+            result.summary = {**summary, "benchmark": records[0].get("benchmark", "") if records else ""}
+        else:
+            paths = results_paths(plan.prediction_file, cfg.output.output_dir)
+            if not (complete and os.path.exists(paths["run"])):
+                commit.write_json(paths["run"], extra, last=True)
+            commit.on_commit(lambda: append_run_index(cfg.output.output_dir, {
+                "tool": "run_eval", "prediction_file": os.path.abspath(plan.prediction_file),
+                "run_info": paths["run"], "run_id": plan.run_id}))
+            result.run_info = paths["run"]
+    if s.export_mme_results:
+        logger.info("wrote MME official-format results to %s", s.export_mme_results)
+    if result.results_files:
+        logger.info("results: %s%s", result.results_files["json"], f"; report: {result.report}" if result.report else "")
 
 
 def score(files: Sequence[str], formulation: Optional[str] = None, infer_method: Optional[str] = None,

@@ -159,6 +159,9 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     done = dict(prior)
     done.update(read_shard_dir(plan.shard_dir, plan.run_id, check=check))
     batches, total_todo = this_ranks_batches(plan, done, dinfo)
+    # every rank has read the shards before any rank appends to its own: the plan is computed
+    # from one state everywhere (a fast rank's first records must not change a slow rank's plan)
+    barrier(dinfo)
     if dinfo.is_main:
         logger.info("%d samples, %d already done, %d to run on %d rank(s)", len(plan.samples),
                     len(plan.samples) - total_todo, total_todo, dinfo.world_size)

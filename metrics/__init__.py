@@ -7,6 +7,7 @@ entries keep the extracted answer beside the verdict so every score can be expla
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from metrics.reasoning import strip_reasoning_records
@@ -41,6 +42,60 @@ OPTION_CHOICES: Dict[str, tuple] = {}
 
 def register_option_choices(option: str, choices: tuple) -> None:
     OPTION_CHOICES[option] = tuple(choices)
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """What reporting needs to know about one metric's per-sample entries, so that reporting
+    (bootstrap, comparison, plots) names no benchmark: the metric registers it beside itself.
+
+    ``family`` picks how the bootstrap recomputes the numbers: "accuracy" (the mean of
+    ``correct``), "mme" (per-subtask acc + acc+ summed into ``score_groups``) or "pif" (per-turn
+    scores with per-item verdicts). ``strata``: the per-sample field whose values the design
+    fixes (resampled within). ``breakdowns``: (name, per-sample field) pairs; ``group_order``:
+    breakdown name -> its groups' preferred order (others follow, sorted). ``subtasks``: the
+    stratum values in report order (all of them, so a subsample's missing ones can be named),
+    ``subtask_sizes`` their full sizes (entries) so short ones are named too;
+    ``score_groups``: headline name -> the subtasks whose scores it sums. ``items``: the named
+    items of an item breakdown (instruction ids), in report order; ``spread``: the per-entry
+    spread of repeated samples (PIF-IQR-N). ``per_sample_fields``: fields the metric copies into
+    each per-sample entry for the breakdowns and the per-sample browser.
+    """
+    family: str = "accuracy"
+    strata: Optional[str] = None
+    breakdowns: Tuple[Tuple[str, str], ...] = ()
+    group_order: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    subtasks: Tuple[str, ...] = ()
+    subtask_sizes: Dict[str, int] = field(default_factory=dict)
+    score_groups: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    items: Tuple[str, ...] = ()
+    spread: Optional[Callable[[Sequence[float]], float]] = None
+    per_sample_fields: Tuple[str, ...] = ()
+
+
+def coverage_note(counts: Dict[str, int], members: Sequence[str], sizes: Dict[str, int]) -> Optional[str]:
+    """"3 of 14 subtasks missing, 2 incomplete" for a total summed over ``members`` when some have
+    no entries (``counts``) or fewer than their full size (``sizes``); None when the total is whole.
+    Why: a subsample's total reads as a full score unless it says what it lacks."""
+    missing = [s for s in members if counts.get(s, 0) == 0]
+    short = [s for s in members if 0 < counts.get(s, 0) < sizes.get(s, 0)]
+    parts = ([f"{len(missing)} of {len(members)} subtasks missing"] if missing else []) + (
+        [f"{len(short)} incomplete"] if short else [])
+    return ", ".join(parts) or None
+
+
+#: metric name -> its ReportSpec; metrics that register none are reported as plain accuracy
+REPORT_SPECS: Dict[str, ReportSpec] = {}
+
+
+def register_report(metric: str, spec: ReportSpec) -> None:
+    """Tell reporting how to read a metric's per-sample entries (one line beside the metric)."""
+    REPORT_SPECS[metric] = spec
+
+
+def report_spec(metric: Optional[str]) -> ReportSpec:
+    """The metric's ReportSpec (the plain accuracy one when it registered none)."""
+    return REPORT_SPECS.get(str(metric), ReportSpec())
 
 
 for _mod in METRIC_MODULES:

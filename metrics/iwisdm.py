@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from metrics import register_metric
+from build.iwisdm.presets import PRESETS
+from metrics import ReportSpec, register_metric, register_report
 from metrics.single_choice import accuracy_summary, score_generation_match, score_single_choice
 
 #: meta keys copied into every per_sample entry (the breakdowns and the trial's structure)
@@ -34,6 +35,11 @@ BREAKDOWNS: Tuple[Tuple[str, str], ...] = (
 )
 
 
+register_report("iwisdm", ReportSpec(family="accuracy", strata="complexity", breakdowns=BREAKDOWNS,
+                                     group_order={"complexity": tuple(PRESETS)},
+                                     per_sample_fields=SAMPLE_FIELDS + ("chance",)))
+
+
 def sample_chance(rec: Dict[str, Any], formulation: str) -> float:
     """1 / the number of answers this sample offers (older records without them: ``meta.chance``)."""
     meta = rec.get("meta", {}) if isinstance(rec.get("meta"), dict) else {}
@@ -45,7 +51,6 @@ def sample_chance(rec: Dict[str, Any], formulation: str) -> float:
 
 def _order(name: str):
     """Complexity rows in the presets' order (low, medium, high, ...), other keys sorted."""
-    from build.iwisdm.presets import PRESETS
     rank = {p: i for i, p in enumerate(PRESETS)}
     if name == "complexity":
         return lambda k: (rank.get(str(k), len(rank)), str(k))

@@ -17,6 +17,7 @@ over every (image, dup) pair, i.e. the mean of the per-duplicate figures.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -25,10 +26,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
                        normalize_gt)
-from metrics import register_metric, register_option_choices
+from metrics import ReportSpec, coverage_note, register_metric, register_option_choices, register_report
 from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
 from utils.errors import ReformError, input_error
+from utils.inputs import list_dir, read_text
 from utils.predictions import register_prediction_dir_reader, register_results_exporter
 from utils.report import markdown_table
 
@@ -217,9 +219,25 @@ def subtask_table(metrics: Dict[str, Any]) -> str:
         rows.append([s, m["category"], m["num_questions"], f"{100 * m['acc']:.2f}", f"{100 * m['acc_plus']:.2f}",
                      f"{m['score']:.2f}", m["TP"], m["FN"], m["TN"], m["FP"], f"{m['precision']:.4f}",
                      f"{m['recall']:.4f}", m["other_num"]])
-    for total in ("perception", "cognition"):
-        rows.append([f"**{total}**", "", "", "", "", f"**{metrics[total + '_score']:.2f}**"] + [""] * 7)
+    notes = total_notes(metrics)
+    for total in ("perception", "cognition", "total"):
+        rows.append([f"**{total}**", notes.get(f"{total}_score", ""), "", "", "", f"**{metrics[total + '_score']:.2f}**"]
+                    + [""] * 7)
     return markdown_table(header, rows)
+
+
+def total_notes(metrics: Dict[str, Any]) -> Dict[str, str]:
+    """perception_score / cognition_score / total_score -> "3 of 14 subtasks missing" when a
+    subsample left subtasks missing or incomplete (printed beside each total)."""
+    counts = {s: m["num_questions"] for s, m in metrics["subtasks"].items()}
+    notes = {f"{name}_score": coverage_note(counts, members, OFFICIAL_COUNTS)
+             for name, members in (("perception", PERCEPTION), ("cognition", COGNITION), ("total", SUBTASKS))}
+    return {k: v for k, v in notes.items() if v}
+
+
+register_report("mme", ReportSpec(family="mme", strata="subtask", subtasks=SUBTASKS, subtask_sizes=OFFICIAL_COUNTS,
+                                  score_groups=(("perception_score", PERCEPTION), ("cognition_score", COGNITION)),
+                                  per_sample_fields=("subtask", "category", "image")))
 
 
 @register_metric("mme", benchmarks={"MME": ["Generation", "SingleChoice"]})
@@ -241,7 +259,8 @@ def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", i
         metrics["parse_rule"] = "option_marks"
     if eval_stability:
         metrics["instability"] = instability(verdicts, key="parsed")
-    return {"metrics": metrics, "per_sample": verdicts, "tables": {"MME subtasks": subtask_table(metrics)}}
+    return {"metrics": metrics, "per_sample": verdicts, "tables": {"MME subtasks": subtask_table(metrics)},
+            "notes": total_notes(metrics)}
 
 
 # -- the official tool's results folder -----------------------------------------------------
@@ -256,15 +275,7 @@ def _one_line(text: str) -> str:
 
 def _results_lines(path: str) -> List[Tuple[int, str]]:
     """(line number, text) of the non-blank lines of a results file; one error line if not UTF-8."""
-    import stat
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise input_error("results file is not a regular file", file=path)
-    try:
-        with open(path, "r", encoding="utf-8-sig", newline="") as f:
-            raw_lines = f.readlines()
-    except UnicodeDecodeError as e:
-        raise input_error(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                          "save the results file as UTF-8", file=path) from None
+    raw_lines = io.StringIO(read_text(path, "results file"), newline="").readlines()
     out = []
     for no, raw in enumerate(raw_lines, 1):
         line = raw[:-2] if raw.endswith("\r\n") else raw.rstrip("\n")
@@ -295,9 +306,8 @@ def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
     if not os.path.isdir(results_dir):
         raise input_error("MME results folder not found", file=results_dir)
     found: Dict[str, str] = {}
-    for fname in sorted(os.listdir(results_dir)):
-        if not fname.endswith(".txt"):
-            continue
+    # list_dir refuses names that are not UTF-8, dangling links and case twins (Existence.txt)
+    for fname in list_dir(results_dir, "MME results folder", suffix=(".txt",)):
         sub = canonical_subtask(fname[:-4])
         if sub is None:
             logger.info("MME results: ignoring %s (not a subtask name)", fname)

@@ -19,6 +19,7 @@ from build.mmmt_if import load_release
 from metrics.pif_scores import _fmt, bernoulli_ci, pif_metric
 from utils.errors import ReformError
 from utils.predictions import register_prediction_file_reader
+from utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
 
 #: release CSV column suffix -> model name used in records and tables
 RELEASE_MODEL_NAMES: "OrderedDict[str, str]" = OrderedDict(
@@ -238,7 +239,6 @@ def print_release_report(records: Sequence[Dict[str, Any]], prediction_file: str
     import json
     import os
 
-    from utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
     report = release_reference_report(records)
     text = render_report(report)
     if not quiet:

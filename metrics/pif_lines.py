@@ -117,9 +117,9 @@ def blocks(text: str) -> Iterator[str]:
 # ---------------------------------------------------------------------------------------
 
 
-#: the '.' or ')' that may end a list marker, before whitespace (a word's end, two letters
-#: before it, is ruled out here, so the scan stays in C)
-_MARKER_END_RE = re.compile(r"[.)](?=\s)(?<![^\W\d_]{2}[.)])")
+#: the '.' or ')' that may end a list marker, before whitespace and after a digit, an ASCII
+#: letter or '.'; a word's end (two letters before it) is ruled out here, so the scan stays in C
+_MARKER_END_RE = re.compile(r"[.)](?=\s)(?<=[0-9A-Za-z.][.)])(?<![^\W\d_]{2}[.)])")
 #: a list marker at the start of an item: optional bullet, 1-3 digits or one letter, '.', ')' or '.)'
 START_MARKER_RE = re.compile(r"([•⁃‣◦▪]\s*)?\(?(\d{1,3}|[A-Za-z])(\.\)|\.|\))(?=\s)")
 _ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from build.mmmt_if_instructions import CATEGORY_OF, INSTRUCTION_IDS, instruction_id
-from metrics import register_metric
+from metrics import ReportSpec, register_metric, register_report
 from metrics.pif_checkers import check_instructions, verdicts
 from utils.errors import ReformError, input_error
 
@@ -112,6 +112,11 @@ def _reported_pif(rec: Dict[str, Any], i: int = 0) -> Optional[float]:
         raise input_error(f"reported_pif must be a number in [0, 1], got {v!r}",
                           record=rec.get("sample_id", i), field="reported_pif")
     return float(v)
+
+
+register_report("pif", ReportSpec(family="pif", breakdowns=(("turn", "turn"), ("num_instructions", "num_instructions")),
+                                  items=INSTRUCTION_IDS, spread=iqr,
+                                  per_sample_fields=("chat_id", "turn", "instructions", "followed", "checks")))
 
 
 @register_metric("pif", benchmarks={"MMMT-IF": ["Generation"]})

@@ -22,11 +22,11 @@ from metrics.pif_lines import (CLOSERS, END_CHARS, HAS_ALNUM_RE, MARKER_ONLY_RE,
 # ---------------------------------------------------------------------------------------
 
 #: titles that stand before a name: never end a sentence ("Mr. Smith", "Dr. Lee")
-TITLES = frozenset("mr mrs ms messrs dr prof gen col lt sgt capt rev hon mt pres gov sen rep".split())
+TITLES = frozenset("mr mrs ms messrs dr prof gen col lt sgt capt rev hon mt".split())
 #: abbreviations read inside a sentence, before what they introduce: never end one
 NEVER_END = frozenset("e.g i.e cf vs viz approx ca".split())
 #: abbreviations before a number ("No. 5", "p. 55", "N°. 1026"): no end before a digit
-NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs art ch sec para op".split())
+NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs ch para".split())
 #: abbreviations that may end a sentence: they end one before a capitalised word
 MAYBE_END = frozenset("""etc inc ltd co corp jr sr al ed eds bros dept est jan feb mar apr jun jul aug
 sep sept oct nov dec""".split())
@@ -43,7 +43,10 @@ most all one as if when while although yes no after before finally first second 
 moreover furthermore thus therefore what which who how why where with by from another other such since
 because instead besides meanwhile today now only did do does is are was were can could will would
 should may might must has have had let please note see everyone everybody everything nobody nothing
-someone something anyone anything few several neither either""".split())
+someone something anyone anything few several neither either later earlier soon still yet once again
+even perhaps maybe indeed similarly likewise otherwise nevertheless nonetheless consequently hence
+ultimately eventually initially currently recently generally typically usually often sometimes
+together unfortunately fortunately clearly""".split())
 
 _OPENERS = "(\"'“‘[*_`«"
 _SUPERSCRIPTS = "¹²³⁰⁴⁵⁶⁷⁸⁹"
@@ -55,17 +58,18 @@ _INITIALISM_RE = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,2}")
 # ---------------------------------------------------------------------------------------
 
 #: an end-mark run (a spaced ellipsis ". . ." is one run), its closing quotes, brackets and
-#: markup, and footnote markers ("[1]", "¹"), before whitespace. Possessive and never
-#: started inside a run, so that every character is read a bounded number of times
-_MARK_RE = re.compile(r"[.!?…](?<![.!?…][.!?…])(?:(?<=\.)(?<!\. \.)(?: \.)++|[.!?…]*+)"
-                      r"([\"'”’»)\]}*_`~]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s)")
+#: markup, and footnote markers ("[1]", "¹"), before whitespace or the end. Possessive, never
+#: started inside a run, and a lone '.' that opens a spaced run is no candidate of its own,
+#: so that every character is read a bounded number of times
+_MARK_RE = re.compile(r"[.!?…](?<![.!?…][.!?…])(?:(?<=\.)(?<!\. \.)(?: \.)++|[.!?…]*+(?! \.))"
+                      r"([\"'”’»)\]}*_`~]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s|\Z)")
 #: the word after a boundary: skipped whitespace, up to four opening characters, its letters
 _NEXT_RE = re.compile(r"(\s*+)[(\"'“‘\[*_`«]{0,4}+([^\W\d_]{1,15}+|\S?)")
 #: what opens a quotation or parenthesis, and what closes it
 _PAIR_RE = re.compile(r"[()\[\]{}“”«»\"]")
 _CLOSE_OF = {"(": ")", "[": "]", "{": "}", "“": "”", "«": "»"}
 #: a quotation or parenthesis longer than this is taken to be unbalanced and ignored
-_MAX_QUOTE = 400
+_MAX_QUOTE = 150
 
 
 def _inner_spans(text: str) -> List[Tuple[int, int]]:
@@ -73,6 +77,8 @@ def _inner_spans(text: str) -> List[Tuple[int, int]]:
 
     Why: an end mark inside them ('shouted "Storm ahead!" as') belongs to the outer
     sentence. One opened where a sentence starts ("No. (It is a stork.)") is read as text.
+    A straight quote after whitespace or a bracket opens a quotation, any other closes the
+    open one.
     """
     spans: List[Tuple[int, int]] = []
     stack: List[Tuple[str, int]] = []
@@ -80,8 +86,12 @@ def _inner_spans(text: str) -> List[Tuple[int, int]]:
     for m in _PAIR_RE.finditer(text):
         c, at = m.group(), m.start()
         if c == '"':
-            if quote < 0:
+            # a straight quote opens after whitespace or a bracket and closes before one
+            before = text[at - 1] if at else " "
+            if before.isspace() or before in "([{":
                 quote = at
+                continue
+            if quote < 0:
                 continue
             start, quote = quote, -1
         elif c in _CLOSE_OF:

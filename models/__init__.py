@@ -67,6 +67,7 @@ RUN_CONFIG_KEYS: Dict[str, str] = {
                "over devices, use --model_option device_map=auto or gpus_per_rank=K"),
 }
 
+
 def model_option_names(name: str) -> Tuple[str, ...]:
     """Every ``--model_option`` key the family ``name`` reads (collected over its class hierarchy)."""
     _load_all()
@@ -75,7 +76,7 @@ def model_option_names(name: str) -> Tuple[str, ...]:
     names: set = set()
     for cls in getattr(MODELS[name], "__mro__", ()):
         names.update(getattr(cls, "option_names", ()) if "option_names" in vars(cls) else ())
-    return tuple(sorted(names))
+    return tuple(sorted(names - set(getattr(MODELS[name], "refused_options", {}))))
 
 
 def _dtype_names() -> Tuple[str, ...]:
@@ -114,6 +115,10 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
     "roles": (lambda v: (isinstance(v, str) and v.count(",") == 1) or (isinstance(v, (list, tuple)) and len(v) == 2),
               "two role names, e.g. roles=Question,Answer"),
+    "adaptive_concurrency": (lambda v: isinstance(v, bool), "true or false"),
+    "max_total_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
+    "prompt_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
+    "completion_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
 }
 
 
@@ -133,6 +138,9 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
     if run_keys:
         raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself, not a model option; "
                           f"{RUN_CONFIG_KEYS[run_keys[0]]}")
+    refused = getattr(MODELS[name], "refused_options", {})  # a family names the shared keys it cannot honour
+    for key in sorted(k for k in options if k in refused):
+        raise ReformError(f"--model_option {key}: not used by model '{name}' ({refused[key]})")
     valid = set(model_option_names(name))
     unknown = sorted(k for k in options if k not in valid)
     if unknown:

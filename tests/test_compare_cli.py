@@ -53,9 +53,7 @@ def test_three_models_on_iwisdm_levels(tmp_path, capsys):
 
 def test_mme_comparison_keeps_image_pairs(tmp_path):
     from build.mme import write_placeholder_release
-    questions = os.path.join(ROOT, "..", "shared", "data", "mme")
-    if not os.path.isdir(questions):
-        pytest.skip("MME question lists not available (../shared/data/mme)")
+    questions = os.path.join(ROOT, "configs", "data", "mme_questions")  # shipped with the project
     root = tmp_path / "release"
     write_placeholder_release(questions, str(root), subtasks=["existence", "OCR"])
     cfg = tmp_path / "mme.yaml"

@@ -19,13 +19,6 @@ BOUND_S = 2.0
 
 LINEAR = [e for e, (group, _) in ENTRIES.items() if group in ("extractor", "metric")]
 
-#: the MMMT-IF checkers (metrics/pif.py) are engineer A's; their sentence splitter is quadratic on
-#: runs of dots, and a run of digits raises, until A's linear-time splitter merges
-PIF_PENDING = pytest.mark.xfail(reason="PIF checkers: quadratic sentence splitter on dots and a crash on a "
-                                       "long digit run, until the linear-time splitter (metrics/pif.py) merges",
-                                strict=False)
-
-
 @pytest.mark.parametrize("entry", LINEAR)
 def test_extractors_and_metrics_are_linear_on_degenerate_replies(entry):
     slow = []
@@ -38,7 +31,6 @@ def test_extractors_and_metrics_are_linear_on_degenerate_replies(entry):
 
 
 @pytest.mark.slow
-@PIF_PENDING
 def test_pif_checkers_are_linear_on_degenerate_replies():
     slow = []
     for reply in REPLIES:

@@ -55,7 +55,8 @@ def test_run_eval_export_and_loader_round_trip(mme_cfg, tmp_path):
     assert res["build_info"]["skipped_corrupt_images"] == 0
     preds = json.load(open(_pred_file(out)))
     assert len(preds) == 140 and {p["prediction"] for p in preds} == {"Yes", "No"}
-    assert sorted(os.listdir(exp)) == ["OCR.txt", "code_reasoning.txt", "existence.txt"]
+    # the subtask files, and the hidden marker naming what the folder was exported from
+    assert sorted(os.listdir(exp)) == [".reform_export.json", "OCR.txt", "code_reasoning.txt", "existence.txt"]
     assert len(read_official_results(str(exp))) == 140
     # the official folder, scored offline, gives the same scores; results.json lands beside it
     assert run_loader_eval.main(["--prediction_file", str(exp), "--dataset_name", "MME"]) == 0

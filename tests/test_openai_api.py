@@ -36,6 +36,8 @@ class _Server:
         self.script: List[Any] = []
         self.requests: List[Dict[str, Any]] = []
         self.headers: List[Dict[str, str]] = []
+        self.paths: List[str] = []
+        self.usage: Any = None  # a reply's ``usage`` (None: the reply has none)
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -51,6 +53,7 @@ class _Server:
                 with outer.lock:
                     outer.requests.append(body)
                     outer.headers.append(dict(self.headers))
+                    outer.paths.append(self.path)
                     action = outer.script.pop(0) if outer.script else "ok"
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
@@ -81,7 +84,20 @@ class _Server:
                         if isinstance(last, list) else last
                     reply = {"choices": [{"index": 0, "message": {"role": "assistant",
                                                                   "content": f"echo: {text}"}}]}
+                    if outer.usage is not None:
+                        reply["usage"] = outer.usage
                     self._send(200, json.dumps(reply).encode())
+                elif action == "padded":  # what a served model's raw decode looks like
+                    reply = {"choices": [{"message": {"content": "\n  padded answer \n"}}]}
+                    self._send(200, json.dumps(reply).encode())
+                elif action in ("echo_key", "echo_key_notjson"):  # a server that echoes the credentials
+                    seen = f"{self.headers.get('Authorization')} {self.path} {json.dumps(body.get('metadata'))}"
+                    if action == "echo_key":
+                        reply = {"choices": [{"message": {"content": f"you sent {seen}"}}],
+                                 "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+                        self._send(200, json.dumps(reply).encode())
+                    else:
+                        self._send(200, ("x" * 190 + f"not json, you sent {seen}").encode())
                 elif action == "stall":
                     time.sleep(1.0)  # longer than the client's timeout
                     self._send(200, b'{"choices": []}')
@@ -457,3 +473,175 @@ def test_throughput_scales_with_max_concurrency(server):
           f"ratio {ratio:.1f}x")
     assert server.max_in_flight > 8
     assert ratio > 4
+
+
+# -- issue 15: options openai_api cannot honour, image_format, errors naming the sample --------
+
+@pytest.mark.parametrize("key,value", [("preprocessor", "conv"), ("roles", "A,B"), ("response_prefix", "Answer:")])
+def test_options_the_client_cannot_honour_are_refused(server, key, value):
+    from models import check_model_options, model_option_names
+    assert key not in model_option_names("openai_api")
+    with pytest.raises(ReformError, match=rf"^--model_option {key}: not used by model 'openai_api' \("):
+        check_model_options("openai_api", {key: value})
+    with pytest.raises(ReformError, match=rf"--model_option {key}: not used"):
+        _model(server, **{key: value})
+    check_model_options("llava", {key: value} if key != "roles" else {})  # still valid where it is used
+
+
+@pytest.mark.parametrize("name,mime", [("JPG", "jpeg"), ("jpeg", "jpeg"), ("webp", "webp"), ("png", "png")])
+def test_image_format_is_case_insensitive_and_jpg_means_jpeg(server, name, mime):
+    model, _ = _model(server, image_format=name)
+    model.raw_generate([_img("red")], "<image>what?")
+    url = server.requests[0]["messages"][0]["content"][0]["image_url"]["url"]
+    assert url.startswith(f"data:image/{mime};base64,")
+    assert Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).format == mime.upper()
+
+
+def test_unknown_image_format_is_one_line(server):
+    from models import check_model_options
+    with pytest.raises(ReformError, match="image_format: must be PNG, JPEG"):
+        check_model_options("openai_api", {"image_format": "gif"})
+    with pytest.raises(ReformError, match=r"image_format: must be PNG, JPEG \(or JPG\) or WEBP, got 'gif'"):
+        _model(server, image_format="gif")
+
+
+def test_api_errors_name_the_sample_not_the_batch_position(server):
+    model, prep = _model(server, max_concurrency=1)
+    samples = [dict(_sample(0), sample_id=f"q{i}", dup_index=i % 2) for i in range(3)]
+    server.script = ["ok", 400]
+    with pytest.raises(ReformError) as e:
+        model.forward("generation", samples, [prep(s) for s in samples])
+    assert "sample q1 (dup_index 1)" in str(e.value) and "batch item" not in str(e.value)
+
+
+def test_reply_text_is_normalised_by_the_function_the_in_process_path_uses(server):
+    from models.outputs import finish_text
+    model, _ = _model(server)
+    server.script = ["padded"]
+    out = model.raw_generate([], "x")
+    assert out == "padded answer" == finish_text("\n  padded answer \n")
+
+
+# -- issue 19 section 3: usage, budgets, adaptive concurrency -----------------------------------
+
+def test_reply_usage_is_kept_with_the_text(server):
+    from models.outputs import generation_stats
+    server.usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14,
+                    "prompt_tokens_details": {"cached_tokens": 0}}
+    model, _ = _model(server)
+    out = model.raw_generate([], "x")
+    assert generation_stats(out) == {"generated_tokens": 3,
+                                     "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
+
+
+def _run_args(server, tmp_path, *extra: str, n: int = 3) -> List[str]:
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=n, formulation="Generation")
+    return ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "custom",
+            "--dataset_config", cfg, "--formulation", "Generation", "--output_dir", str(tmp_path / "out"),
+            "--cache_dir", str(tmp_path / "out" / "cache"), "--max_new_tokens", "5",
+            "--model_option", f"base_url={server.url}", "--model_option", "max_retries=1",
+            "--model_option", "backoff_base=0.001", "--model_option", "timeout=2", *extra]
+
+
+def _records(out) -> List[Dict[str, Any]]:
+    import glob
+    files = [f for f in glob.glob(str(out / "*.json")) if not f.endswith(("results.json", "per_sample.json", ".run.json"))]
+    assert len(files) == 1, files
+    with open(files[0]) as f:
+        data = json.load(f)
+    return data if isinstance(data, list) else data["predictions"]
+
+
+def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_resumes(server, tmp_path, capsys):
+    """Each reply costs 10 + 3 tokens; a request may need up to 5 + 10. With 40 tokens, two
+    requests fit (26 used) and the third (26 + 15 > 40) is never sent: the run stops with one
+    line, the two answers are saved, and the same command then finishes the run."""
+    import run_eval
+    server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    args = _run_args(server, tmp_path, "--model_option", "max_total_tokens=40")
+    assert run_eval.main(args) == 2
+    err = capsys.readouterr().err
+    assert "max_total_tokens=40" in err and "26 tokens used (20 prompt + 6 completion)" in err
+    assert "re-running the same command resumes" in err
+    assert len(server.requests) == 2
+    assert run_eval.main(args) == 0
+    assert len(server.requests) == 3
+    records = _records(tmp_path / "out")
+    assert len(records) == 3
+    for r in records:
+        assert r["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+        assert r["generated_tokens"] == 3
+
+
+def test_a_batch_that_might_pass_the_budget_sends_nothing(server):
+    from utils.errors import BudgetExhausted
+    server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    model, _ = _model(server, max_total_tokens=50)
+    model.raw_generate([], "x", max_new_tokens=5)
+    with pytest.raises(BudgetExhausted, match=r"before a batch of 3 requests: 13 tokens used"):
+        model.raw_batch_generate([[], [], []], ["a", "b", "c"], max_new_tokens=5)
+    assert len(server.requests) == 1
+
+
+class _RateLimited(_Server):
+    """Answers 429 (Retry-After: 0.05) whenever more than ``capacity`` requests are in flight."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.rejected = capacity, 0
+        self.delay = 0.03
+        handler = self.httpd.RequestHandlerClass
+        outer, act = self, handler._act
+
+        def _act(h, action, body):
+            with outer.lock:
+                over = outer.in_flight > outer.capacity
+                outer.rejected += over
+            if over:
+                h._send(429, b'{"error": {"message": "slow down"}}', {"Retry-After": "0.05"})
+            else:
+                act(h, action, body)
+        handler._act = _act
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_concurrency_backs_off_on_429_and_stays_within_bounds(adaptive):
+    srv = _RateLimited(capacity=3)
+    try:
+        model, _ = get_model("openai_api", {"model_name": "m", "base_url": srv.url, "max_concurrency": 12,
+                                            "max_retries": 30, "backoff_base": 0.001, "backoff_max": 0.05,
+                                            "adaptive_concurrency": adaptive, "timeout": 5})
+        prompts = [f"q{i}" for i in range(48)]
+        assert model.raw_batch_generate([[] for _ in prompts], prompts) == [f"echo: {p}" for p in prompts]
+        limiter = model.limiter
+        assert 1 <= limiter.limit <= 12 and limiter.in_flight == 0
+        if adaptive:
+            assert limiter.cuts >= 1 and limiter.limit < 12
+            assert srv.rejected < 48  # fewer rejections than answers
+        else:
+            assert limiter.cuts == 0 and limiter.limit == 12 and srv.rejected >= 48
+    finally:
+        srv.close()
+
+
+def test_adaptive_limit_grows_back_while_replies_are_healthy():
+    from models.interfaces.openai_api_interface import AdaptiveLimit
+    lim = AdaptiveLimit(8)
+    t = lim.acquire()
+    lim.release(t, "congested", retry_after=0.0)
+    assert lim.limit == 4.0
+    t2 = lim.acquire()
+    lim.release(t, "congested")  # a reply to a request sent before the cut: no second cut
+    assert lim.limit == 4.0
+    lim.release(t2, "ok")
+    for _ in range(40):
+        lim.release(lim.acquire(), "ok")
+    assert lim.limit == 8.0  # capped at max_concurrency
+    for _ in range(10):
+        lim.release(lim.acquire(), "congested")
+    assert lim.limit == 1.0  # never below one
+    lim.release(lim.acquire(), "congested", retry_after=0.2)
+    t0 = time.monotonic()
+    lim.release(lim.acquire(), "ok")
+    assert time.monotonic() - t0 >= 0.15  # Retry-After pauses new requests

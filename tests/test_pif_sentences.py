@@ -35,6 +35,10 @@ def _count(text: str) -> int:
     ("The papers came from the U.K. Parliament archive.", ["The papers came from the U.K. Parliament archive."]),
     ("The papers came from the U.K. They were old.", ["The papers came from the U.K.", "They were old."]),
     ("She studied in the U.S. for two years.", ["She studied in the U.S. for two years."]),
+    # the rule for the ambiguous case: a capitalised word that opens no sentence is read as
+    # part of a name after an initialism
+    ("The kit was made in the U.S. Birds love it.", ["The kit was made in the U.S. Birds love it."]),
+    ("The kit was made in the U.S. Everyone loves it.", ["The kit was made in the U.S.", "Everyone loves it."]),
     # "St." is a street after a name, a saint before one
     ("Birds nest on Main St. The street is quiet.", ["Birds nest on Main St.", "The street is quiet."]),
     ("They prayed at St. Mark's Basilica.", ["They prayed at St. Mark's Basilica."]),
@@ -109,6 +113,13 @@ def test_quoted_exclamation_does_not_fake_a_sentence() -> None:
 def test_unbalanced_quote_does_not_swallow_the_text() -> None:
     # a quotation mark that never closes suppresses nothing
     assert _count('He said "wait. It is late. We go.') == 3
+    # a straight quote after a letter closes; it does not open a quotation over the next sentence
+    assert _count('The sign said "open" in red. The shop was "closed" today.') == 2
+    # the rule for the ambiguous case: a bracket pair more than 150 characters apart is no
+    # parenthesis (an unclosed "(" and a later list marker "2)")
+    long_text = "The herons (about " + "twenty of them stood in the water. Then they flew away. " * 3 + "2) the rest."
+    assert _count(long_text) == 7
+    assert _count("The herons (about twenty. Then they flew.) rested.") == 1
 
 
 # ---- inline list markers ------------------------------------------------------------------------

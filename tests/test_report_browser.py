@@ -11,7 +11,8 @@ from PIL import Image
 
 from tests.report_fixtures import iwisdm_records, mmmt_if_records, run
 from evaluation.reporting.browser import Browser, find_chromium
-from evaluation.reporting.compare import compare_runs, tables
+from evaluation.reporting.compare import tables
+from evaluation.reporting.report import compare_runs
 from evaluation.reporting.html import verdict
 
 pytestmark = pytest.mark.skipif(

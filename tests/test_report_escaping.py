@@ -9,7 +9,8 @@ import os
 from html.parser import HTMLParser
 
 from tests.report_fixtures import iwisdm_records, mme_records, run
-from evaluation.reporting.compare import compare_runs, tables
+from evaluation.reporting.compare import tables
+from evaluation.reporting.report import compare_runs
 from evaluation.reporting.html import fill_template, safe_json, sample_data
 from utils.report import markdown_table, md_cell, metrics_report
 

@@ -61,3 +61,8 @@ def stage(what: str) -> Iterator[None]:
 
 def current_stage() -> str:
     return _stages[-1] if _stages else "starting"
+
+
+class BudgetExhausted(ReformError):
+    """A token budget (``max_total_tokens``) would be passed by the next request: the run stops
+    before sending it; finished samples are saved, so re-running the same command resumes."""

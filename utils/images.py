@@ -6,10 +6,12 @@ raise it, instead of exhausting memory.
 """
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
-from typing import Any, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from PIL import Image, UnidentifiedImageError
 
@@ -29,9 +31,12 @@ def max_image_pixels() -> int:
                           field="REFORM_MAX_IMAGE_PIXELS") from None
 
 
-def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
-    """Open an image as RGB, fully decoded; errors name the sample (``record``) and the file."""
-    where = {"file": path if record is None else f"sample {record}: {path}"}
+def _where(path: Any, record: Optional[Any]) -> Dict[str, Any]:
+    name = path if isinstance(path, str) else "<image bytes>"
+    return {"file": name if record is None else f"sample {record}: {name}"}
+
+
+def _check_file(path: str, where: Dict[str, Any]) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -40,14 +45,28 @@ def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
         raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})", **where) from None
     if not stat.S_ISREG(mode):
         raise input_error("is not a regular file (a directory, FIFO or device cannot be an image)", **where)
+
+
+@contextmanager
+def guarded_open(source: Union[str, bytes], record: Optional[Any] = None) -> Iterator[Image.Image]:
+    """The one pixel guard: ``Image.open`` of a regular file (or bytes) whose header says at most
+    ``max_image_pixels()``; nothing is decoded yet. Every reader of images (the loaders, the
+    report's thumbnails, the builders' checks) opens through here."""
+    where = _where(source, record)
+    if isinstance(source, str):
+        _check_file(source, where)
+    fp = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
     limit = max_image_pixels()
     old = Image.MAX_IMAGE_PIXELS
     try:
         Image.MAX_IMAGE_PIXELS = limit
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
-                return im.convert("RGB")
+            with Image.open(fp) as im:
+                w, h = im.size
+                if w * h > limit:
+                    raise Image.DecompressionBombError(f"Image size ({w * h} pixels) exceeds limit")
+                yield im
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise input_error(f"image is too large ({' '.join(str(e).split())[:120]}); the limit is {limit} pixels, "
                           "raise it with REFORM_MAX_IMAGE_PIXELS=<pixels> if the image is trusted", **where) from None
@@ -55,6 +74,30 @@ def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
         raise input_error(f"image cannot be decoded ({e})", **where) from None
     finally:
         Image.MAX_IMAGE_PIXELS = old
+
+
+def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
+    """Open an image as RGB, fully decoded; errors name the sample (``record``) and the file."""
+    with guarded_open(path, record) as im:
+        return im.convert("RGB")
+
+
+def check_image(source: Union[str, bytes], record: Optional[Any] = None) -> None:
+    """Refuse (one line) an image that is missing, over the pixel limit or corrupt, without
+    decoding its pixels (header and ``verify`` only)."""
+    with guarded_open(source, record) as im:
+        im.verify()
+
+
+def thumbnail_jpeg(path: str, size: int, quality: int = 70) -> bytes:
+    """A JPEG thumbnail of at most ``size`` x ``size``, through the same pixel guard."""
+    with guarded_open(path) as im:
+        im.draft("RGB", (size, size))
+        im = im.convert("RGB")
+        im.thumbnail((size, size))
+        buf = io.BytesIO()
+        im.save(buf, format="JPEG", quality=quality)
+        return buf.getvalue()
 
 
 def noise_image(seed: int, size: Tuple[int, int] = (40, 30)) -> Image.Image:

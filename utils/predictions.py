@@ -4,18 +4,20 @@
   ``prediction`` and, for likelihood, ``candidate_logprobs``/``candidate_num_tokens``.
 * Shards are JSONL files appended (and flushed) one record at a time, so a killed run loses
   at most the batch in flight; a torn last line is ignored and trimmed on resume.
-* Final files are JSON arrays written atomically (temp file + rename): a reader never sees a
-  half-written file.
+* Final files are JSON arrays written atomically (``utils.commit``): a reader never sees a
+  half-written file. Every file is read through ``utils.inputs``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from utils.commit import TMP_PREFIX, Commit, owner_prefix
 from utils.errors import ReformError, input_error
+from utils.inputs import check_name, check_record, read_records
+from utils.schema import HEAVY_KEYS
 
 RecordKey = Tuple[str, int]
 
@@ -78,7 +80,6 @@ def make_record(sample: Dict[str, Any], prediction: Any, prompt: Any = None,
                 scores: Optional[List[Tuple[float, int]]] = None,
                 predictions: Optional[List[str]] = None) -> Dict[str, Any]:
     """A JSON-ready prediction record for one sample."""
-    from utils.schema import HEAVY_KEYS
     rec = {k: v for k, v in sample.items() if k not in HEAVY_KEYS and k != "prompt"}
     rec["image_ids"] = sample.get("image_ids") or image_ids(sample)
     text = answer_text(sample)
@@ -100,11 +101,9 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
-TMP_PREFIX = ".tmp-"
-
-
 def ensure_writable_dir(path: str, flag: str = "output directory") -> None:
     """Create ``path`` (a directory results go to) and check it is writable: one line otherwise."""
+    check_name(path, flag)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ReformError(f"{path}: {flag} exists and is not a directory")
     try:
@@ -116,111 +115,46 @@ def ensure_writable_dir(path: str, flag: str = "output directory") -> None:
 
 
 def temp_prefix(path: str) -> str:
-    """Prefix of the temporary files that an atomic write of ``path`` creates beside it."""
-    return f"{TMP_PREFIX}{os.path.basename(path)}-"
+    """Prefix of the temporary files this process creates beside ``path`` (append the pid)."""
+    return owner_prefix(os.path.basename(path))
 
 
 def remove_stale_temps(path: str) -> int:
-    """Remove temporary files left by an interrupted atomic write of ``path``; returns the count."""
+    """Remove temporary files left by an interrupted write of ``path`` (whatever process made
+    them: the caller holds the run lock); returns the count."""
     directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
     n = 0
     if os.path.isdir(directory):
         for name in os.listdir(directory):
-            if name.startswith(temp_prefix(path)):
+            if name.startswith((f"{TMP_PREFIX}{base}~", f"{TMP_PREFIX}{base}-")):
                 os.unlink(os.path.join(directory, name))
                 n += 1
     return n
 
 
-def _write_atomic(path: str, write: Callable[[Any], None]) -> None:
-    """The file at ``path`` is either the old content or the complete new content; an I/O
-    failure (full disk, read-only directory) leaves no temporary file and raises one line."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise ReformError(f"{path}: cannot write ({e.strerror or e}); nothing was changed") from None
-    except BaseException:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json_atomic(path: str, obj: Any, indent: Optional[int] = 1) -> None:
-    """Write JSON atomically (see ``_write_atomic``)."""
-    def write(f: Any) -> None:
-        json.dump(obj, f, ensure_ascii=False, indent=indent)
-        f.write("\n")
-    _write_atomic(path, write)
+    """Write one JSON file atomically (a one-file ``Commit``)."""
+    with Commit(path) as c:
+        c.write_json(path, obj, indent=indent)
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Write a text file atomically (see ``_write_atomic``)."""
-    _write_atomic(path, lambda f: f.write(text))
-
-
-def read_text_file(path: str, what: str = "file") -> str:
-    """The UTF-8 text of ``path``; a file that is not UTF-8, or not a regular file (a FIFO would
-    block forever), is one clear error naming it."""
-    import stat
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise input_error(f"{what} is not a regular file", file=path)
-        with open(path, "rb") as f:
-            raw = f.read()
-    except IsADirectoryError:
-        raise input_error(f"{what} is a directory", file=path) from None
-    except OSError as e:
-        raise input_error(f"cannot read {what} ({e.strerror or e})", file=path) from None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise input_error(f"{what} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line})", file=path) from None
-
-
-def loads_json(text: str, path: str, where: Optional[str] = None) -> Any:
-    """``json.loads`` whose failures (malformed, too deeply nested) are one line naming the place."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        loc = f"line {e.lineno} column {e.colno}" if where is None else where
-        raise input_error(f"malformed JSON at {loc}: {e.msg}", file=path) from None
-    except RecursionError:
-        raise input_error(f"JSON nested too deeply{' at ' + where if where else ''}", file=path) from None
-    except ValueError as e:  # e.g. an integer of thousands of digits
-        raise input_error(f"unreadable JSON value{' at ' + where if where else ''} ({e})", file=path) from None
+    """Write one text file atomically (a one-file ``Commit``)."""
+    with Commit(path) as c:
+        c.write_text(path, text)
 
 
 def read_predictions(path: str) -> List[Dict[str, Any]]:
-    """Read a prediction file: a JSON array of records, or JSONL (one record per line)."""
+    """Read a prediction file: a JSON array of records, or JSONL (one record per line), through
+    the input boundary (``utils.inputs``: decoding, size, depth and number limits)."""
+    check_name(path, "prediction file")
     if os.path.isdir(path):
         raise input_error("is a directory; pass --dataset_name for a benchmark whose results "
                           f"directory can be read ({', '.join(sorted(PREDICTION_DIR_READERS)) or 'none'})", file=path)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise input_error("prediction file not found", file=path)
-    text = read_text_file(path, "prediction file")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        data = loads_json(text, path)
-    else:
-        data = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            data.append(loads_json(line, path, f"line {lineno}"))
+    data = read_records(path, "prediction file")
     if not isinstance(data, list):
         raise input_error("expected a JSON array of prediction records", file=path)
     for i, rec in enumerate(data):
@@ -307,9 +241,10 @@ def read_shard_dir(directory: str, run_id: Optional[str] = None,
                     rec = json.loads(raw.decode("utf-8"))
                 except UnicodeDecodeError:
                     raise ReformError(f"{path}: line {lineno}: shard line is not UTF-8; {fix}") from None
-                except (json.JSONDecodeError, RecursionError) as e:
+                except (ValueError, RecursionError) as e:  # malformed, too deep, a huge integer
                     raise ReformError(f"{path}: line {lineno}: corrupt shard record "
-                                      f"({getattr(e, 'msg', 'nested too deeply')}); {fix}") from None
+                                      f"({getattr(e, 'msg', None) or 'nested too deeply'}); {fix}") from None
+                check_record(rec, path, f"line {lineno}")
                 if not isinstance(rec, dict) or "sample_id" not in rec:
                     raise ReformError(f"{path}: line {lineno}: not a prediction record; {fix}")
                 if run_id is not None and rec.get("run_id") != run_id:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 #: line breaks of every kind (and other control characters), which would end a table row or a heading
 _BREAKS_RE = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]+")
@@ -53,10 +53,18 @@ def flatten(d: Dict[str, Any], prefix: str = "") -> List[tuple]:
     return out
 
 
+def scalar_table(metrics: Dict[str, Any], notes: Optional[Dict[str, str]] = None) -> str:
+    """The metric | value table of top-level scalar metrics; a note column when a metric says
+    something beside a number (e.g. a subsample total's missing subtasks)."""
+    scalars = [(k, v) for k, v in metrics.items() if not isinstance(v, (dict, list, tuple))]
+    if notes:
+        return markdown_table(["metric", "value", "note"], [(k, v, notes.get(k, "")) for k, v in scalars])
+    return markdown_table(["metric", "value"], scalars)
+
+
 def metrics_report(result: Dict[str, Any], title: str = "Metrics") -> str:
     """The summary table of top-level scalar metrics followed by the metric's own tables."""
-    scalars = [(k, v) for k, v in result.get("metrics", {}).items() if not isinstance(v, (dict, list, tuple))]
-    parts = [f"## {md_text(title)}", markdown_table(["metric", "value"], scalars)]
+    parts = [f"## {md_text(title)}", scalar_table(result.get("metrics", {}), result.get("notes"))]
     for name, table in result.get("tables", {}).items():
         parts += [f"### {md_text(name)}", table]
     return "\n\n".join(parts) + "\n"

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Dict, Set
+import urllib.parse
+from typing import Any, Dict, Set, Tuple
 
 REDACTED = "<redacted>"
 
@@ -31,11 +32,13 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|apikey|token|access_token|secret|secr
 #: environment variables whose values are credentials
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                    "GOOGLE_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "SGLANG_API_KEY")
-_KV = re.compile(r"(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
+# each pattern starts only where its leading run starts (the lookbehinds), so a long run of word
+# characters is scanned once, not once per position: linear time on degenerate model output
+_KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<key>[A-Za-z0-9_.-]+)(?P<sep>\s*[=:]\s*)(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"]+)")
 #: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
-_URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|signature|[A-Za-z0-9_-]*(?:api_?key|token|secret|password)))="
-                        r"(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
+_URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|code|auth|[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|"
+                        r"signature|credential)))=(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
 
 _lock = threading.Lock()
 _registered: Set[str] = set()
@@ -112,14 +115,114 @@ def json_default(obj: Any) -> Any:
 
 
 def reveal(value: Any) -> Any:
-    """The plain value of a Secret (anything else unchanged)."""
-    return value.reveal() if isinstance(value, Secret) else value
+    """The plain value of a Secret, or a SecretURL with its credentials put back (anything else
+    unchanged)."""
+    return value.reveal() if isinstance(value, (Secret, SecretURL)) else value
+
+
+def reveal_deep(obj: Any) -> Any:
+    """``obj`` (dicts, lists, tuples) with every Secret / SecretURL revealed: what is sent on the wire."""
+    if isinstance(obj, dict):
+        return {k: reveal_deep(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(reveal_deep(v) for v in obj)
+    return reveal(obj)
+
+
+def is_secret_query_param(name: str) -> bool:
+    """Does a URL query parameter carry a credential (``api-key``, ``auth``, ``X-Amz-Signature``,
+    ``sig``, ``access_token``, ...)?"""
+    key = name.strip().lower().replace("-", "_")
+    return (is_secret_key(key) or key in ("key", "sig", "code") or key.endswith(("signature", "credential"))
+            or key.endswith("api_key"))
+
+
+def split_url_secrets(url: str) -> Tuple[str, Dict[str, "Secret"]]:
+    """``(public_url, secrets)``: the URL without its user info and credential query parameters
+    (other parameters kept, in order), and those as Secrets, keyed ``"userinfo"`` and
+    ``"query:<name>"``. ``join_url_secrets`` puts them back when a request is sent."""
+    try:
+        p = urllib.parse.urlsplit(url)
+        pairs = urllib.parse.parse_qsl(p.query, keep_blank_values=True)
+        p.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        return url, {}
+    secrets: Dict[str, Secret] = {}
+    netloc = p.netloc
+    if "@" in netloc:
+        info, netloc = netloc.rsplit("@", 1)
+        secrets["userinfo"] = Secret(urllib.parse.unquote(info))
+        if ":" in info:
+            register_secret(urllib.parse.unquote(info.split(":", 1)[1]))
+    kept = []
+    for name, value in pairs:
+        if is_secret_query_param(name) and value:
+            secrets[f"query:{name}"] = Secret(value)
+        else:
+            kept.append((name, value))
+    if not secrets:
+        return url, {}
+    query = urllib.parse.urlencode(kept) if kept else ""
+    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, query, p.fragment)), secrets
+
+
+def join_url_secrets(public: str, secrets: Dict[str, "Secret"]) -> str:
+    """The URL to send: ``public`` with the credentials of ``split_url_secrets`` put back."""
+    if not secrets:
+        return public
+    p = urllib.parse.urlsplit(public)
+    netloc = p.netloc
+    if "userinfo" in secrets:
+        netloc = f"{urllib.parse.quote(reveal(secrets['userinfo']), safe=':')}@{netloc}"
+    pairs = urllib.parse.parse_qsl(p.query, keep_blank_values=True)
+    pairs += [(k.split(":", 1)[1], reveal(v)) for k, v in secrets.items() if k.startswith("query:")]
+    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, urllib.parse.urlencode(pairs), p.fragment))
+
+
+class SecretURL(str):
+    """A URL whose text (str, repr, JSON, the run identity) is the public URL; ``reveal()`` gives
+    the URL to send, with the user info and credential query parameters put back. Rotating a
+    key in the URL therefore changes neither the run identity nor any file."""
+
+    secrets: Dict[str, Secret]
+
+    def __new__(cls, url: str) -> "SecretURL":
+        if isinstance(url, SecretURL):
+            return url
+        public, secrets = split_url_secrets(str(url))
+        obj = super().__new__(cls, public)
+        obj.secrets = secrets
+        return obj
+
+    def reveal(self) -> str:
+        return join_url_secrets(str.__str__(self), self.secrets)
+
+    def __reduce__(self) -> Any:  # pickled as a SecretURL (the credentials stay wrapped)
+        return (_secret_url, (str.__str__(self), self.secrets))
+
+
+def _secret_url(public: str, secrets: Dict[str, Secret]) -> SecretURL:
+    obj = str.__new__(SecretURL, public)
+    obj.secrets = dict(secrets)
+    return obj
 
 
 def secret_options(options: Dict[str, Any]) -> Dict[str, Any]:
-    """Options with every credential-named value wrapped as a Secret (parsed once, at the boundary)."""
-    return {k: (Secret(v) if is_secret_key(k) and v not in (None, "") and not isinstance(v, Secret) else v)
-            for k, v in options.items()}
+    """Options with every credential-named value wrapped as a Secret, at any depth of a mapping
+    value (``extra_body``), and every ``*url`` value with credentials inside as a SecretURL
+    (parsed once, at the boundary)."""
+    out: Dict[str, Any] = {}
+    for k, v in options.items():
+        if is_secret_key(k) and v not in (None, "") and not isinstance(v, (Secret, dict, list)):
+            out[k] = Secret(v)
+        elif isinstance(v, dict):
+            out[k] = secret_options(v)
+        elif isinstance(v, str) and not isinstance(v, SecretURL) and str(k).lower().endswith("url") \
+                and split_url_secrets(v)[1]:
+            out[k] = SecretURL(v)
+        else:
+            out[k] = v
+    return out
 
 
 def _secret_values() -> Set[str]:

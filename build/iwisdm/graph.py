@@ -16,6 +16,7 @@ import networkx as nx
 from build.iwisdm.operators import (CONNECTIVITY, CONST, CONST_ATTRS, OPERATORS, Get, GetCategory, GetIdentity,
                                     GetLocation, IsSame, NotSame, Operator, Select, Switch, min_depths, walk)
 from utils.errors import ReformError, input_error
+from utils.inputs import check_value, parse_json, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -200,15 +201,10 @@ def load_task(source: Any, where: Optional[str] = None,
                           connectivity=connectivity)
     if isinstance(source, str) and not source.lstrip().startswith("{"):
         where = where or source
-        try:
-            with open(source, "r", encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise input_error("task file not found", file=source) from None
-        except json.JSONDecodeError as e:
-            raise input_error(f"invalid JSON ({e})", file=source) from None
+        data = read_json(source, "task file")
     elif isinstance(source, str):
-        data = json.loads(source)
+        data = parse_json(source, "<task JSON>")
+        check_value(data, "<task JSON>")
     else:
         data = source
     where = where or "<task dict>"

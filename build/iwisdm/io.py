@@ -27,6 +27,7 @@ from build.iwisdm.presets import PresetSampler, get_preset, restrict_features
 from build.iwisdm.stimuli import LOCATIONS, StimulusSet, load_stimuli
 from build.iwisdm.trial import Trial
 from utils.errors import ReformError, input_error
+from utils.inputs import check_name, list_dir, read_json
 from utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def is_original_dir(trial_dir: str) -> bool:
     if not os.path.isdir(trial_dir) or os.path.isfile(os.path.join(trial_dir, INDEX)):
         return False
     return any(ORIGINAL_TRIAL.match(d) and os.path.isfile(os.path.join(trial_dir, d, "frames", ORIGINAL_INFO))
-               for d in os.listdir(trial_dir))
+               for d in list_dir(trial_dir, "trial folder"))
 
 
 def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
@@ -115,14 +116,14 @@ def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
     ``stim`` names the original's integer category/object/view codes (default: the built-in set,
     whose codes are those of ``StimulusSet.export``); our own layout does not need it.
     """
-    trial_dir = os.path.abspath(trial_dir)
+    trial_dir = os.path.abspath(check_name(trial_dir, "trial folder"))
     if is_original_dir(trial_dir):
         return read_original_trials(trial_dir, stim or load_stimuli())
     ipath = os.path.join(trial_dir, INDEX)
     if not os.path.isfile(ipath):
         raise input_error("neither index.json (trials written by write_trials) nor trial_<k>/frames/task_info.json "
                           "folders (the original iwisdm's trials)", file=trial_dir, field="trial_dir")
-    index = _load_json(ipath, None, "trial_dir")
+    index = read_json(ipath, "trial index")
     names = index.get("trials", []) if isinstance(index, dict) else None
     if not isinstance(names, list) or \
             not all(isinstance(t, str) and t and os.sep not in t and t not in (".", "..") for t in names):
@@ -133,7 +134,7 @@ def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
         tpath = os.path.join(trial_dir, str(tid), TRIAL_JSON)
         if not os.path.isfile(tpath):
             raise input_error("trial file missing", file=tpath, record=i, field="trials")
-        rec = _load_json(tpath, None, None)
+        rec = read_json(tpath, "trial file")
         if not isinstance(rec, dict):
             raise input_error("a trial file must hold a JSON object", file=tpath)
         trial = Trial.from_dict(check_trial_record(rec, tpath))
@@ -177,14 +178,6 @@ def check_trial_record(rec: Dict[str, Any], path: str) -> Dict[str, Any]:
                 raise input_error(f"unknown location {o['location']!r}", file=path, record=f"frame {i}",
                                   field="location")
     return rec
-
-
-def _load_json(path: str, record: Any, field: Optional[str]) -> Any:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise input_error(f"invalid JSON ({type(e).__name__}: {e})", file=path, record=record, field=field) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,15 +224,14 @@ def original_task_info(trial: Trial, stim: StimulusSet) -> Dict[str, Any]:
 def read_original_trials(trial_dir: str, stim: StimulusSet
                          ) -> Tuple[Dict[str, Any], List[Tuple[str, Trial, List[str]]]]:
     """Import the original's trial folders (sorted by k); the answers are the original's own."""
-    names = sorted((d for d in os.listdir(trial_dir) if ORIGINAL_TRIAL.match(d)
-                    and os.path.isdir(os.path.join(trial_dir, d))),
+    names = sorted((d for d in list_dir(trial_dir, "trial folder", kind="dir") if ORIGINAL_TRIAL.match(d)),
                    key=lambda d: (int(ORIGINAL_TRIAL.match(d).group(1)), d))
     out = []
     for name in names:
         path = os.path.join(trial_dir, name, "frames", ORIGINAL_INFO)
         if not os.path.isfile(path):
             raise input_error("missing (an original trial folder holds frames/task_info.json)", file=path)
-        trial = original_trial(_load_json(path, None, None), stim, path)
+        trial = original_trial(read_json(path, "trial file"), stim, path)
         paths = [os.path.join(trial_dir, name, "frames", f"epoch{i}.png") for i in range(len(trial.frames))]
         for p in paths:
             if not os.path.isfile(p):

@@ -10,7 +10,6 @@ quadrant (112x112). Rendered stimuli are cached, frames are composed by one past
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -21,6 +20,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from PIL import Image, ImageDraw
 
 from utils.errors import input_error
+from utils.inputs import check_name, list_dir, read_bytes, read_csv, read_json
+from utils.images import open_image
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ class ProceduralStimuli(StimulusSet):
 
     def __init__(self, categories: Sequence[str] = DEFAULT_CATEGORIES, n_identities: int = 8) -> None:
         self.categories = tuple(categories)
+        check_unique_categories(self.categories, "procedural stimuli")
         self.n_identities = int(n_identities)
         self.n_views = len(self.VIEWS)
         self.source = "procedural"
@@ -233,6 +235,17 @@ META_SAFE_EXT = (".csv", ".json")
 META_PICKLE_EXT = ".pkl"
 
 
+def check_unique_categories(categories: Sequence[str], where: str) -> None:
+    """Two categories of one name would be offered twice and answered as one: refuse them."""
+    seen: Dict[str, int] = {}
+    for i, name in enumerate(categories):
+        key = " ".join(str(name).split()).casefold()
+        if key in seen:
+            raise input_error(f"two stimulus categories are named {name!r} (codes {seen[key]} and {i} in "
+                              "order); category names must be unique", file=where, field="ctg")
+        seen[key] = i
+
+
 def _rows_from_json(obj: Any, path: str) -> Tuple[List[Dict], List[str]]:
     """Rows of a JSON metadata table: a list of row objects, or pandas' ``to_json()`` column form."""
     if isinstance(obj, list) and all(isinstance(r, dict) for r in obj):
@@ -258,28 +271,16 @@ def _rows_from_json(obj: Any, path: str) -> Tuple[List[Dict], List[str]]:
 def _read_meta(path: str, allow_pickle: bool = False) -> List[Dict]:
     """Rows of a metadata table (CSV, JSON; a pandas pickle only when ``allow_pickle``)."""
     if path.endswith(".csv"):
-        try:
-            with open(path, newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                cols = list(reader.fieldnames or [])
-                rows = list(reader)
-        except UnicodeDecodeError as e:
-            raise input_error(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
+        cols, rows = read_csv(path, "stimulus metadata")
     elif path.endswith(".json"):
-        try:
-            with open(path, "r", encoding="utf-8") as f:
-                obj = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise input_error(f"invalid JSON metadata ({type(e).__name__}: {e})", file=path) from None
-        rows, cols = _rows_from_json(obj, path)
+        rows, cols = _rows_from_json(read_json(path, "stimulus metadata"), path)
     elif not allow_pickle:
         raise input_error("refusing to unpickle a metadata file: loading a pickle can run arbitrary code. "
                           "Convert it to CSV or JSON (ref, ctg_mod, obj_mod, ang_mod, ctg), or set "
                           "'allow_pickle: true' in the dataset config if you trust the file (unsafe)",
                           file=path, field="allow_pickle")
     else:
-        with open(path, "rb") as f:
-            obj = pickle.load(f)  # noqa: S301 - only with allow_pickle: true (documented as unsafe)
+        obj = pickle.loads(read_bytes(path, "stimulus metadata"))  # noqa: S301 - only with allow_pickle: true (documented as unsafe)
         if hasattr(obj, "to_dict") and hasattr(obj, "columns"):
             cols = [str(c) for c in obj.columns]
             if "ref" not in cols:
@@ -308,13 +309,13 @@ class DirectoryStimuli(StimulusSet):
     """
 
     def __init__(self, root: str, split: Optional[str] = None, allow_pickle: bool = False) -> None:
-        root = os.path.abspath(os.path.expanduser(root))
+        root = os.path.abspath(os.path.expanduser(check_name(root, "stim_dir")))
         if not os.path.isdir(root):
             raise input_error("stimulus directory not found", file=root, field="stim_dir")
         split_dir = os.path.join(root, split) if split else root
         if not split and not self._meta_files(root):
-            subs = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
-                          and self._meta_files(os.path.join(root, d)))
+            subs = [d for d in list_dir(root, "stimulus folder", kind="dir")
+                    if self._meta_files(os.path.join(root, d))]
             if not subs:
                 raise input_error("no metadata file (*.csv, *.json or *.pkl with ctg_mod, obj_mod, ang_mod) "
                                   "in the directory or its split folders", file=root, field="stim_dir")
@@ -338,9 +339,13 @@ class DirectoryStimuli(StimulusSet):
                 raise input_error(f"image missing: {img}", file=meta_path, record=i, field="ref")
             table[(c, o, a)] = img
             if row.get("ctg"):
-                names[c] = str(row["ctg"])
+                name = str(row["ctg"])
+                if names.setdefault(c, name) != name:
+                    raise input_error(f"category code {c} is named both {names[c]!r} and {name!r}", file=meta_path,
+                                      record=i, field="ctg")
         ctgs = sorted({k[0] for k in table})
         self.categories = tuple(names.get(c, f"category {c}") for c in ctgs)
+        check_unique_categories(self.categories, meta_path)
         self._ctg_code = {name: code for name, code in zip(self.categories, ctgs)}
         objs = sorted({k[1] for k in table})
         angs = sorted({k[2] for k in table})
@@ -359,8 +364,7 @@ class DirectoryStimuli(StimulusSet):
     @staticmethod
     def _meta_files(d: str) -> List[str]:
         """Metadata tables of a split folder, CSV/JSON before pickles (a pickle is read only if it is all there is)."""
-        found = [f for f in os.listdir(d) if f.endswith(META_SAFE_EXT + (META_PICKLE_EXT,))
-                 and os.path.isfile(os.path.join(d, f))]
+        found = list_dir(d, "stimulus folder", suffix=META_SAFE_EXT + (META_PICKLE_EXT,), kind="file")
         return [os.path.join(d, f) for f in sorted(found, key=lambda f: (f.endswith(META_PICKLE_EXT), f))]
 
     def codes(self, category: str, identity: int, view: int) -> Tuple[int, int, int]:
@@ -377,7 +381,6 @@ class DirectoryStimuli(StimulusSet):
         im = self._cache.get(key)
         if im is None:
             path = self._table[(self._ctg_code[category], self._objs[identity], self._angs[view])]
-            from utils.images import open_image
             im = open_image(path).resize((QUAD, QUAD), Image.BILINEAR)
             self._cache[key] = im
         return im

@@ -1,5 +1,5 @@
 """Scoring, comparison and report writing.
 
-``compare.compare_runs`` / ``compare.write_run_report`` write the comparison tables with
+``report.compare_runs`` / ``report.write_run_report`` write the comparison tables with
 bootstrap intervals, paired tests, plots and report.html. Kept import-light on purpose:
 import the submodule you need (plots pull in matplotlib)."""

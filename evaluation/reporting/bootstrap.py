@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from metrics import ReportSpec, coverage_note, report_spec
 from utils.seeding import np_rng_for
 
 Stats = Dict[str, Any]
@@ -59,12 +60,17 @@ def wmean(W: np.ndarray, x: Sequence[float], mask: Optional[np.ndarray] = None) 
         return np.where(tot > 0, (W @ xv) / np.where(tot > 0, tot, 1), np.nan)
 
 
-def interval(values: np.ndarray) -> Dict[str, Optional[float]]:
-    """{"value", "low", "high"} from a (n_boot + 1,) array."""
+#: a group whose entries come from fewer clusters shows no interval (docs/metrics.md): with 1 or 2
+#: clusters the percentile bootstrap has almost nothing to resample and collapses to zero width
+MIN_CLUSTERS = 5
+
+
+def interval(values: np.ndarray, enough_clusters: bool = True) -> Dict[str, Optional[float]]:
+    """{"value", "low", "high"} from a (n_boot + 1,) array; no interval without enough clusters."""
     def f(x: float) -> Optional[float]:
         return None if x is None or not np.isfinite(x) else float(x)
     boot = values[1:][np.isfinite(values[1:])]
-    if boot.size == 0:
+    if boot.size == 0 or not enough_clusters:
         return {"value": f(values[0]), "low": None, "high": None}
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {"value": f(values[0]), "low": f(lo), "high": f(hi)}
@@ -97,46 +103,51 @@ def cluster_of(p: Dict[str, Any]) -> str:
 
 
 # -- families ------------------------------------------------------------------------------
+# A family knows a shape of statistic, never a benchmark: the metric's ReportSpec (registered
+# beside the metric in metrics/) names its strata, breakdowns, subtasks and items.
 
-#: the complexity breakdown's row order (the presets' order, not the alphabet's)
-PRESET_ORDER = ("low", "medium", "high")
+
+def _ordered(groups: Dict[str, np.ndarray], order: Sequence[str]) -> Dict[str, np.ndarray]:
+    """Groups in the spec's preferred order, the rest after them as groups_of sorted them."""
+    if not order:
+        return groups
+    rank = {g: i for i, g in enumerate(order)}
+    return dict(sorted(groups.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
 def accuracy_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
-    """Accuracy (and format hit rate for generation); iWISDM breakdowns from its BREAKDOWNS."""
+    """Accuracy (and format hit rate for generation); the breakdowns the metric registered."""
+    spec = report_spec(result.get("metric"))
     correct = [bool(p.get("correct")) for p in ps]
     head = {"accuracy": wmean(W, correct)}
     if result.get("infer_method", "generation") == "generation":
         head["format_hit_rate"] = wmean(W, [p.get("extracted") is not None for p in ps])
     breakdowns: Dict[str, Dict[str, Dict[str, Any]]] = {}
-    if result.get("metric") == "iwisdm":
-        from metrics.iwisdm import BREAKDOWNS
-        for name, key in BREAKDOWNS:
-            field = key if ps and key in ps[0] else None
-            if field is None:
-                continue
-            groups = groups_of(ps, field)
-            if name == "complexity":
-                groups = dict(sorted(groups.items(), key=lambda kv: (
-                    PRESET_ORDER.index(kv[0]) if kv[0] in PRESET_ORDER else len(PRESET_ORDER), kv[0])))
-            breakdowns[name] = {g: {"accuracy": wmean(W, correct, m), "n": int(m.sum())}
-                                for g, m in groups.items()}
+    for name, field in spec.breakdowns:
+        if not ps or field not in ps[0]:
+            continue
+        groups = _ordered(groups_of(ps, field), spec.group_order.get(name, ()))
+        breakdowns[name] = {g: {"accuracy": wmean(W, correct, m), "n": int(m.sum()), "clusters": m}
+                            for g, m in groups.items()}
     return {"headline": head, "breakdowns": breakdowns}
 
 
 def mme_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
-    """acc, acc+ and score per subtask, perception/cognition/total scores, overall accuracy.
+    """acc, acc+ and score per subtask, their sums per score group (perception, cognition) and in
+    total, overall accuracy.
 
     acc+ counts an image (per duplicate) right when both its questions are; images with one
     question are left out, as the metric does."""
-    from build.mme import COGNITION, PERCEPTION, SUBTASKS
+    spec = report_spec(result.get("metric"))
+    field = spec.strata or "subtask"
     correct = np.array([bool(p.get("correct")) for p in ps], dtype=float)
     head: Dict[str, np.ndarray] = {"accuracy": wmean(W, correct)}
     subs: Dict[str, Dict[str, Any]] = {}
     zero = np.zeros(W.shape[0])
-    perception, cognition = zero.copy(), zero.copy()
-    for sub in SUBTASKS:
-        idx = [i for i, p in enumerate(ps) if p.get("subtask") == sub]
+    group_of = {sub: name for name, members in spec.score_groups for sub in members}
+    sums = {name: zero.copy() for name, _ in spec.score_groups}
+    for sub in spec.subtasks:
+        idx = [i for i, p in enumerate(ps) if p.get(field) == sub]
         if not idx:
             continue
         mask = np.zeros(len(ps), dtype=bool)
@@ -153,71 +164,124 @@ def mme_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) 
         else:
             acc_plus = zero.copy()
         score = 100 * acc + 100 * acc_plus
-        subs[sub] = {"acc": acc, "acc_plus": acc_plus, "score": score, "n": len(idx)}
-        if sub in PERCEPTION:
-            perception = perception + score
-        elif sub in COGNITION:
-            cognition = cognition + score
-    head["perception_score"] = perception
-    head["cognition_score"] = cognition
-    head["total_score"] = perception + cognition
-    return {"headline": head, "breakdowns": {"subtask": subs}}
+        subs[sub] = {"acc": acc, "acc_plus": acc_plus, "score": score, "n": len(idx), "clusters": mask}
+        if sub in group_of:
+            sums[group_of[sub]] = sums[group_of[sub]] + score
+    head.update(sums)
+    head["total_score"] = sum(sums.values(), zero.copy())
+    return {"headline": head, "breakdowns": {"subtask": subs}, "notes": coverage_notes(ps, spec)}
+
+
+def coverage_notes(ps: List[Dict[str, Any]], spec: ReportSpec) -> Dict[str, str]:
+    """Headline name -> its coverage note (``metrics.coverage_note``) for each sum over subtasks
+    that a subsample left missing or incomplete."""
+    field = spec.strata or "subtask"
+    counts: Dict[str, int] = defaultdict(int)
+    for p in ps:
+        counts[str(p.get(field))] += 1
+    groups = list(spec.score_groups) + [("total_score", tuple(s for _, m in spec.score_groups for s in m))]
+    notes = {name: coverage_note(counts, members, spec.subtask_sizes) for name, members in groups}
+    return {k: v for k, v in notes.items() if v}
 
 
 def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
-    """PIF (strict, loose), PIF-N-K, PIF-IQR-N; PIF by turn, by number of instructions, per instruction."""
-    from metrics.pif import INSTRUCTION_IDS, iqr
+    """Per-turn score (``pif``, strict and loose), PIF-N-K and the spread over N samples; the
+    metric's breakdowns and its items (``instructions`` with their ``followed`` verdicts)."""
+    spec = report_spec(result.get("metric"))
     pif = [float(p["pif"]) for p in ps]
+    # None means "not scored" (a released per-turn PIF carries no loose verdicts): such entries are
+    # left out of the loose mean, as the metric leaves them out, never counted as 0
+    loose = [p.get("pif_loose", p["pif"]) for p in ps]
+    scored = np.array([v is not None for v in loose], dtype=bool)
     head: Dict[str, np.ndarray] = {"pif": wmean(W, pif),
-                                   "pif_loose": wmean(W, [float(p.get("pif_loose", p["pif"])) for p in ps])}
+                                   "pif_loose": wmean(W, [0.0 if v is None else float(v) for v in loose], scored)}
     samples = [list(p.get("pif_samples") or [p["pif"]]) for p in ps]
     n = min(len(s) for s in samples) if samples else 1
     perfect = np.array([sum(1 for v in s[:n] if v >= 1.0 - 1e-12) for s in samples])
-    for k in range(1, n + 1):
-        head[f"pif_{n}_{k}"] = wmean(W, perfect >= k)
-    head[f"pif_iqr_{n}"] = wmean(W, [iqr(s[:n]) for s in samples])
-    by_turn = {g: {"pif": wmean(W, pif, m), "n": int(m.sum())} for g, m in groups_of(ps, "turn").items()}
-    nums = [{**p, "num_instructions": len(p.get("instructions") or [])} for p in ps]
-    by_num = {g: {"pif": wmean(W, pif, m), "n": int(m.sum())} for g, m in groups_of(nums, "num_instructions").items()}
-    per_instr: Dict[str, Dict[str, Any]] = {}
-    for iid in INSTRUCTION_IDS:
-        rows = [(i, p["followed"][p["instructions"].index(iid)]) for i, p in enumerate(ps)
-                if iid in (p.get("instructions") or [])]
-        if rows:
-            cols = np.array([i for i, _ in rows])
-            per_instr[iid] = {"followed": wmean(W[:, cols], [ok for _, ok in rows]), "n": len(rows)}
-    return {"headline": head, "breakdowns": {"turn": by_turn, "num_instructions": by_num,
-                                              "instruction": per_instr}}
+    if n > 1:  # with one response per turn PIF-1-1 is PIF rounded down and the spread is 0: no columns
+        for k in range(1, n + 1):
+            head[f"pif_{n}_{k}"] = wmean(W, perfect >= k)
+        if spec.spread is not None:
+            head[f"pif_iqr_{n}"] = wmean(W, [spec.spread(s[:n]) for s in samples])
+    # the number of instructions is read from the list (released rows carry no count of their own)
+    rows = [{**p, "num_instructions": len(p.get("instructions") or [])} for p in ps]
+    breakdowns: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    for name, field in spec.breakdowns:
+        breakdowns[name] = {g: {"pif": wmean(W, pif, m), "n": int(m.sum()), "clusters": m}
+                            for g, m in groups_of(rows, field).items()}
+    per_item: Dict[str, Dict[str, Any]] = {}
+    for iid in spec.items:
+        hits = [(i, p["followed"][p["instructions"].index(iid)]) for i, p in enumerate(ps)
+                if iid in (p.get("instructions") or []) and p.get("followed") is not None]
+        if hits:
+            cols = np.array([i for i, _ in hits])
+            mask = np.zeros(len(ps), dtype=bool)
+            mask[cols] = True
+            per_item[iid] = {"followed": wmean(W[:, cols], [ok for _, ok in hits]), "n": len(hits),
+                             "clusters": mask}
+    breakdowns["instruction"] = per_item
+    return {"headline": head, "breakdowns": breakdowns}
 
 
 FAMILIES: Dict[str, Family] = {"accuracy": accuracy_family, "mme": mme_family, "pif": pif_family}
 
 
 def family_of(metric: Optional[str]) -> str:
-    """Which family recomputes a metric's numbers (the accuracy family unless MME or PIF)."""
-    return {"mme": "mme", "pif": "pif"}.get(str(metric), "accuracy")
+    """Which family recomputes a metric's numbers (registered with the metric; accuracy by default)."""
+    return report_spec(metric).family
 
 
-def strata_of(family: str, ps: List[Dict[str, Any]]) -> Optional[List[Any]]:
-    """The design's fixed strata: MME subtasks, iWISDM complexities (presets); None otherwise."""
-    if family == "mme":
-        return [p.get("subtask") for p in ps]
-    if family == "accuracy" and ps and "complexity" in ps[0]:
-        return [p.get("complexity") for p in ps]
-    return None
+def strata_of(metric: Optional[str], ps: List[Dict[str, Any]]) -> Optional[List[Any]]:
+    """The design's fixed strata (the metric's registered ``strata`` field); None without one."""
+    field = report_spec(metric).strata
+    if field is None or not ps or field not in ps[0]:
+        return None
+    return [p.get(field) for p in ps]
+
+
+def _enough_clusters(clusters: np.ndarray, strata: Optional[np.ndarray], mask: Optional[np.ndarray]) -> bool:
+    """Whether the entries under ``mask`` span enough clusters for a percentile interval: at least
+    MIN_CLUSTERS, and at least 2 in every stratum they draw from (a stratum of one cluster is
+    never resampled, so it would add no width)."""
+    sel = clusters if mask is None else clusters[mask]
+    if len(set(sel.tolist())) < MIN_CLUSTERS:
+        return False
+    if strata is None:
+        return True
+    st = strata if mask is None else strata[mask]
+    per: Dict[str, set] = defaultdict(set)
+    for c, s in zip(sel.tolist(), st.tolist()):
+        per[s].add(c)
+    return all(len(v) >= 2 for v in per.values())
 
 
 def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: int = 1000, seed: int = 0,
               key: str = "") -> Dict[str, Any]:
-    """Headline metrics and breakdowns as {"value", "low", "high"} (breakdown groups add "n")."""
-    family = family_of(result.get("metric"))
+    """Headline metrics and breakdowns as {"value", "low", "high"} (breakdown groups add "n").
+
+    A number whose entries span too few clusters (``_enough_clusters``) keeps its value and gets
+    no interval (low and high None): a percentile bootstrap of one or two clusters collapses to
+    zero width, which reads as certainty."""
+    metric = result.get("metric")
+    family = family_of(metric)
     clusters = [cluster_of(p) for p in per_sample]
-    W = cluster_weights(clusters, n_boot, seed, key, strata_of(family, per_sample))
+    strata = strata_of(metric, per_sample)
+    W = cluster_weights(clusters, n_boot, seed, key, strata)
     stats = FAMILIES[family](per_sample, W, result)
+    c_arr = np.asarray(clusters, dtype=object)
+    s_arr = None if strata is None else np.asarray([str(x) for x in strata], dtype=object)
+    head_ok = _enough_clusters(c_arr, s_arr, None)
+    notes = stats.get("notes") or {}
     out: Dict[str, Any] = {"family": family, "num_clusters": len(set(map(str, clusters))),
-                           "headline": {k: interval(v) for k, v in stats["headline"].items()},
+                           "min_clusters": MIN_CLUSTERS,
+                           "headline": {k: {**interval(v, head_ok), **({"note": notes[k]} if k in notes else {})}
+                                        for k, v in stats["headline"].items()},
                            "breakdowns": {}}
     for name, groups in stats["breakdowns"].items():
-        out["breakdowns"][name] = {
-            g: {k: (v if k == "n" else interval(v)) for k, v in row.items()} for g, row in groups.items()}
+        rows = {}
+        for g, row in groups.items():
+            mask = row.get("clusters")
+            ok = head_ok if mask is None else _enough_clusters(c_arr, s_arr, mask)
+            rows[g] = {k: (v if k == "n" else interval(v, ok)) for k, v in row.items() if k != "clusters"}
+        out["breakdowns"][name] = rows
     return out

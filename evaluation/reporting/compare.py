@@ -2,8 +2,8 @@
 
 A *run* is ``{"name": str, "records": [...], "result": <score_records / metrics.evaluate
 result with metrics, tables, per_sample, formulation, infer_method, ...>}``. All runs must
-score the same benchmark. ``compare_runs`` writes ``comparison.md``, ``comparison.json``,
-``plots/`` and ``report.html`` into ``output_dir``; ``write_run_report`` is the one-run case.
+score the same benchmark. ``build_comparison`` computes it; ``evaluation.reporting.report``
+writes it (``comparison.md``, ``comparison.json``, ``plots/``, ``report.html``).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from metrics.single_choice import instability
 from utils.errors import ReformError
 from utils.report import markdown_table, md_text
 from evaluation.reporting.bootstrap import bootstrap, family_of
@@ -154,7 +155,6 @@ def instability_of(ps: List[Dict[str, Any]], family: str) -> Optional[float]:
     """Mean answer entropy across duplicates; None when no sample has a duplicate."""
     if family == "pif" or not any(int(p.get("dup_index", 0) or 0) > 0 for p in ps):
         return None
-    from metrics.single_choice import instability
     key = "parsed" if family == "mme" else "chosen_text"
     return instability(ps, key=key)
 
@@ -195,9 +195,9 @@ def fmt_ci(cell: Optional[Dict[str, Any]], digits: int = 3) -> str:
     if not cell or cell.get("value") is None:
         return "-"
     v = f"{cell['value']:.{digits}f}"
-    if cell.get("low") is None:
-        return v
-    return f"{v} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+    if cell.get("low") is not None:
+        v = f"{v} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+    return f"{v} ({cell['note']})" if cell.get("note") else v  # e.g. a subsample's missing subtasks
 
 
 def _digits(family: str, stat: str) -> int:
@@ -305,32 +305,3 @@ def _json_safe(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return _json_safe(obj.item())
     return obj
-
-
-def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0, n_boot: int = 1000,
-                 plots: bool = True, html: bool = True) -> Dict[str, Any]:
-    """Write comparison.md/.json, plots/ and report.html for ``runs``; return the comparison
-    (with ``files``: the paths written)."""
-    from utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
-    comp = build_comparison(runs, seed=seed, n_boot=n_boot)
-    ensure_writable_dir(output_dir, "report directory")
-    plot_files: List[str] = []
-    if plots:
-        from evaluation.reporting.plots import make_plots
-        plot_files = make_plots(comp, runs, os.path.join(output_dir, "plots"))
-    comp["plots"] = [os.path.relpath(p, output_dir) for p in plot_files]
-    comp = _json_safe(comp)
-    files = {"comparison_json": os.path.join(output_dir, "comparison.json"),
-             "comparison_md": os.path.join(output_dir, "comparison.md")}
-    write_json_atomic(files["comparison_json"], comp)
-    write_text_atomic(files["comparison_md"], markdown(comp, [p for p in plot_files if p.endswith(".png")]))
-    if html:
-        from evaluation.reporting.html import write_html
-        files["report_html"] = write_html(comp, runs, os.path.join(output_dir, "report.html"), plot_files)
-    comp["files"] = files
-    return comp
-
-
-def write_run_report(run: Dict[str, Any], output_dir: str, seed: int = 0, n_boot: int = 1000) -> Dict[str, Any]:
-    """The same report for a single run (no paired tests)."""
-    return compare_runs([run], output_dir, seed=seed, n_boot=n_boot)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from evaluation.reporting.compare import pairing_notes, sample_shas, tables
+from utils.errors import ReformError
+from utils.images import thumbnail_jpeg
+from utils.predictions import write_text_atomic
 
 #: per family: the per_sample fields offered as filters (field, label)
 GROUP_FIELDS: Dict[str, Tuple[Tuple[str, str], ...]] = {
@@ -45,19 +47,12 @@ class Thumbnails:
             return self.index[path]
         idx: Optional[int] = None
         if self.size < self.max_bytes and os.path.isfile(path):
-            try:
-                from PIL import Image
-                with Image.open(path) as im:
-                    im.draft("RGB", (THUMB_SIZE, THUMB_SIZE))
-                    im = im.convert("RGB")
-                    im.thumbnail((THUMB_SIZE, THUMB_SIZE))
-                    buf = io.BytesIO()
-                    im.save(buf, format="JPEG", quality=70)
-                uri = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+            try:  # the loaders' pixel guard: an image over the limit is skipped, never decoded
+                uri = "data:image/jpeg;base64," + base64.b64encode(thumbnail_jpeg(path, THUMB_SIZE)).decode("ascii")
                 self.data.append(uri)
                 self.size += len(uri)
                 idx = len(self.data) - 1
-            except (OSError, ValueError, SyntaxError):
+            except ReformError:
                 idx = None
         elif os.path.isfile(path):
             self.skipped += 1
@@ -236,7 +231,6 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
 def write_html(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str,
                plot_files: Sequence[str] = (), max_thumb_bytes: int = MAX_THUMB_BYTES) -> str:
     """Write report.html atomically; returns its path."""
-    from utils.predictions import write_text_atomic
     write_text_atomic(path, render(comp, runs, plot_files, max_thumb_bytes))
     return path
 

@@ -11,8 +11,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
 
+from utils.errors import ReformError
+from utils.predictions import temp_prefix
+
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top": False,
                      "axes.spines.right": False, "font.size": 9})
@@ -45,8 +48,6 @@ def _legend_below(ax: Any, n: int) -> None:
 
 def _save(fig: Any, out_dir: str, name: str) -> List[str]:
     """PNG and SVG, each written to a temporary file and renamed (a full disk leaves no half plot)."""
-    from utils.errors import ReformError
-    from utils.predictions import temp_prefix
     paths = []
     fig.tight_layout()
     try:

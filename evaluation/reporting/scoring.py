@@ -22,10 +22,20 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+import build  # noqa: F401  (registers the builders, for dataset-name lookups)
+import metrics  # noqa: F401  (metric modules register readers and exporters)
+from build.registry import get_builder_class
+from evaluation.reporting.report import compare_runs
+from metrics import evaluate
+from metrics.mmmt_if_release import print_release_report, reference_records_from
 from metrics.single_choice import check_stability
+from utils.commit import Commit, clean_stale_temps
 from utils.errors import ReformError, input_error
+from utils.inputs import check_name, list_dir, read_json
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
-from utils.predictions import record_key, write_json_atomic, write_text_atomic
+from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
+                               ensure_writable_dir, read_predictions, record_key)
+from utils.report import markdown_table, metrics_report
 
 logger = logging.getLogger(__name__)
 
@@ -200,10 +210,12 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
                   output_dir: Optional[str] = None, metric_options: Optional[Dict[str, Any]] = None,
                   extra: Optional[Dict[str, Any]] = None, metric: Optional[str] = None,
                   write: bool = True, quiet: bool = False, tag: Optional[str] = None,
-                  tool: str = "library") -> Dict[str, Any]:
-    """Validate, score, print the tables and (``write``) write the results named after the file."""
-    from metrics import evaluate
-    from utils.report import metrics_report
+                  tool: str = "library", commit: Optional[Commit] = None) -> Dict[str, Any]:
+    """Validate, score, print the tables and (``write``) write the results named after the file.
+
+    The three results files are written as one unit (``utils.commit``), then one line is
+    appended to the run index; with ``commit`` they join that caller's unit instead (its
+    ``commit()`` puts them in place)."""
 
     validate_records(records, prediction_file)
     if eval_stability:
@@ -219,6 +231,8 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         "eval_stability": eval_stability, "metric_options": dict(metric_options or {}),
         "prediction_file": os.path.abspath(prediction_file) if prediction_file else None,
         "num_records": len(records)}
+    if result.get("notes"):  # said beside a number (a subsample total's missing subtasks)
+        summary["notes"] = result["notes"]
     if extra:
         summary = {**extra, **summary}
     report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
@@ -226,14 +240,21 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         print(report)
     if write:
         paths = results_paths(prediction_file or "results", output_dir, tag)
-        os.makedirs(paths["dir"], exist_ok=True)
         summary["results_files"] = {k: paths[k] for k in ("json", "md", "per_sample")}
-        write_json_atomic(paths["json"], summary)
-        write_text_atomic(paths["md"], report)
-        write_json_atomic(paths["per_sample"], result.get("per_sample", []), indent=None)
-        append_run_index(paths["dir"], {"tool": tool, "prediction_file": summary["prediction_file"],
-                                        "results": paths["json"], "run_id": summary.get("run_id"),
-                                        "metric": result["metric"], "headline": headline(result["metrics"])})
+        own = commit is None
+        c = commit if commit is not None else Commit(f"results of {prediction_file or 'records'}")
+        try:
+            c.write_text(paths["md"], report)
+            c.write_json(paths["per_sample"], result.get("per_sample", []), indent=None)
+            c.write_json(paths["json"], summary, last=True)  # the commit point: it names the other two
+        except BaseException:
+            c.abort()
+            raise
+        c.on_commit(lambda: append_run_index(paths["dir"], {
+            "tool": tool, "prediction_file": summary["prediction_file"], "results": paths["json"],
+            "run_id": summary.get("run_id"), "metric": result["metric"], "headline": headline(result["metrics"])}))
+        if own:
+            c.commit()
     summary["tables"] = result.get("tables", {})
     summary["per_sample"] = result.get("per_sample", [])
     return summary
@@ -243,19 +264,27 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
 def expand_prediction_files(paths: Sequence[str]) -> List[str]:
     """Files, directories of prediction files, and globs -> prediction files, in order.
 
-    A directory that a benchmark's reader understands (official MME results) stays one entry;
-    otherwise it contributes its ``*.json``/``*.jsonl`` prediction files (results files skipped).
+    A path that exists is taken as it is, before any glob is tried (``model[v2].json`` is a
+    file name, not a pattern). A glob skips what this tool writes (results, per-sample files,
+    reports, indexes, temporaries). A directory that a benchmark's reader understands (official
+    MME results) stays one entry; otherwise it contributes its ``*.json``/``*.jsonl`` prediction
+    files (results files skipped).
     """
     out: List[str] = []
     for p in paths:
-        is_glob = any(ch in p for ch in "*?[")
-        matches = [m for m in sorted(glob.glob(p)) if not is_derived(m)] if is_glob else [p]
+        check_name(p, "--prediction_file")
+        if os.path.lexists(p):
+            matches = [p]
+        elif any(ch in p for ch in "*?["):
+            matches = [m for m in sorted(glob.glob(p)) if not is_derived(m)]
+        else:
+            matches = []
         if not matches:
             raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
-                found = [os.path.join(m, n) for n in sorted(os.listdir(m))
-                         if n.endswith((".json", ".jsonl")) and not is_derived(os.path.join(m, n))]
+                found = [os.path.join(m, n) for n in list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
+                         if not is_derived(os.path.join(m, n))]
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
@@ -276,23 +305,17 @@ def is_derived(path: str) -> bool:
 
 def _is_results_dir(path: str) -> bool:
     """A directory in a benchmark's own results format (no JSON prediction files in it)."""
-    return not any(n.endswith((".json", ".jsonl")) for n in os.listdir(path))
+    return not any(n.endswith((".json", ".jsonl")) and not is_derived(n) for n in list_dir(path, "prediction folder"))
 
 
 def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> List[Dict[str, Any]]:
     """Records from a file, or from a results directory read by the benchmark's registered reader."""
-    from utils.predictions import PREDICTION_DIR_READERS, read_predictions
     if os.path.isdir(prediction_file) and dataset_name:
-        import metrics  # noqa: F401  (metric modules register directory readers)
-        from build.registry import get_builder_class
         name = get_builder_class(dataset_name).name
         if name not in PREDICTION_DIR_READERS:
             raise ReformError(f"{prediction_file}: is a directory, and {name} has no results-directory reader")
         return PREDICTION_DIR_READERS[name](prediction_file)
     if dataset_name and os.path.isfile(prediction_file):
-        import metrics  # noqa: F401  (metric modules register file readers)
-        from build.registry import get_builder_class
-        from utils.predictions import PREDICTION_FILE_READERS
         ext = os.path.splitext(prediction_file)[1].lower()
         reader = PREDICTION_FILE_READERS.get((get_builder_class(dataset_name).name, ext))
         if reader is not None:
@@ -300,14 +323,61 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
     return read_predictions(prediction_file)
 
 
-def export_results(records: List[Dict[str, Any]], benchmark: str, directory: str, **options: Any) -> None:
-    """Write records in a benchmark's own results format (registered by its metric module)."""
-    import metrics  # noqa: F401  (metric modules register exporters)
-    from utils.predictions import RESULTS_EXPORTERS
+#: the marker an export folder holds: which prediction file (and model) it was written from
+EXPORT_MARKER = ".reform_export.json"
+
+
+def check_export(records: List[Dict[str, Any]], benchmark: str, directory: str,
+                 prediction_file: Optional[str] = None) -> None:
+    """Before anything is written: refuse an export of records of another benchmark, or into a
+    folder that holds anything but an earlier export of the same prediction file (two models'
+    subtask files would mix). ``run_eval`` calls this before its first write."""
     if benchmark not in RESULTS_EXPORTERS:
         raise ReformError(f"{benchmark} has no official results format to export "
                           f"(available: {', '.join(sorted(RESULTS_EXPORTERS)) or 'none'})")
-    RESULTS_EXPORTERS[benchmark](records, directory, **options)
+    other = sorted({str(r.get("benchmark")) for r in records if r.get("benchmark") != benchmark})
+    if other:
+        raise ReformError(f"{prediction_file or 'records'}: --export_{benchmark.lower()}_results needs {benchmark} "
+                          f"records, these are {', '.join(other)}; nothing was written")
+    check_name(directory, "export folder")
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise ReformError(f"{directory}: export folder exists and is not a folder; nothing was written")
+    if not os.path.isdir(directory):
+        return
+    names = [n for n in list_dir(directory, "export folder") if not n.startswith(".tmp-")]
+    if not names:
+        return
+    source = os.path.abspath(prediction_file) if prediction_file else None
+    marker = os.path.join(directory, EXPORT_MARKER)
+    previous = read_json(marker, "export marker").get("prediction_file") if os.path.isfile(marker) else None
+    if previous is None or previous != source:
+        whose = f"the export of {previous}" if previous else f"{len(names)} other file(s) ({names[0]}, ...)"
+        raise ReformError(f"{directory}: export folder already holds {whose}; an export folder holds one "
+                          "prediction file's results: choose an empty or new folder; nothing was written")
+
+
+def export_results(records: List[Dict[str, Any]], benchmark: str, directory: str,
+                   prediction_file: Optional[str] = None, commit: Optional[Commit] = None, **options: Any) -> None:
+    """Write records in a benchmark's own results format (registered by its metric module) into a
+    staged folder that replaces ``directory`` whole at commit (see ``check_export``)."""
+    check_export(records, benchmark, directory, prediction_file)
+    own = commit is None
+    c = commit if commit is not None else Commit(f"{benchmark} export")
+    try:
+        staged = c.folder(directory)
+        RESULTS_EXPORTERS[benchmark](records, staged, **options)
+        with open(os.path.join(staged, EXPORT_MARKER), "w", encoding="utf-8") as f:
+            json.dump({"prediction_file": os.path.abspath(prediction_file) if prediction_file else None,
+                       "models": sorted({str(r["model"]) for r in records if r.get("model")})}, f)
+    except OSError as e:
+        c.abort()
+        raise ReformError(f"{directory}: cannot write the {benchmark} export ({e.strerror or e}); "
+                          "nothing was written") from None
+    except BaseException:
+        c.abort()
+        raise
+    if own:
+        c.commit()
 
 
 def run_name(records: List[Dict[str, Any]], prediction_file: str) -> str:
@@ -315,6 +385,14 @@ def run_name(records: List[Dict[str, Any]], prediction_file: str) -> str:
     models = sorted({str(r["model"]) for r in records if r.get("model")})
     stem = results_paths(prediction_file)["stem"]
     return models[0] if len(models) == 1 else stem
+
+
+def clean_output_temps(*directories: Optional[str]) -> None:
+    """Our temporaries left by a killed command (``.tmp-*``) in these folders and one level
+    below (``plots/``, ``<stem>.report/``), removed at the start of the next command."""
+    for d in directories:
+        if d and os.path.isdir(d):
+            clean_stale_temps(d, depth=1)
 
 
 def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_method: Optional[str] = None,
@@ -326,27 +404,33 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
 
     Results are written as ``<stem>.scored-<hash>.results.json`` (never replacing run_eval's).
     ``export_mme_results``: also write the records in the official MME tool's results format there.
+    Every check that needs no scoring runs first; the outputs are then written as one unit.
     """
-    import build  # noqa: F401  (registers builders for dataset-name lookups)
+    check_name(prediction_file, "prediction file")
     records = load_records(prediction_file, dataset_name)
     if not records:
         raise ReformError(f"{prediction_file}: holds no prediction records")
     if any(r.get("release_reference") for r in records):
-        from metrics.mmmt_if_release import print_release_report
         return print_release_report(records, prediction_file, output_dir, write=write, quiet=quiet)
+    if export_mme_results:
+        check_export(records, "MME", export_mme_results, prediction_file)
     tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
                       likelihood_reduction=likelihood_reduction, metric_options=metric_options,
                       prediction_file=os.path.abspath(prediction_file))
     if output_dir:
-        from utils.predictions import ensure_writable_dir
         ensure_writable_dir(output_dir, "--output_dir")
-    result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
-                           prediction_file=prediction_file, output_dir=output_dir,
-                           metric_options=metric_options, write=write, quiet=quiet, tag=tag,
-                           tool="run_loader_eval")
+    if write:
+        clean_output_temps(output_dir or os.path.dirname(os.path.abspath(prediction_file)),
+                           os.path.dirname(os.path.abspath(export_mme_results)) if export_mme_results else None)
+    with Commit(f"results of {prediction_file}") as c:
+        result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
+                               prediction_file=prediction_file, output_dir=output_dir,
+                               metric_options=metric_options, write=write, quiet=quiet, tag=tag,
+                               tool="run_loader_eval", commit=c)
+        if export_mme_results:
+            export_results(records, "MME", export_mme_results, prediction_file=prediction_file, commit=c,
+                           likelihood_reduction=likelihood_reduction)
     result["records"] = records
-    if export_mme_results:
-        export_results(records, "MME", export_mme_results, likelihood_reduction=likelihood_reduction)
     return result
 
 
@@ -359,9 +443,11 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
 
     A file that holds several models' records (the MMMT-IF release CSV) is split into one run
     per model. Returns ``{"runs": [...], "comparison": ... or None}``.
+
+    Order, so that a failure leaves the previous state: every file is read and checked (and the
+    export target) before anything is scored; everything is scored and staged before anything
+    is renamed into place (one ``Commit``); the run index lines are appended last.
     """
-    from utils.predictions import ensure_writable_dir
-    import build  # noqa: F401  (registers builders for dataset-name lookups)
     files = expand_prediction_files(paths)
     if len(set(os.path.abspath(f) for f in files)) != len(files):
         raise ReformError("the same prediction file is given twice: "
@@ -375,39 +461,47 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
             raise ReformError(f"{path}: holds no prediction records")
         for group in split_by_model(records).values():  # a file may hold several models' records
             validate_records(group, path)
-        loaded.append((path, records))
-    runs: List[Dict[str, Any]] = []
-    for path, records in loaded:
-        if len(files) == 1 and any(r.get("release_reference") for r in records):
-            # the MMMT-IF release CSV: the paper's analyses of its three models
-            from metrics.mmmt_if_release import print_release_report
-            return {"runs": [], "comparison": None,
-                    "release_report": print_release_report(records, path, output_dir, quiet=quiet)}
-        groups = split_by_model(records)
-        tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
-                          likelihood_reduction=likelihood_reduction, metric_options=metric_options,
-                          prediction_file=os.path.abspath(path))
-        for model, recs in groups.items():
-            sub_tag = tag if len(groups) == 1 else f"{tag}.{_slug(model)}"
-            result = score_records(recs, formulation, infer_method, eval_stability, likelihood_reduction,
-                                   prediction_file=path, output_dir=output_dir if len(files) == 1 else None,
-                                   metric_options=metric_options, quiet=quiet or len(files) > 1 or len(groups) > 1,
-                                   tag=sub_tag, tool="run_loader_eval")
-            runs.append({"name": model if len(groups) > 1 else run_name(recs, path), "records": recs,
-                         "result": result})
         if export_mme_results:
-            export_results(records, "MME", export_mme_results, likelihood_reduction=likelihood_reduction)
-    runs += release_reference_runs(runs)
-    _unique_names(runs)
+            check_export(records, "MME", export_mme_results, path)
+        loaded.append((path, records))
+    if export_mme_results and len(files) > 1:
+        raise ReformError(f"{export_mme_results}: --export_mme_results takes one prediction file "
+                          f"({len(files)} given): an export folder holds one run's results")
+    if len(files) == 1 and any(r.get("release_reference") for r in loaded[0][1]):
+        # the MMMT-IF release CSV: the paper's analyses of its three models
+        return {"runs": [], "comparison": None,
+                "release_report": print_release_report(loaded[0][1], loaded[0][0], output_dir, quiet=quiet)}
+    compare_dir = output_dir or _common_dir(files)
+    clean_output_temps(compare_dir, *{os.path.dirname(os.path.abspath(f)) for f in files},
+                       os.path.dirname(os.path.abspath(export_mme_results)) if export_mme_results else None)
+    runs: List[Dict[str, Any]] = []
     comparison = None
-    if len(runs) > 1:
-        from evaluation.reporting.compare import compare_runs
-        out = output_dir or _common_dir(files)
-        comparison = compare_runs(runs, out, seed=seed, n_boot=n_boot)
-        if not quiet:
-            with open(comparison["files"]["comparison_md"], encoding="utf-8") as f:
-                print(f.read())
-            print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
+    with Commit("run_loader_eval outputs") as c:
+        for path, records in loaded:
+            groups = split_by_model(records)
+            tag = options_tag(formulation=formulation, infer_method=infer_method, eval_stability=eval_stability,
+                              likelihood_reduction=likelihood_reduction, metric_options=metric_options,
+                              prediction_file=os.path.abspath(path))
+            for model, recs in groups.items():
+                sub_tag = tag if len(groups) == 1 else f"{tag}.{_slug(model)}"
+                result = score_records(recs, formulation, infer_method, eval_stability, likelihood_reduction,
+                                       prediction_file=path, output_dir=output_dir if len(files) == 1 else None,
+                                       metric_options=metric_options,
+                                       quiet=quiet or len(files) > 1 or len(groups) > 1,
+                                       tag=sub_tag, tool="run_loader_eval", commit=c)
+                runs.append({"name": model if len(groups) > 1 else run_name(recs, path), "records": recs,
+                             "result": result})
+            if export_mme_results:
+                export_results(records, "MME", export_mme_results, prediction_file=path, commit=c,
+                               likelihood_reduction=likelihood_reduction)
+        runs += release_reference_runs(runs)
+        _unique_names(runs)
+        if len(runs) > 1:
+            comparison = compare_runs(runs, compare_dir, seed=seed, n_boot=n_boot, commit=c)
+    if comparison is not None and not quiet:
+        with open(comparison["files"]["comparison_md"], encoding="utf-8") as f:
+            print(f.read())
+        print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
     elif not quiet:
         print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
     return {"runs": runs, "comparison": comparison}
@@ -420,7 +514,6 @@ def release_reference_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         return []
     if any(r["records"][0].get("release_reference") for r in runs):
         return []
-    from metrics.mmmt_if_release import reference_records_from
     refs = reference_records_from(runs[0]["records"])
     if not refs:
         return []
@@ -440,7 +533,11 @@ def split_by_model(records: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, An
 
 
 def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:40]
+    """A file-name-safe label: the first 40 characters, plus a hash of the whole text, so two
+    names that differ anywhere (also after character 40, or only in replaced characters) never
+    share a results file."""
+    readable = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:40]
+    return f"{readable}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
 def _unique_names(runs: List[Dict[str, Any]]) -> None:
@@ -468,7 +565,6 @@ def _common_dir(files: Sequence[str]) -> str:
 def summary_table(runs: List[Dict[str, Any]], breakdown: str = "complexity") -> str:
     """One compact markdown table of several runs: the headline accuracy (or PIF / MME score),
     the chance level, the format hit rate and one column per group of ``breakdown``."""
-    from utils.report import markdown_table
     groups: List[str] = []
     for r in runs:
         for g in (r["result"]["metrics"].get("by", {}).get(breakdown) or {}):

@@ -1,0 +1,35 @@
+"""Secrets as a type, and the regex redaction (the second net) in linear time."""
+import copy
+import json
+import pickle
+import time
+
+import pytest
+
+from utils.secrets import REDACTED, Secret, drop_secrets, json_default, redact, redact_text, secret_options
+
+
+def test_a_secret_never_prints():
+    s = Secret("sk-typed-secret-42")
+    for shown in (repr(s), str(s), f"{s}", "%s" % s, json.dumps({"k": s}, default=json_default),
+                  json.dumps({"k": s}, default=str), str(redact({"x": s})), str([s])):
+        assert "sk-typed-secret-42" not in shown, shown
+    assert s.reveal() == "sk-typed-secret-42"
+    assert pickle.loads(pickle.dumps(s)) == s and copy.deepcopy(s).reveal() == s.reveal()
+    assert drop_secrets({"x": s, "y": 1}) == {"y": 1}
+    with pytest.raises(AttributeError):
+        s._value = "other"
+    wrapped = secret_options({"api_key": "sk-abc-123456", "auth_token": "t0ken-123456", "timeout": 3})
+    assert isinstance(wrapped["api_key"], Secret) and isinstance(wrapped["auth_token"], Secret)
+    assert wrapped["timeout"] == 3
+    # once a Secret exists, its value is redacted from any text by the second net too
+    assert redact_text("echo sk-typed-secret-42 back") == f"echo {REDACTED} back"
+
+
+@pytest.mark.parametrize("text", ["a" * 1_000_000, "." * 1_000_000, "1" * 1_000_000, "a." * 500_000,
+                                  "x:" * 500_000, "https://" * 100_000, "?api_key=" * 100_000,
+                                  "a" * 500_000 + "://x@"])
+def test_redaction_is_linear_on_degenerate_text(text):
+    t0 = time.perf_counter()
+    redact_text(text)
+    assert time.perf_counter() - t0 < 2.0

@@ -1,0 +1,262 @@
+"""The one input boundary: every file the harness reads comes through here.
+
+Why one layer: guarantees checked reader by reader leak again through the next reader nobody
+tried. Here, whatever the benchmark, a file is read once and checked once for
+
+* its name: a path or directory entry that is not UTF-8, a dangling symbolic link, two entries
+  of one folder whose names differ only in case;
+* its kind and size: a regular file (a FIFO would block), at most ``REFORM_MAX_INPUT_BYTES``;
+* its text: UTF-8 with or without a BOM, else the byte offset and line of the first bad byte;
+* its structure: JSON nested at most ``MAX_DEPTH`` levels (so no later ``deepcopy`` or
+  recursive walk can overflow the stack), integers that fit 64 bits, finite numbers, strings
+  that are valid Unicode (a lone surrogate is valid JSON but cannot be written back as UTF-8);
+  CSV fields of at most ``MAX_CSV_FIELD`` characters and rows of the header's width.
+
+Every failure is a ``ReformError`` of one line naming the file, the record and the field.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import stat
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from utils.errors import input_error
+
+#: default size limit of one input file (bytes); REFORM_MAX_INPUT_BYTES changes it
+DEFAULT_MAX_INPUT_BYTES = 4 * 1024 ** 3
+#: deepest nesting of JSON/YAML values accepted (records need < 10)
+MAX_DEPTH = 64
+#: largest integer magnitude accepted (a 64-bit signed integer)
+MAX_INT = 2 ** 63 - 1
+#: longest CSV field accepted (characters; the MMMT-IF release's longest field is ~1.3k)
+MAX_CSV_FIELD = 1024 * 1024
+
+
+def max_input_bytes() -> int:
+    """The file size limit in force: ``REFORM_MAX_INPUT_BYTES`` or the default."""
+    raw = os.environ.get("REFORM_MAX_INPUT_BYTES")
+    try:
+        return int(raw) if raw else DEFAULT_MAX_INPUT_BYTES
+    except ValueError:
+        raise input_error(f"must be a whole number of bytes, got {raw!r}", field="REFORM_MAX_INPUT_BYTES") from None
+
+
+# --------------------------------------------------------------------------- names
+def check_name(path: str, what: str = "path") -> str:
+    """``path`` itself, if it can be written as UTF-8 (a name of undecodable bytes arrives as
+    lone surrogates and would fail later, when a results file names it)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise input_error(f"{what} name is not UTF-8 ({ascii(path)}); rename it") from None
+    return path
+
+
+def list_dir(path: str, what: str = "folder", suffix: Optional[Sequence[str]] = None,
+             kind: Optional[str] = None) -> List[str]:
+    """Sorted entry names of ``path`` (those ending with ``suffix``; ``kind`` "file" or "dir"
+    keeps only regular files or folders).
+
+    Refused, naming the entries: a name that is not UTF-8; a symbolic link whose target is
+    missing (it would be silently skipped or fail half-way); two names that differ only in
+    case (``existence.txt`` and ``Existence.txt``: one would be silently dropped, and on a
+    case-insensitive disk they are one file)."""
+    check_name(path, what)
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        raise input_error(f"{what} not found", file=path) from None
+    except NotADirectoryError:
+        raise input_error(f"{what} is not a folder", file=path) from None
+    except OSError as e:
+        raise input_error(f"cannot list {what} ({e.strerror or e})", file=path) from None
+    out: List[str] = []
+    folded: Dict[str, str] = {}
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise input_error(f"holds an entry whose name is not UTF-8 ({ascii(name)}); rename it", file=path) from None
+        if suffix is not None and not name.endswith(tuple(suffix)):
+            continue
+        if os.path.islink(full) and not os.path.exists(full):
+            raise input_error(f"is a dangling symbolic link (to {os.readlink(full)!r}); remove it or fix "
+                              "its target", file=full)
+        if kind == "file" and not os.path.isfile(full) or kind == "dir" and not os.path.isdir(full):
+            continue
+        twin = folded.get(name.casefold())
+        if twin is not None:
+            raise input_error(f"holds both {twin!r} and {name!r}, names that differ only in case; "
+                              "keep one", file=path)
+        folded[name.casefold()] = name
+        out.append(name)
+    return out
+
+
+# --------------------------------------------------------------------------- bytes and text
+def read_bytes(path: str, what: str = "file") -> bytes:
+    """The bytes of a regular file of at most ``max_input_bytes()``; one line otherwise."""
+    check_name(path, what)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise input_error(f"{what} is a dangling symbolic link (to {os.readlink(path)!r})", file=path) from None
+        raise input_error(f"{what} not found", file=path) from None
+    except OSError as e:
+        raise input_error(f"cannot read {what} ({e.strerror or e})", file=path) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise input_error(f"{what} is a directory", file=path)
+    if not stat.S_ISREG(st.st_mode):
+        raise input_error(f"{what} is not a regular file", file=path)
+    limit = max_input_bytes()
+    if st.st_size > limit:
+        raise input_error(f"{what} is {st.st_size} bytes, over the limit of {limit}; raise it with "
+                          "REFORM_MAX_INPUT_BYTES=<bytes> if the file is trusted", file=path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise input_error(f"cannot read {what} ({e.strerror or e})", file=path) from None
+
+
+def decode(raw: bytes, path: str, what: str = "file") -> str:
+    """UTF-8 text, a leading BOM dropped; else the byte offset and line of the first bad byte."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise input_error(f"{what} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}, line {line}); "
+                          "save it as UTF-8", file=path) from None
+
+
+def read_text(path: str, what: str = "file") -> str:
+    """The UTF-8 text of a regular file (see ``read_bytes`` and ``decode``)."""
+    return decode(read_bytes(path, what), path, what)
+
+
+# --------------------------------------------------------------------------- JSON values
+def check_value(value: Any, file: Optional[str] = None, record: Optional[Any] = None, field: Optional[str] = None,
+                max_depth: int = MAX_DEPTH, finite: bool = True) -> None:
+    """Walk a parsed value without recursion: nesting at most ``max_depth``, integers within
+    64 bits, numbers finite (``finite``), strings and keys valid Unicode."""
+    stack: List[Tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise input_error(f"holds a lone surrogate ({ascii(v[e.start])}), not valid Unicode text",
+                                  file=file, record=record, field=field) from None
+        elif isinstance(v, bool) or v is None:
+            continue
+        elif isinstance(v, int):
+            if abs(v) > MAX_INT:
+                raise input_error(f"integer of {len(str(abs(v)))} digits is too large (at most 64 bits)",
+                                  file=file, record=record, field=field)
+        elif isinstance(v, float):
+            if finite and not math.isfinite(v):
+                raise input_error(f"number {v!r} is not finite", file=file, record=record, field=field)
+        elif isinstance(v, (dict, list)):
+            if depth >= max_depth:
+                raise input_error(f"nested too deeply (more than {max_depth} levels)", file=file, record=record, field=field)
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    stack.append((k, depth + 1))
+                    stack.append((x, depth + 1))
+            else:
+                stack.extend((x, depth + 1) for x in v)
+
+
+def check_record(rec: Any, file: Optional[str], record: Any) -> None:
+    """``check_value`` for one record, the error naming the top-level field it is in."""
+    if isinstance(rec, dict):
+        for k, v in rec.items():
+            check_value(k, file, record)
+            check_value(v, file, record, str(k), max_depth=MAX_DEPTH - 1)
+    else:
+        check_value(rec, file, record)
+
+
+def parse_json(text: str, path: str, where: Optional[str] = None) -> Any:
+    """``json.loads`` whose every failure (malformed, too deep, huge numbers) is one line;
+    the value is not yet checked (``check_value``/``check_record`` do that)."""
+    at = f" at {where}" if where else ""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        loc = where or f"line {e.lineno} column {e.colno}"
+        raise input_error(f"malformed JSON at {loc}: {e.msg}", file=path) from None
+    except RecursionError:
+        raise input_error(f"JSON nested too deeply (more than {MAX_DEPTH} levels){at}", file=path) from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise input_error(f"unreadable JSON value{at} ({e})", file=path) from None
+
+
+def read_json(path: str, what: str = "JSON file") -> Any:
+    """A whole JSON file, checked (``check_value``)."""
+    value = parse_json(read_text(path, what), path)
+    check_value(value, path)
+    return value
+
+
+def iter_jsonl(path: str, what: str = "JSONL file", text: Optional[str] = None) -> Iterator[Tuple[int, Any]]:
+    """(line number, value) of each non-blank line, each checked as a record of that line."""
+    text = read_text(path, what) if text is None else text
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        value = parse_json(line, path, f"line {lineno}")
+        check_record(value, path, f"line {lineno}")
+        yield lineno, value
+
+
+def read_records(path: str, what: str = "prediction file") -> List[Any]:
+    """A JSON array or JSONL file -> its values, each checked as a record (``check_record``)."""
+    text = read_text(path, what)
+    if text.lstrip().startswith("["):
+        data = parse_json(text, path)
+        if isinstance(data, list):
+            for i, rec in enumerate(data):
+                check_record(rec, path, i)
+        return data
+    return [v for _, v in iter_jsonl(path, what, text)]
+
+
+# --------------------------------------------------------------------------- CSV
+def read_csv(path: str, what: str = "CSV file", required: Sequence[str] = ()) -> Tuple[List[str], List[Dict[str, str]]]:
+    """(header, rows as dicts) of a UTF-8 CSV file. Refused in one line: a field over
+    ``MAX_CSV_FIELD`` characters, a row of another width than the header, a missing
+    ``required`` column, malformed quoting."""
+    text = read_text(path, what)
+    old = csv.field_size_limit()
+    rows: List[Dict[str, str]] = []
+    try:
+        csv.field_size_limit(MAX_CSV_FIELD)
+        reader = csv.reader(io.StringIO(text, newline=""))
+        try:
+            header = next(reader, [])
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise input_error(f"has {len(row)} fields, the header has {len(header)}", file=path,
+                                      record=f"line {reader.line_num}")
+                rows.append(dict(zip(header, row)))
+        except csv.Error as e:
+            msg = str(e)
+            if "field larger than field limit" in msg:
+                msg = f"a field is longer than {MAX_CSV_FIELD} characters"
+            raise input_error(f"unreadable CSV ({msg})", file=path, record=f"line {reader.line_num}") from None
+    finally:
+        csv.field_size_limit(old)
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise input_error(f"missing columns {missing}", file=path)
+    return header, rows
