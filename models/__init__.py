@@ -67,6 +67,7 @@ RUN_CONFIG_KEYS: Dict[str, str] = {
                "over devices, use --model_option device_map=auto or gpus_per_rank=K"),
 }
 
+
 def model_option_names(name: str) -> Tuple[str, ...]:
     """Every ``--model_option`` key the family ``name`` reads (collected over its class hierarchy)."""
     _load_all()
@@ -79,7 +80,7 @@ def model_option_names(name: str) -> Tuple[str, ...]:
 
 
 def _dtype_names() -> Tuple[str, ...]:
-    from models.hf_base import _DTYPES
+    from models.hf_loading import _DTYPES  # torch-heavy; the registry itself stays light to import
     return tuple(_DTYPES)
 
 
@@ -112,6 +113,8 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
     "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
+    "roles": (lambda v: (isinstance(v, str) and v.count(",") == 1) or (isinstance(v, (list, tuple)) and len(v) == 2),
+              "two role names, e.g. roles=Question,Answer"),
     "adaptive_concurrency": (lambda v: isinstance(v, bool), "true or false"),
     "max_total_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
     "prompt_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),

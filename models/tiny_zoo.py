@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict
 
 import torch
 
-from models.hf_base import allow_video_processors_without_torchvision
+from models.hf_compat import allow_video_processors_without_torchvision
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def chat(mmdu_cfg):
 
 @pytest.fixture(scope="module")
 def llava():
-    return get_model("llava", {"model_name": "tiny", "device": "cpu", "max_new_tokens": 8})
+    return get_model("llava", {"model_name": "tiny", "device": "cpu", "max_new_tokens": 8, "preprocessor": "conv"})
 
 
 def _with_limit(interface, limit):

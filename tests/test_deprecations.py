@@ -109,3 +109,30 @@ def test_generated_token_count_stops_at_eos(cache_dir):
         gc.eos_token_id = old
     assert short.tokens == first + 1
     assert batch[0].tokens == short.tokens and str(batch[0]) == str(short)
+
+
+def test_loading_prints_no_progress_bars(capfd):
+    """Loading a model prints nothing of transformers' own (no "Loading weights" bars) unless
+    -v asks for INFO; the global progress-bar setting is left as it was (issue 17)."""
+    from models import get_model
+    from models.tiny import tiny_model_path
+    from transformers.utils import logging as hf_logging
+
+    path = tiny_model_path("llava")
+    capfd.readouterr()
+    before = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as in a fresh process (another test may have turned them off)
+    logger = logging.getLogger("models.hf_loading")
+    old = logger.level
+    try:
+        logger.setLevel(logging.WARNING)  # no -v (an earlier test may have configured logging)
+        get_model("llava", {"model_name": path, "device": "cpu"})
+        assert "Loading weights" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()
+        logger.setLevel(logging.INFO)
+        get_model("llava", {"model_name": path, "device": "cpu"})
+        assert "Loading weights" in capfd.readouterr().err
+    finally:
+        logger.setLevel(old)
+        if not before:
+            hf_logging.disable_progress_bar()

@@ -16,7 +16,7 @@ from utils.images import noise_image
 def llava(cache_dir):
     from models import get_model
     torch.set_num_threads(1)
-    return get_model("llava", {"model_name": "tiny", "device": "cpu"})
+    return get_model("llava", {"model_name": "tiny", "device": "cpu", "preprocessor": "conv"})
 
 
 def _sample(n_images: int, question: str, sid: str = "s0", history=None) -> dict:

@@ -40,6 +40,17 @@ def compose_query(sample: Dict[str, Any], with_options: Optional[bool] = None) -
     return text
 
 
+def parse_roles(value: Any, default: Tuple[str, str]) -> Tuple[str, str]:
+    """The ``roles`` option as (user role, assistant role): a two-item list, or ``"User,Bot"``
+    as ``--model_option roles=User,Bot`` gives it; ``default`` when unset."""
+    if value is None or value == "" or value == []:
+        return default
+    items = [str(r).strip() for r in (value.split(",") if isinstance(value, str) else value)]
+    if len(items) != 2 or not all(items):
+        raise ReformError(f"--model_option roles: must be two role names, e.g. roles=User,Assistant; got {value!r}")
+    return items[0], items[1]
+
+
 class ConvProcessor:
     """A dialogue-string preprocessor with configurable roles and separators.
 

@@ -36,7 +36,8 @@ class BaseInterface:
     supports_likelihood: bool = True
     #: ``--model_option`` keys this class reads (a subclass adds its own; ``models.model_option_names``
     #: collects them over the class hierarchy, and any other key is an error listing them)
-    option_names: Tuple[str, ...] = ("preprocessor", "system_msg", "response_prefix", "roles", "max_new_tokens")
+    #: (prompt options that only some families read, ``preprocessor`` and ``roles``, are declared by those)
+    option_names: Tuple[str, ...] = ("system_msg", "response_prefix", "max_new_tokens")
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})

@@ -24,7 +24,7 @@ Every prompt needs at least one image (the model always encodes pixel values).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 from PIL import Image
@@ -37,7 +37,7 @@ from models.outputs import GenText
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
 from models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
 from utils.errors import ReformError
-from utils.preprocessors import ConvProcessor
+from utils.preprocessors import ConvProcessor, parse_roles
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class Blip2Interface(HFBaseInterface):
     model_types = ("blip-2",)
     #: OPT derives its (learned, absolute) positions from the attention mask itself
     position_source = "model"
+    option_names = ("roles",)
 
     # ------------------------------------------------------------------ prompts / inputs
     @property
@@ -74,10 +75,15 @@ class Blip2Interface(HFBaseInterface):
         """True for encoder-decoder language models (Flan-T5)."""
         return not self.model.config.use_decoder_only_language_model
 
+    def default_roles(self) -> Tuple[str, str]:
+        """BLIP-2's zero-shot VQA prompts (paper, section 4.3; LAVIS's VQAv2 eval configs):
+        ``Question: {} Answer:`` for OPT, ``Question: {} Short answer:`` for Flan-T5."""
+        return ("Question", "Short answer") if self.seq2seq else ("Question", "Answer")
+
     def make_preprocessor(self, config: Dict[str, Any]) -> ImagesFirstProcessor:
-        """``<image>... Question: <instruction + question> Answer:`` (BLIP-2's VQA prompt),
-        earlier turns as further Question/Answer pairs."""
-        conv = ConvProcessor(roles=tuple(config.get("roles") or ("Question", "Answer")), sep_style="one",
+        """``<image>... Question: <instruction + question> Answer:`` (``default_roles``; the
+        checkpoints have no chat template), earlier turns as further Question/Answer pairs."""
+        conv = ConvProcessor(roles=parse_roles(config.get("roles"), self.default_roles()), sep_style="one",
                              seps=(" ",), system_msg=config.get("system_msg", ""),
                              response_prefix=config.get("response_prefix"))
         return ImagesFirstProcessor(conv)

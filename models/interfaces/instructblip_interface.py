@@ -12,7 +12,7 @@ rendered prompt with image placeholders removed), one ``qformer_input_ids`` row 
 from __future__ import annotations
 
 import logging
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -31,6 +31,11 @@ class InstructBlipInterface(Blip2Interface):
 
     family = "instructblip"
     model_types = ("instructblip",)
+
+    def default_roles(self) -> Tuple[str, str]:
+        """InstructBLIP's short-answer VQA template (paper, appendix instruction templates:
+        ``<Image>Question: {} Short answer:``), for the Vicuna and Flan-T5 checkpoints alike."""
+        return ("Question", "Short answer")
 
     def _qformer_inputs(self, texts: List[str], counts: List[int]) -> Dict[str, torch.Tensor]:
         """One Q-Former text row per image: its prompt's text without image placeholders."""

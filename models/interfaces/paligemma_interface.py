@@ -21,27 +21,48 @@ newline closing the prefix) and returns ``token_type_ids`` 0 for all of it.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.hf_base import HFBaseInterface
 from models.tiny import register_tiny_builder, train_tiny_tokenizer
 from models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
-from utils.preprocessors import ConvProcessor
+from utils.preprocessors import ConvProcessor, compose_query, parse_roles
 
 logger = logging.getLogger(__name__)
 
 
-class AllImagesFirstProcessor:
-    """``ConvProcessor`` output with every image placeholder moved to the front (PaliGemma's
-    processor places BOS after the last image token)."""
+#: the VQA task prefix of PaliGemma's pretraining and mix checkpoints (model card, big_vision)
+PALIGEMMA_TASK = "answer en"
 
-    def __init__(self, conv: ConvProcessor) -> None:
-        self.conv = conv
+
+class TaskPrefixProcessor:
+    """PaliGemma's documented prompt: ``<task prefix> <instruction + question>`` (the processor
+    adds BOS before it and the closing ``"\\n"``). PaliGemma is not a chat model: earlier turns,
+    if any, go before it one per line (outside its training)."""
+
+    def __init__(self, task: str = PALIGEMMA_TASK, response_prefix: Optional[str] = None) -> None:
+        self.task = task
+        self.response_prefix = response_prefix
 
     def __call__(self, sample: Dict[str, Any]) -> str:
-        text = self.conv(sample)
+        lines = [t["value"] for t in sample.get("history", [])]
+        query = compose_query(sample)
+        lines.append(f"{self.task} {query}" if self.task else query)
+        text = "\n".join(lines)
+        return f"{text} {self.response_prefix}" if self.response_prefix else text
+
+
+class AllImagesFirstProcessor:
+    """A preprocessor's output with every image placeholder moved to the front (PaliGemma's
+    processor places BOS after the last image token)."""
+
+    def __init__(self, inner: Callable[[Dict[str, Any]], str]) -> None:
+        self.inner = inner
+
+    def __call__(self, sample: Dict[str, Any]) -> str:
+        text = self.inner(sample)
         n = text.count(IMAGE_TOKEN)
         return IMAGE_TOKEN * n + text.replace(IMAGE_TOKEN + "\n", "").replace(IMAGE_TOKEN, "")
 
@@ -58,14 +79,18 @@ class PaliGemmaInterface(HFBaseInterface):
     #: the processor builds its ``labels`` with ``np.array`` on its outputs, which warns
     #: (DeprecationWarning, numpy 2) when they are torch tensors
     processor_tensors = "np"
+    option_names = ("roles",)
 
     def make_preprocessor(self, config: Dict[str, Any]) -> AllImagesFirstProcessor:
-        """Images first, then ``Question: ... Answer:`` turns (``roles``, ``system_msg``,
-        ``response_prefix`` configurable); the processor appends the closing newline."""
-        conv = ConvProcessor(roles=tuple(config.get("roles") or ("Question", "Answer")), sep_style="one",
-                             seps=(" ",), system_msg=config.get("system_msg", ""),
-                             response_prefix=config.get("response_prefix"))
-        return AllImagesFirstProcessor(conv)
+        """Images first, then the task prefix and the question (``answer en ...``; the
+        checkpoints have no chat template); ``system_msg`` replaces the task prefix. With
+        ``roles``: ``Question: ... Answer:`` turns instead (fine-tuned checkpoints)."""
+        prefix = config.get("response_prefix")
+        if config.get("roles"):
+            return AllImagesFirstProcessor(ConvProcessor(
+                roles=parse_roles(config["roles"], ("Question", "Answer")), sep_style="one", seps=(" ",),
+                system_msg=config.get("system_msg", ""), response_prefix=prefix))
+        return AllImagesFirstProcessor(TaskPrefixProcessor(config.get("system_msg", PALIGEMMA_TASK), prefix))
 
     def _encode(self, texts: List[str], images: List[Any]) -> Dict[str, Any]:
         """The processor's inputs without the training ``labels`` it adds."""
