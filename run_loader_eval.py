@@ -18,7 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 from evaluation.boundary import run_cli
-from evaluation.config import MAX_N_BOOT, MME_PARSES, REDUCTIONS, HelpFormatter
+from evaluation.config import MAX_N_BOOT, MME_PARSES, REDUCTIONS, HelpFormatter, OneLineParser
 from evaluation.engine import score
 from evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
 from utils.errors import ReformError
@@ -26,7 +26,7 @@ from utils.options import metric_options
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="run_loader_eval.py", formatter_class=HelpFormatter,
+    p = OneLineParser(prog="run_loader_eval.py", formatter_class=HelpFormatter,
                                 description="Score prediction files offline (one run, or a comparison of several).")
     p.add_argument("--prediction_file", required=True, nargs="+",
                    help="JSON array / JSONL of records, a results directory, a directory of prediction files, "

@@ -41,8 +41,8 @@ def run_cli(body: Callable[[], int], tool: str) -> int:
         return body()
     except ReformError as e:
         return report_error(e, tool)
-    except KeyboardInterrupt:
-        return report_error(ReformError(f"interrupted while {current_stage()}; re-running the same command "
+    except KeyboardInterrupt as e:
+        return report_error(ReformError(f"interrupted while {current_stage(e)}; re-running the same command "
                                         "resumes from the samples already saved"), tool, code=130)
     except Exception as e:  # noqa: BLE001  (the boundary: everything unexpected ends here)
         if not single and isinstance(e, (dist.DistError, RuntimeError)):
@@ -54,7 +54,7 @@ def run_cli(body: Callable[[], int], tool: str) -> int:
         if handler is not None:
             handler.emit(logging.LogRecord(tool, logging.ERROR, __file__, 0, redact_text(detail), None, None))
         where = f"; the traceback is in {handler.baseFilename}" if handler is not None else ""
-        message = f"internal error while {current_stage()}: {type(e).__name__}: {e}{where}"
+        message = f"internal error while {current_stage(e)}: {type(e).__name__}: {e}{where}"
         return report_error(ReformError(message), tool, code=1, logged=True)
 
 

@@ -2,10 +2,12 @@
 
 Key: a hash of everything that decides one response: the model's identity (family, checkpoint
 and its files' fingerprint, or an API's served model id and endpoint; the output-changing
-options), the rendered prompt, every image's pixel hash, the method and candidates, the
-generation settings, and the per-sample seed and response index. A changed image, prompt,
+options), the sample's fingerprint (every field: question, options, answer, history, meta, id),
+the rendered prompt, every image's pixel hash, the method and candidates, the generation
+settings, and the per-sample seed and response index. A changed image, prompt, sample,
 checkpoint or setting is a different key, so a stale answer is never served (lmms-eval keys on
-the request string and can be).
+the request string and can be; so would a prompt-only key here, for a baseline that answers
+from the sample's answer or candidates).
 
 Store: append-only JSONL *segments*, one per writing process
 (``<dir>/<model key>/seg-<host>-<pid>-<nonce>.jsonl``). No process ever writes another's file,
@@ -52,10 +54,11 @@ def image_hash(image: Any) -> str:
     return "pixels:" + h.hexdigest()
 
 
-def call_key(model_key: str, prompt: Any, images: List[Any], method: str, candidates: Optional[List[str]],
-             settings: Dict[str, Any], seed: Optional[int], index: int) -> str:
+def call_key(model_key: str, sample_digest: str, prompt: Any, images: List[Any], method: str,
+             candidates: Optional[List[str]], settings: Dict[str, Any], seed: Optional[int], index: int) -> str:
     """The key of one model call (see the module docstring)."""
-    body = {"f": FORMAT, "model": model_key, "prompt": prompt, "images": [image_hash(im) for im in images],
+    body = {"f": FORMAT, "model": model_key, "sample": sample_digest, "prompt": prompt,
+            "images": [image_hash(im) for im in images],
             "method": method, "candidates": candidates, "settings": settings, "seed": seed, "index": index}
     return hashlib.sha256(_canonical(body).encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -15,6 +15,7 @@ import dataclasses
 import math
 import os
 import shlex
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -23,7 +24,7 @@ import yaml
 from build import LOAD_DEFAULTS
 from build.registry import BUILDERS, get_builder_class, is_path, is_paths, shipped_configs
 from metrics import check_metric_options, metric_for
-from models import available_models, check_model_options
+from models import available_models, check_model_options, check_run_flags
 from utils.errors import ReformError, unknown_name
 from utils.options import metric_options as parse_metric_options
 from utils.options import parse_kv
@@ -43,6 +44,11 @@ MME_PARSES = ("official", "stripped", "word")
 #: bounds that keep a typo from asking for a week of work
 MAX_DUPLICATION = 1000
 MAX_N_BOOT = 100_000
+
+
+def cache_disabled_by_env() -> bool:
+    """``REFORM_NO_CACHE=1`` (or true/yes/on) turns the response cache off; 0/false/empty do not."""
+    return os.environ.get("REFORM_NO_CACHE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ class OutputConfig:
     output_dir: str = "./output/"
     overwrite: bool = False
     verbose: bool = False
-    use_cache: bool = field(default_factory=lambda: not os.environ.get("REFORM_NO_CACHE"))
+    use_cache: bool = field(default_factory=lambda: not cache_disabled_by_env())
     cache_dir: str = field(default_factory=default_cache_dir)
 
 
@@ -151,7 +157,7 @@ class RunConfig:
             scoring=ScoringConfig(a.do_eval, a.eval_stability, a.likelihood_reduction, metric_options,
                                   a.export_mme_results),
             output=OutputConfig(a.output_dir, a.overwrite, a.verbose,
-                                use_cache=not a.no_cache and not os.environ.get("REFORM_NO_CACHE"),
+                                use_cache=not a.no_cache and not cache_disabled_by_env(),
                                 cache_dir=a.cache_dir or default_cache_dir()))
 
     def replace(self, **parts: Any) -> "RunConfig":
@@ -161,7 +167,13 @@ class RunConfig:
     def validated(self) -> "RunConfig":
         """Names and values checked before anything is built, loaded or written; the benchmark's
         canonical name and default formulation filled in."""
-        m, d, g, s = self.model, self.dataset, self.generation, self.scoring
+        for part in (self.model, self.dataset, self.generation, self.scoring, self.output):
+            check_field_types(part)
+        # credentials become Secrets here too (a Python caller's plain key), at any depth
+        m = dataclasses.replace(self.model, options=secret_options(self.model.options))
+        d, g = self.dataset, self.generation
+        s = dataclasses.replace(self.scoring, metric_options=secret_options(self.scoring.metric_options))
+        d = dataclasses.replace(d, options=secret_options(d.options))
         if m.family not in available_models():
             raise unknown_name("model", m.family, available_models())
         cls = get_builder_class(d.name)
@@ -212,12 +224,16 @@ class RunConfig:
         cls.check_option_values(d.options, "--dataset_option")
         check_metric_options(metric_for(cls.name, d.formulation), s.metric_options)
         check_model_options(m.family, m.options)
+        check_run_flags(m.family, {"model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
+                                   "inference_method": g.infer_method})
+        if self.output.use_cache:
+            check_writable_dir(self.output.cache_dir, "--cache_dir")
         gpus = m.options.get("gpus_per_rank", 1)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus!r}")
         if s.export_mme_results:
             check_writable_dir(s.export_mme_results, "--export_mme_results")
-        return dataclasses.replace(self, dataset=d)
+        return dataclasses.replace(self, model=m, dataset=d, scoring=s)
 
     # -- views -------------------------------------------------------------------------------
     def model_options_for_identity(self) -> Dict[str, Any]:
@@ -254,6 +270,44 @@ class RunConfig:
         """The command that reproduces this config, rebuilt from the parsed values (never from
         ``sys.argv``, which may hold a credential); credentials appear as the redaction marker."""
         return " ".join(shlex.quote(p) for p in [program, *to_argv(self)])
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def check_field_types(part: Any) -> None:
+    """Every field of a config part has its declared type (a config built in Python is checked
+    like one parsed from argv: ``shuffle_options="false"`` is an error, not a truthy string)."""
+    hints = typing.get_type_hints(type(part))
+    for f in dataclasses.fields(part):
+        value = getattr(part, f.name)
+        if not _type_ok(value, hints[f.name]):
+            raise ReformError(f"{type(part).__name__}.{f.name}: expected {_hint_text(hints[f.name])}, "
+                              f"got {type(value).__name__} {value!r}")
+
+
+def _hint_text(hint: Any) -> str:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) is typing.Union and args else hint
+    name = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}.get(
+        base, "a mapping" if typing.get_origin(base) is dict else str(base))
+    return name + (" or None" if typing.get_origin(hint) is typing.Union else "")
 
 
 def cli_paths_absolute(cls: Any, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -303,11 +357,19 @@ def check_writable_dir(path: str, flag: str) -> None:
 
 
 def _kv_text(key: str, value: Any) -> str:
+    """``KEY=VALUE`` that parses back (``parse_kv``) to the same value: a string that YAML would read
+    as something else (``'42'``, ``'null'``) is quoted; a credential is the redaction marker."""
     if isinstance(value, Secret):
         return f"{key}={REDACTED}"
     if isinstance(value, str):
-        return f"{key}={value}"
-    return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+        try:
+            same = yaml.safe_load(value) == value if value.strip() else True
+        except yaml.YAMLError:
+            same = False
+        if same:
+            return f"{key}={value}"
+    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=10 ** 9).strip()
+    return f"{key}={text.removesuffix('...').strip()}"
 
 
 def to_argv(cfg: RunConfig) -> List[str]:
@@ -329,9 +391,9 @@ def to_argv(cfg: RunConfig) -> List[str]:
                                  ("--export_mme_results", s.export_mme_results, None)):
         if value != default:
             out += [flag, str(value)]
-    for flag, value, default in (("--in_context_sample", d.in_context_sample, False),
-                                 ("--random_instruct", d.random_instruct, True),
-                                 ("--shuffle_options", d.shuffle_options, True)):
+    for flag, value, default in (("--in_context_sample", d.in_context_sample, LOAD_DEFAULTS["in_context_sample"]),
+                                 ("--random_instruct", d.random_instruct, LOAD_DEFAULTS["random_instruct"]),
+                                 ("--shuffle_options", d.shuffle_options, LOAD_DEFAULTS["shuffle_options"])):
         if value != default:
             out += [flag, str(value).lower()]
     for flag, value in (("--half_evaluation", m.half_evaluation), ("--instructions_at_end", d.instructions_at_end),
@@ -374,8 +436,15 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line (and exit 2), like every other input error; --help has the rest."""
+
+    def error(self, message: str) -> "typing.NoReturn":
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="run_eval.py",
+    p = OneLineParser(prog="run_eval.py",
                                 description="Evaluate one model on one benchmark: build samples, run the model, "
                                             "merge, score.", formatter_class=HelpFormatter)
     g = p.add_argument_group("model")
@@ -398,15 +467,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dataset_option", action="append", default=[], metavar="KEY=VALUE",
                    help="builder option overriding the config (repeatable; values parsed as YAML; relative paths "
                         "are resolved from the current directory, as on the command line)")
-    g.add_argument("--dataset_duplication", type=int, default=1,
+    g.add_argument("--dataset_duplication", type=int, default=LOAD_DEFAULTS["data_duplication"],
                    help="copies of each sample, each with its own option order and phrasing (for instability)")
-    g.add_argument("--in_context_sample", type=str2bool, nargs="?", const=True, default=False,
+    g.add_argument("--in_context_sample", type=str2bool, nargs="?", const=True,
+                   default=LOAD_DEFAULTS["in_context_sample"],
                    help="prepend a one-shot example exchange showing the answer format (default: off)")
-    g.add_argument("--random_instruct", type=str2bool, nargs="?", const=True, default=True,
+    g.add_argument("--random_instruct", type=str2bool, nargs="?", const=True,
+                   default=LOAD_DEFAULTS["random_instruct"],
                    help="draw the instruction phrasing per duplicate from a pool (default: on)")
-    g.add_argument("--shuffle_options", type=str2bool, nargs="?", const=True, default=True,
+    g.add_argument("--shuffle_options", type=str2bool, nargs="?", const=True,
+                   default=LOAD_DEFAULTS["shuffle_options"],
                    help="seeded option shuffling per duplicate (default: on)")
-    g.add_argument("--option_mark", default="upper", choices=list(OPTION_MARKS),
+    g.add_argument("--option_mark", default=LOAD_DEFAULTS["option_mark"], choices=list(OPTION_MARKS),
                    help="option marks: upper (A), lower (a), number (1), random (drawn per duplicate)")
     g.add_argument("--dataset_subsample", type=int, default=None,
                    help="keep a seeded subset of N whole groups: MME images (both questions), MMMT-IF chats "

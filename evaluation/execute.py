@@ -225,6 +225,7 @@ class _BatchLoop:
         if cfg.generation.max_new_tokens is not None:
             self.gen_kwargs["max_new_tokens"] = cfg.generation.max_new_tokens
         self.sample_sha = plan.sample_sha
+        self.digest = {plan.key(s): d for s, d in zip(plan.samples, plan.digests)}
         self.label = cfg.model.label
 
     def finish(self, s: Dict[str, Any], rec: Dict[str, Any]) -> Dict[str, Any]:
@@ -275,11 +276,16 @@ class _BatchLoop:
             outs = self._forward(method, batch, prompts, seeds)
             self._count(method, outs)
             return outs
+        cfg = self.plan.config
         settings = {k: v for k, v in sorted(self.gen_kwargs.items())} if method == "generation" else {}
-        keys = [call_key(self.cache.model_key, pr, s.get("images", []), method,
-                         s.get("candidates") if method == "likelihood" else None, settings,
-                         seeds[i] if seeds is not None else None, index) for i, (s, pr) in enumerate(zip(batch, prompts))]
+        # the whole sample (its fingerprint: every field and image) is part of the key, not only
+        # the prompt: a baseline answers from the answer or the candidates, which no prompt shows
+        keys = [call_key(self.cache.model_key, self.digest[self.plan.key(s)], pr, s.get("images", []), method,
+                         s.get("candidates"), settings,
+                         derive_seed(cfg.generation.seed, s["sample_id"], s["dup_index"], index), index)
+                for s, pr in zip(batch, prompts)]
         found = [self.cache.get(k) for k in keys]
+        found = [v if _cached_ok(method, v, s) else None for v, s in zip(found, batch)]
         todo = [i for i, v in enumerate(found) if v is None]
         if todo:
             outs = self._forward(method, [batch[i] for i in todo], [prompts[i] for i in todo],
@@ -310,6 +316,19 @@ def _to_cache(method: str, out: Any) -> Any:
     if method == "generation":
         return {"text": str(out), **generation_stats(out)}
     return [[float(c[0]), int(c[1])] for c in out]
+
+
+def _cached_ok(method: str, value: Any, sample: Dict[str, Any]) -> bool:
+    """A cache entry of the right shape for this call (a hand-edited or foreign line is a miss)."""
+    if value is None:
+        return False
+    if method == "generation":
+        return isinstance(value, dict) and isinstance(value.get("text"), str) and \
+            isinstance(value.get("generated_tokens", 0), int) and isinstance(value.get("usage", {}), dict)
+    n = len(sample.get("candidates") or sample.get("answer_options") or [])
+    return isinstance(value, list) and len(value) == n and all(
+        isinstance(x, list) and len(x) == 2 and isinstance(x[0], (int, float)) and not isinstance(x[0], bool)
+        and isinstance(x[1], int) and not isinstance(x[1], bool) for x in value)
 
 
 def _from_cache(method: str, value: Any) -> Any:

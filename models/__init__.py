@@ -131,6 +131,29 @@ def identity_env(name: str) -> Dict[str, Optional[str]]:
     return {n: os.environ.get(n) for n in names}
 
 
+#: the run_eval flag of each run-level model setting
+RUN_FLAG_NAMES = {"model_name": "--model_name", "model_type": "--model_type", "half_evaluation": "--half_evaluation"}
+
+
+def check_run_flags(name: str, given: Dict[str, Any]) -> None:
+    """Run-level settings (``--model_name``, ``--model_type``, ``--half_evaluation``) that family
+    ``name`` does not read are refused, not ignored (they would change the run identity and
+    nothing else); likelihood is refused for a family that cannot score candidates."""
+    _load_all()
+    if name not in MODELS:
+        raise unknown_name("model", name, MODELS)
+    cls = MODELS[name]
+    honoured = getattr(cls, "run_flags", tuple(RUN_FLAG_NAMES))
+    for key, value in given.items():
+        if key == "inference_method":
+            if value == "likelihood" and not getattr(cls, "supports_likelihood", True):
+                raise ReformError(f"--infer_method likelihood: model '{name}' cannot score candidates "
+                                  "(use --infer_method generation)")
+        elif value not in (None, False, "") and key not in honoured:
+            raise ReformError(f"{RUN_FLAG_NAMES[key]}: not used by model '{name}'"
+                              + (f" (it reads {', '.join(RUN_FLAG_NAMES[k] for k in honoured)})" if honoured else ""))
+
+
 def check_model_options(name: str, options: Dict[str, Any]) -> None:
     """Unknown ``--model_option`` keys (``dtyp=bfloat16``) are errors that list the valid keys;
     values of the shared keys are checked (``OPTION_CHECKS``) before anything is loaded."""

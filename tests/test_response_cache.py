@@ -124,7 +124,12 @@ while True:
 def test_kill_9_while_writing_never_corrupts_the_store(tmp_path):
     cache = str(tmp_path / "cache")
     procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(root=ROOT, cache=cache)]) for _ in range(2)]
-    time.sleep(1.5)
+    seg_dir = os.path.join(cache, "m" * 24)
+    deadline = time.time() + 120  # both writers started and wrote (a loaded machine starts Python slowly)
+    while time.time() < deadline and not (os.path.isdir(seg_dir) and len(os.listdir(seg_dir)) == 2
+                                          and all(os.path.getsize(os.path.join(seg_dir, n)) > 200_000
+                                                  for n in os.listdir(seg_dir))):
+        time.sleep(0.05)
     for p in procs:  # two writers at once, both killed mid-write
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
@@ -143,3 +148,63 @@ def test_kill_9_while_writing_never_corrupts_the_store(tmp_path):
     c.put_many([("new", {"text": "z"})])
     c.close()
     assert ResponseCache(cache, "m" * 64).get("new") == {"text": "z"}
+
+
+def test_baselines_answers_come_from_the_sample_so_the_sample_is_in_the_key(tmp_path, cache_on):
+    """A prompt-only key would serve the reference baseline's old answer after the answer changed,
+    and one random pick to every sample with the same prompt and image."""
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(str(data / "a.png"))
+    items = [{"sample_id": f"q{i}", "images": ["a.png"], "question": "What colour is it?", "answer": "red"}
+             for i in range(3)]
+    (data / "items.jsonl").write_text("\n".join(json.dumps(r) for r in items) + "\n")
+    (data / "c.yaml").write_text("data_file: items.jsonl\n")
+    argv = ["--model", "reference", "--dataset_name", "custom", "--dataset_config", str(data / "c.yaml"),
+            "--formulation", "Generation", "--cache_dir", str(tmp_path / "cache"), "--do_eval"]
+    assert run_eval.main([*argv, "--output_dir", str(tmp_path / "o1")]) == 0
+    items[0]["answer"] = "green"
+    (data / "items.jsonl").write_text("\n".join(json.dumps(r) for r in items) + "\n")
+    assert run_eval.main([*argv, "--output_dir", str(tmp_path / "o2")]) == 0
+    res = results_of(prediction_files(tmp_path / "o2")[0])
+    assert res["metrics"]["accuracy"] == 1.0 and res["response_cache"]["misses"] == 1
+    # random picks: another seed is another pick, and same-prompt samples keep their own picks
+    cfg = write_custom_dataset(str(tmp_path / "r"), n=12)
+    base = ["--model", "random", "--infer_method", "likelihood", "--dataset_name", "custom", "--dataset_config", cfg,
+            "--shuffle_options", "false", "--random_instruct", "false", "--cache_dir", str(tmp_path / "cache")]
+    preds = {}
+    for seed in ("0", "1"):
+        for cache in ("on", "off"):
+            out = tmp_path / f"r{seed}{cache}"
+            assert run_eval.main([*base, "--seed", seed, "--output_dir", str(out),
+                                  *(["--no_cache"] if cache == "off" else [])]) == 0
+            preds[seed, cache] = [r["prediction"] for r in json.load(open(prediction_files(out)[0]))]
+    assert preds["0", "on"] == preds["0", "off"] and preds["1", "on"] == preds["1", "off"]
+    assert preds["0", "off"] != preds["1", "off"]
+
+
+def test_a_hand_edited_segment_line_is_a_miss_not_a_crash(tmp_path, server, cache_on):
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=2, formulation="Generation")
+    cache = tmp_path / "cache"
+    assert _api_run(server, cfg, tmp_path / "o1", cache) == 2
+    (seg,) = [os.path.join(r, f) for r, _, fs in os.walk(cache) for f in fs]
+    import zlib
+    from evaluation.cache import _canonical
+    lines = open(seg, "rb").read().splitlines()
+    bad = []
+    for line in lines:  # a valid checksum of a wrongly shaped value
+        entry = json.loads(line)
+        entry["v"] = "not-a-dict"
+        entry["c"] = zlib.crc32(_canonical("not-a-dict").encode())
+        bad.append(json.dumps(entry).encode())
+    open(seg, "wb").write(b"\n".join(bad) + b"\n")
+    assert _api_run(server, cfg, tmp_path / "o2", cache) == 2
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, cache_on):
+    (tmp_path / "file").write_text("x")
+    rc = run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
+                        "--dataset_subsample", "2", "--output_dir", str(tmp_path / "o"),
+                        "--cache_dir", str(tmp_path / "file")])
+    assert rc == 2 and "--cache_dir exists and is not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

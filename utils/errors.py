@@ -55,12 +55,21 @@ def stage(what: str) -> Iterator[None]:
     _stages.append(what)
     try:
         yield
+    except BaseException as e:  # the innermost stage names the failure (the stack is gone by the boundary)
+        if not hasattr(e, "reform_stage"):
+            try:
+                e.reform_stage = what  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+        raise
     finally:
         _stages.pop()
 
 
-def current_stage() -> str:
-    return _stages[-1] if _stages else "starting"
+def current_stage(error: Optional[BaseException] = None) -> str:
+    """What was being done: the stage an error was raised in, else the innermost open one."""
+    stage_of_error = getattr(error, "reform_stage", None) if error is not None else None
+    return stage_of_error or (_stages[-1] if _stages else "starting")
 
 
 class BudgetExhausted(ReformError):

@@ -16,6 +16,8 @@ def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
         if "=" not in item:
             raise ReformError(f"{flag} expects KEY=VALUE, got '{item}'")
         k, v = item.split("=", 1)
+        if k.strip() in out:
+            raise ReformError(f"{flag} {k.strip()}: given twice; give each key once")
         try:
             out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
         except (yaml.YAMLError, RecursionError):

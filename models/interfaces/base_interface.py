@@ -38,6 +38,9 @@ class BaseInterface:
     #: collects them over the class hierarchy, and any other key is an error listing them)
     #: (prompt options that only some families read, ``preprocessor`` and ``roles``, are declared by those)
     option_names: Tuple[str, ...] = ("system_msg", "response_prefix", "max_new_tokens")
+    #: run_eval flags this family reads (``--model_name``, ``--model_type`` as a variant label that joins
+    #: the run identity, ``--half_evaluation``); any other is refused by ``models.check_run_flags``
+    run_flags: Tuple[str, ...] = ("model_name", "model_type", "half_evaluation")
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})

@@ -17,7 +17,15 @@ from utils.preprocessors import ConvProcessor
 from utils.seeding import rng_for
 
 
+#: a weight-free baseline reads neither a checkpoint nor a prompt
+_BASELINE_REFUSED = {k: "a weight-free baseline reads no prompt and generates nothing"
+                     for k in ("system_msg", "response_prefix", "max_new_tokens")}
+
+
 class _Baseline(BaseInterface):
+    run_flags = ()
+    refused_options = _BASELINE_REFUSED
+
     def make_preprocessor(self, config: Dict[str, Any]) -> ConvProcessor:
         return ConvProcessor()
 
@@ -68,6 +76,9 @@ class ReferenceBaseline(BaseInterface):
     Why: on MMMT-IF this is the PIF of instruction-unaware answers (issue 10 §3). It reads
     the answer from the sample and refuses samples that have none (``release_only`` chats).
     """
+
+    run_flags = ()
+    refused_options = _BASELINE_REFUSED
 
     def make_preprocessor(self, config: Dict[str, Any]) -> ConvProcessor:
         return ConvProcessor()

@@ -366,6 +366,8 @@ class OpenAIAPIInterface(BaseInterface):
     }
     #: environment variables that decide which model answers: part of the run identity
     identity_env = ("OPENAI_MODEL", "OPENAI_BASE_URL")
+    #: the served model id (``--model_name``) and a variant label; precision is the server's
+    run_flags = ("model_name", "model_type")
 
     supports_likelihood = False
 
