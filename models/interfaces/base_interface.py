@@ -1,6 +1,7 @@
 """The contract every model interface implements.
 
-* ``raw_generate(images, prompt, **gen_kwargs) -> str`` (black-box)
+* ``raw_generate(images, prompt, **gen_kwargs) -> str`` (black-box); an interface that counts
+  tokens returns ``models.outputs.finish_text(text, tokens=n)``, a ``str`` that carries the count
 * ``raw_predict(images, prompt, candidates) -> list[CandidateScore]`` (white-box): per
   candidate the *summed* log-probability of its tokens given the prompt and the number of
   tokens scored. Normalisation (``likelihood_reduction``) happens in metrics, never here.
