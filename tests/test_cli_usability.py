@@ -136,3 +136,68 @@ def test_dataset_option_paths_are_read_from_the_current_directory(tmp_path, monk
     (pred,) = prediction_files(out)
     import json
     assert len(json.load(open(pred))) == 6  # the cwd's items, not the config folder's (4)
+
+
+def test_python_api_config_is_checked_like_the_command_line(tmp_path):
+    """A RunConfig built in Python is validated like argv: types, credentials, flags a family
+    does not read."""
+    import pytest as _pytest
+    from evaluation import DatasetConfig, ModelConfig, OutputConfig, RunConfig
+    from utils.errors import ReformError
+    from utils.secrets import Secret
+    base = dict(model=ModelConfig("random"), dataset=DatasetConfig("custom", config="x.yaml"),
+                output=OutputConfig(str(tmp_path / "o")))
+    for bad in (dict(dataset=DatasetConfig("custom", shuffle_options="false")),
+                dict(output=OutputConfig(str(tmp_path), overwrite="false")),
+                dict(model=ModelConfig("random", options=None))):
+        with _pytest.raises(ReformError, match="expected"):
+            RunConfig(**{**base, **bad}).validated()
+    with _pytest.raises(ReformError, match="--model_name: not used by model 'random'"):
+        RunConfig(**{**base, "model": ModelConfig("random", "foo")}).validated()
+    with _pytest.raises(ReformError, match="not used by model 'random'"):
+        RunConfig(**{**base, "model": ModelConfig("random", options={"system_msg": "x"})}).validated()
+    cfg = RunConfig(model=ModelConfig("openai_api", "gpt", options={"api_key": "sk-python-api-123",
+                                                                     "extra_body": {"auth": {"token": "tok-999999"}}}),
+                    dataset=DatasetConfig("custom"), output=OutputConfig(str(tmp_path / "o"))).validated()
+    assert isinstance(cfg.model.options["api_key"], Secret)
+    assert isinstance(cfg.model.options["extra_body"]["auth"]["token"], Secret)
+    line = cfg.command_line() + str(cfg.flags())
+    assert "sk-python-api-123" not in line and "tok-999999" not in line
+
+
+def test_the_recorded_command_parses_back_to_the_same_config():
+    from evaluation.config import RunConfig
+    argv = ["--model", "llava", "--model_name", "tiny", "--dataset_name", "custom",
+            "--model_option", "system_msg='42'", "--model_option", "max_new_tokens=3",
+            "--dataset_option", "data_file=items.jsonl", "--metric_option", "strip_reasoning=true",
+            "--shuffle_options", "false", "--seed", "9"]
+    cfg = RunConfig.from_argv(argv)
+    assert cfg.model.options["system_msg"] == "42"
+    import shlex
+    again = RunConfig.from_argv(shlex.split(cfg.command_line())[1:])
+    assert again == cfg
+
+
+def test_usage_errors_and_repeated_keys_are_one_line(tmp_path, capsys):
+    import pytest as _pytest
+    with _pytest.raises(SystemExit) as e:
+        run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--per_gpu_eval_batch_size", "abc"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(err) == 1 and "invalid int value" in err[0]
+    rc = run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_option", "data_file=a",
+                        "--dataset_option", "data_file=b", "--output_dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "data_file: given twice" in err and not (tmp_path / "o").exists()
+
+
+def test_an_internal_error_names_the_stage_it_happened_in(tmp_path, capsys, monkeypatch):
+    import evaluation.execute as execute
+    def boom(*a, **k):
+        raise ZeroDivisionError("simulated bug")
+    monkeypatch.setattr(execute._BatchLoop, "run", boom)
+    rc = run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
+                        "--dataset_subsample", "2", "--output_dir", str(tmp_path / "o")])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 1 and len(err) == 1, err
+    assert "internal error while running the model: ZeroDivisionError: simulated bug" in err[0]
+    assert "Traceback" in open(tmp_path / "o" / "log.txt").read()
