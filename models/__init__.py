@@ -10,8 +10,10 @@ log or the run identity (see ``utils.secrets``).
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import models.interfaces as interfaces_package
 from utils.errors import ReformError, unknown_name
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
@@ -40,9 +42,7 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    import pkgutil
-    import models.interfaces as pkg
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+    for info in sorted(pkgutil.iter_modules(interfaces_package.__path__), key=lambda m: m.name):
         if info.name.endswith("_interface") and info.name != "base_interface":
             importlib.import_module(f"models.interfaces.{info.name}")
     _loaded = True
@@ -79,9 +79,13 @@ def model_option_names(name: str) -> Tuple[str, ...]:
     return tuple(sorted(names - set(getattr(MODELS[name], "refused_options", {}))))
 
 
+#: the dtype names ``--model_option dtype=`` takes (``models.hf_loading`` maps them to torch dtypes;
+#: a test keeps the two equal, so the registry stays light to import)
+DTYPE_NAMES: Tuple[str, ...] = ("float32", "fp32", "float16", "fp16", "half", "bfloat16", "bf16")
+
+
 def _dtype_names() -> Tuple[str, ...]:
-    from models.hf_loading import _DTYPES  # torch-heavy; the registry itself stays light to import
-    return tuple(_DTYPES)
+    return DTYPE_NAMES
 
 
 def _is_int(v: Any, low: int) -> bool:

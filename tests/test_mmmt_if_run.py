@@ -111,7 +111,8 @@ def test_reference_baseline_answers_with_the_mmdu_reference(tmp_path, capsys):
 @pytest.mark.slow
 def test_mmmt_if_script_runs_with_tiny(tmp_path):
     """commands/mmmt_if_llava.sh on the release's questions (one 2-turn chat): tiny's answers
-    are capped at 16 tokens so the chat fits its context; PIF tables are printed."""
+    are capped at 16 tokens so the chat fits its context; the headline prints, the PIF tables are in
+    results.md."""
     import csv
     with open(os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv"), encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f))
@@ -124,7 +125,9 @@ def test_mmmt_if_script_runs_with_tiny(tmp_path):
                            f"release_csv={tmp_path / 'chat55.csv'}", "--output_dir", str(tmp_path / "out")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "MMMT-IF PIF by turn" in done.stdout
+    assert "| pif |" in done.stdout and ".results.md" in done.stdout
+    (md,) = [os.path.join(tmp_path / "out", n) for n in os.listdir(tmp_path / "out") if n.endswith(".results.md")]
+    assert "MMMT-IF PIF by turn" in open(md, encoding="utf-8").read()
     records = json.load(open(prediction_files(tmp_path / "out")[0]))
     assert [r["sample_id"] for r in records] == ["55-t01", "55-t02"]
     assert all(len(r["predictions"]) == 4 for r in records)

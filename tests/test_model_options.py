@@ -30,3 +30,9 @@ def test_device_advice_says_how_to_run_on_the_cpu():
     with pytest.raises(ReformError) as e:
         check_model_options("qwen2_vl", {"device": "cpu"})
     assert "CUDA_VISIBLE_DEVICES=" in str(e.value) and "--device " not in str(e.value)
+
+
+def test_dtype_names_of_the_registry_are_the_loaders():
+    from models import DTYPE_NAMES
+    from models.hf_loading import _DTYPES
+    assert set(DTYPE_NAMES) == set(_DTYPES)
