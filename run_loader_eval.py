@@ -20,6 +20,8 @@ from typing import Optional, Sequence
 from evaluation.boundary import run_cli
 from evaluation.config import MAX_N_BOOT, MME_PARSES, REDUCTIONS, HelpFormatter, OneLineParser
 from evaluation.engine import score
+from evaluation.trackers import BACKENDS as TRACKERS
+from evaluation.trackers import check_installed as check_tracker_installed
 from evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
 from utils.errors import ReformError
 from utils.options import metric_options
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strip_reasoning", action="store_true",
                    help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
                         "stays in the record")
+    p.add_argument("--log_to", default=None, choices=list(TRACKERS),
+                   help="also log each scored run to an experiment tracker (pip install '.[mlflow]' or '.[wandb]')")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap confidence intervals")
     p.add_argument("--n_boot", type=int, default=1000,
                    help=f"bootstrap resamples for confidence intervals (1 to {MAX_N_BOOT})")
@@ -61,12 +65,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def body() -> int:
         if not 1 <= args.n_boot <= MAX_N_BOOT:
             raise ReformError(f"--n_boot must be a whole number from 1 to {MAX_N_BOOT}, got {args.n_boot}")
+        if args.log_to:
+            check_tracker_installed(args.log_to)
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         score(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,
               eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,
               dataset_name=args.dataset_name, output_dir=args.output_dir,
               metric_options=metric_options(args.metric_option, args.mme_parse, args.strip_reasoning),
-              export_mme_results=args.export_mme_results, seed=args.seed, n_boot=args.n_boot)
+              export_mme_results=args.export_mme_results, seed=args.seed, n_boot=args.n_boot, log_to=args.log_to)
         return 0
     return run_cli(body, "run_loader_eval")
 

@@ -30,6 +30,8 @@ from utils.options import metric_options as parse_metric_options
 from utils.options import parse_kv
 from utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
 from evaluation.cache import default_cache_dir
+from evaluation.trackers import BACKENDS as TRACKERS
+from evaluation.trackers import check_installed as check_tracker_installed
 from utils.secrets import REDACTED, Secret, secret_options
 
 #: model options that decide where and how fast a model runs, never what it outputs: left out of
@@ -112,6 +114,7 @@ class ScoringConfig:
     likelihood_reduction: str = "sum"
     metric_options: Dict[str, Any] = field(default_factory=dict)
     export_mme_results: Optional[str] = None
+    log_to: Optional[str] = None                  # an experiment tracker: mlflow or wandb
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class RunConfig:
             generation=GenerationConfig(a.infer_method, a.per_gpu_eval_batch_size, a.num_workers, a.temperature,
                                         a.max_new_tokens, a.num_samples, a.seed),
             scoring=ScoringConfig(a.do_eval, a.eval_stability, a.likelihood_reduction, metric_options,
-                                  a.export_mme_results),
+                                  a.export_mme_results, a.log_to),
             output=OutputConfig(a.output_dir, a.overwrite, a.verbose,
                                 use_cache=not a.no_cache and not cache_disabled_by_env(),
                                 cache_dir=a.cache_dir or default_cache_dir()))
@@ -233,6 +236,12 @@ class RunConfig:
             raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus!r}")
         if s.export_mme_results:
             check_writable_dir(s.export_mme_results, "--export_mme_results")
+        if s.log_to is not None:
+            if s.log_to not in TRACKERS:
+                raise unknown_name("tracker (--log_to)", s.log_to, TRACKERS)
+            if not s.do_eval:
+                raise ReformError("--log_to needs --do_eval (a tracker logs the scored results)")
+            check_tracker_installed(s.log_to)
         return dataclasses.replace(self, model=m, dataset=d, scoring=s)
 
     # -- views -------------------------------------------------------------------------------
@@ -263,7 +272,7 @@ class RunConfig:
             "seed": g.seed, "output_dir": o.output_dir, "overwrite": o.overwrite, "do_eval": sc.do_eval,
             "eval_stability": sc.eval_stability, "likelihood_reduction": sc.likelihood_reduction,
             "metric_option": [_kv_text(k, v) for k, v in sc.metric_options.items()],
-            "export_mme_results": sc.export_mme_results, "verbose": o.verbose, "no_cache": not o.use_cache,
+            "export_mme_results": sc.export_mme_results, "log_to": sc.log_to, "verbose": o.verbose, "no_cache": not o.use_cache,
             "cache_dir": o.cache_dir})
 
     def command_line(self, program: str = "run_eval.py") -> str:
@@ -388,7 +397,7 @@ def to_argv(cfg: RunConfig) -> List[str]:
                                  ("--num_samples", g.num_samples, 1), ("--seed", g.seed, 0),
                                  ("--output_dir", o.output_dir, "./output/"),
                                  ("--likelihood_reduction", s.likelihood_reduction, "sum"),
-                                 ("--export_mme_results", s.export_mme_results, None)):
+                                 ("--export_mme_results", s.export_mme_results, None), ("--log_to", s.log_to, None)):
         if value != default:
             out += [flag, str(value)]
     for flag, value, default in (("--in_context_sample", d.in_context_sample, LOAD_DEFAULTS["in_context_sample"]),
@@ -520,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MME answer parsing rule (default: official)")
     g.add_argument("--export_mme_results", default=None, metavar="DIR",
                    help="MME: also write the predictions in the official eval tool's results format")
+    g.add_argument("--log_to", default=None, choices=list(TRACKERS),
+                   help="also log the scored run to an experiment tracker (pip install '.[mlflow]' or '.[wandb]'; "
+                        "MLFLOW_TRACKING_URI / WANDB_MODE=offline say where)")
     g.add_argument("--strip_reasoning", action="store_true",
                    help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
                         "stays in the record")

@@ -29,7 +29,9 @@ from evaluation.reporting.scoring import (append_run_index, check_export, evalua
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
 from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
+from evaluation.trackers import log_run
 from utils.commit import Commit, clean_stale_temps
+from utils.usage import usage_totals
 from utils.predictions import ensure_writable_dir, remove_stale_temps
 from utils.report import scalar_table
 from utils.runlock import RunLock
@@ -202,6 +204,9 @@ def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo:
     cfg = plan.config
     s = cfg.scoring
     extra = _run_info(plan, dinfo, complete)
+    if any("usage" in r or "generated_tokens" in r for r in records):  # tokens, and cost with a price table
+        o = cfg.model.options
+        extra["usage"] = usage_totals(records, o.get("prompt_price"), o.get("completion_price"))
     if s.export_mme_results:  # refused before anything is written when the records are not MME's
         check_export(records, "MME", s.export_mme_results, plan.prediction_file)
     with Commit(f"outputs of {plan.prediction_file}") as commit:
@@ -234,17 +239,31 @@ def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo:
         logger.info("wrote MME official-format results to %s", s.export_mme_results)
     if result.results_files:
         logger.info("results: %s%s", result.results_files["json"], f"; report: {result.report}" if result.report else "")
+        if s.log_to:
+            with stage(f"logging to {s.log_to}"):
+                logged = log_run(s.log_to, result.summary, {
+                    "report_dir": os.path.dirname(result.report) if result.report else "",
+                    "prediction_file": plan.prediction_file, "results_json": result.results_files["json"]})
+            logger.info("logged to %s: %s", s.log_to, logged.get("location"))
 
 
 def score(files: Sequence[str], formulation: Optional[str] = None, infer_method: Optional[str] = None,
           eval_stability: bool = False, likelihood_reduction: str = "sum", dataset_name: Optional[str] = None,
           output_dir: Optional[str] = None, metric_options: Optional[Dict[str, Any]] = None,
           export_mme_results: Optional[str] = None, seed: int = 0, n_boot: int = 1000,
-          quiet: bool = False) -> ScoreResult:
+          quiet: bool = False, log_to: Optional[str] = None) -> ScoreResult:
     """Score prediction files offline (each gets its own results); several runs are compared."""
     out = evaluate_files(list(files), formulation=formulation, infer_method=infer_method,
                          eval_stability=eval_stability, likelihood_reduction=likelihood_reduction,
                          dataset_name=dataset_name, output_dir=output_dir, metric_options=metric_options,
                          export_mme_results=export_mme_results, seed=seed, n_boot=n_boot, quiet=quiet)
-    return ScoreResult(runs=out.get("runs", []), comparison=out.get("comparison"),
-                       release_report=out.get("release_report"))
+    result = ScoreResult(runs=out.get("runs", []), comparison=out.get("comparison"),
+                         release_report=out.get("release_report"))
+    if log_to:
+        for run in result.runs:
+            summary = run["result"]
+            with stage(f"logging to {log_to}"):
+                log_run(log_to, summary, {"prediction_file": summary.get("prediction_file") or "",
+                                          "results_json": (summary.get("results_files") or {}).get("json", "")},
+                        run_name=run["name"])
+    return result

@@ -19,6 +19,7 @@ the network: MLflow writes to a local store (``tracking_uri``: a directory, ``fi
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -146,13 +147,19 @@ def _cell(v: Any) -> Any:
 
 def _flatten(obj: Any, prefix: str = "") -> Dict[str, str]:
     """Nested config -> ``{"a.b": "value"}`` (lists as JSON), each value at most MAX_CELL chars."""
-    if isinstance(obj, dict) and obj:
+    if isinstance(obj, dict) and (obj or not prefix):  # an empty top level is no parameter at all
         out: Dict[str, str] = {}
         for k, v in obj.items():
             out.update(_flatten(v, f"{prefix}{k}."))
         return out
     text = obj if isinstance(obj, str) else json.dumps(obj, default=json_default)
     return {prefix.rstrip("."): text[:MAX_CELL]}
+
+
+def check_installed(backend: str) -> None:
+    """Before any work: the tracker's package can be found (a missing extra is one line)."""
+    if importlib.util.find_spec(backend) is None:
+        raise _missing(backend)
 
 
 def _missing(backend: str) -> ReformError:
@@ -166,6 +173,7 @@ def _log_mlflow(content: Dict[str, Any], name: str, tracking_uri: Optional[str],
         import mlflow  # heavy optional extra: imported only when --log_to mlflow asks for it
     except ImportError:
         raise _missing("mlflow") from None
+    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")  # the user's store, every call
     if tracking_uri and "://" not in tracking_uri and not tracking_uri.startswith(("file:", "sqlite:")):
         tracking_uri = "file:" + os.path.abspath(tracking_uri)
     if tracking_uri:

@@ -10,11 +10,13 @@ log or the run identity (see ``utils.secrets``).
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import models.interfaces as interfaces_package
 from utils.errors import ReformError, unknown_name
+from utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 
@@ -131,8 +133,12 @@ def identity_env(name: str) -> Dict[str, Optional[str]]:
     model id and endpoint), for the run identity."""
     _load_all()
     names = getattr(MODELS.get(name), "identity_env", ()) or ()
-    import os
-    return {n: os.environ.get(n) for n in names}
+    out: Dict[str, Optional[str]] = {}
+    for n in names:
+        value = os.environ.get(n)
+        # an endpoint joins the identity without the credentials inside it (a new key is the same run)
+        out[n] = split_url_secrets(value)[0] if value and n.upper().endswith("URL") else value
+    return out
 
 
 #: the run_eval flag of each run-level model setting

@@ -122,3 +122,29 @@ def test_a_missing_extra_is_one_line_naming_the_pip_command(scored, monkeypatch,
     with pytest.raises(ReformError, match=rf"^--log_to {backend}: the {backend} package is not installed; "
                                           rf"run: pip install '\.\[{backend}\]'"):
         log_run(backend, *scored)
+
+
+@pytest.mark.slow
+def test_run_eval_and_run_loader_eval_log_to_mlflow(tmp_path, monkeypatch):
+    """--log_to mlflow from both command lines: the run's metrics, read back through MlflowClient."""
+    pytest.importorskip("mlflow", reason="mlflow not installed (pip install '.[mlflow]')")
+    import json
+    from mlflow.tracking import MlflowClient
+
+    import run_eval
+    import run_loader_eval
+    from tests.conftest import prediction_files, write_custom_dataset
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=8)
+    out = tmp_path / "out"
+    assert run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
+                          "--output_dir", str(out), "--do_eval", "--log_to", "mlflow"]) == 0
+    (pred,) = prediction_files(out)
+    assert run_loader_eval.main(["--prediction_file", pred, "--output_dir", str(tmp_path / "re"),
+                                 "--log_to", "mlflow"]) == 0
+    client = MlflowClient(tracking_uri=uri)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) == 2
+    accuracy = json.load(open([str(out / n) for n in os.listdir(out) if n.endswith(".results.json")][0]))
+    assert all(abs(r.data.metrics["accuracy"] - accuracy["metrics"]["accuracy"]) < 1e-9 for r in runs)

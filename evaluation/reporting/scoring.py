@@ -37,6 +37,7 @@ from utils.options import metric_options  # noqa: F401  (re-exported for the com
 from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
                                ensure_writable_dir, read_predictions, record_key)
 from utils.report import markdown_table, metrics_report
+from utils.usage import usage_totals
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +241,11 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         key=str(records[0].get("benchmark") or ""), n_boot=N_BOOT)
     if extra:
         summary = {**extra, **summary}
+    if "usage" not in summary and any("usage" in r or "generated_tokens" in r for r in records):
+        summary["usage"] = usage_totals(records)
+    if summary.get("usage"):
+        result.setdefault("tables", {})["Token usage"] = markdown_table(
+            ["field", "value"], [(k, v) for k, v in summary["usage"].items()])
     report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
     if not quiet:
         print(report)
