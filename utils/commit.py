@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from utils.errors import ReformError
+from utils.runlock import pid_alive
 
 TMP_PREFIX = ".tmp-"
 #: a temporary of another host (a shared disk) is stale after this many seconds
@@ -47,23 +48,13 @@ def temp_name(target: str) -> str:
     return f"{owner_prefix(target)}{os.getpid()}~{secrets.token_hex(4)}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_stale(directory: str, name: str) -> bool:
     """A temporary of a process gone from this host, or of another host (or an older naming)
     and old enough that no command can still be writing it."""
     owner = _OWNER.search(name)
     if owner and owner.group(1) == _host():
         pid = int(owner.group(2))
-        return pid != os.getpid() and not _pid_alive(pid)
+        return pid != os.getpid() and not pid_alive(pid)
     try:
         age = time.time() - os.lstat(os.path.join(directory, name)).st_mtime
     except OSError:

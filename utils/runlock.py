@@ -24,19 +24,24 @@ def _proc_start(pid: int) -> Optional[str]:
         return None
 
 
-def _alive(info: Dict[str, Any]) -> bool:
-    try:
-        pid = int(info.get("pid", -1))
-    except (TypeError, ValueError):
-        return False  # an unreadable holder is no live process: the lock is stale
-    if pid <= 0:
-        return False
+def pid_alive(pid: int) -> bool:
+    """Is process ``pid`` alive on this host (one we may not signal counts as alive)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def _alive(info: Dict[str, Any]) -> bool:
+    try:
+        pid = int(info.get("pid", -1))
+    except (TypeError, ValueError):
+        return False  # an unreadable holder is no live process: the lock is stale
+    if pid <= 0 or not pid_alive(pid):
+        return False
     start = info.get("start")
     return start is None or _proc_start(pid) in (None, start)
 
