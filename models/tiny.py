@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
+from models.tiny_zoo import save_checkpoint, seeded_model
 from utils.errors import ReformError
+from utils.runlock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +176,6 @@ def verify_checkpoint(directory: str) -> None:
 def _build_lock(path: str, timeout_s: float = 1800.0, poll_s: float = 0.2) -> Any:
     """The build lock (``utils.runlock.FileLock``): a live builder is waited for up to
     ``timeout_s``; a lock left by a dead process on this host is taken over."""
-    from utils.runlock import FileLock
     return FileLock(path, "the tiny-model build", wait_s=timeout_s, poll_s=poll_s)
 
 
@@ -271,7 +272,6 @@ _LLAVA_SIZES = {
 def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
     """Write a random LlavaForConditionalGeneration (CLIP vision tower + Llama text model)
     with a locally trained tokenizer, a CLIP-style image processor and a LlavaProcessor."""
-    from models.tiny_zoo import save_checkpoint, seeded_model
     from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil

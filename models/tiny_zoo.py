@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict
 import torch
 
 from models.hf_compat import allow_video_processors_without_torchvision
+from utils.errors import ReformError
+from utils.preprocessors import ChatTemplateProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +86,6 @@ def save_checkpoint(model: Any, processor: Any, tokenizer: Any, out_dir: str) ->
 def chat_template_preprocessor(interface: Any, config: Dict[str, Any]) -> Any:
     """Chat messages rendered by the checkpoint's template (the way these families were
     trained); ``response_prefix`` is appended after the generation prompt."""
-    from utils.errors import ReformError
-    from utils.preprocessors import ChatTemplateProcessor
 
     if not getattr(interface.processor, "chat_template", None):
         raise ReformError(f"model {interface.label}: the checkpoint '{interface.model_path}' has no chat "

@@ -535,12 +535,15 @@ def test_reply_usage_is_kept_with_the_text(server):
 
 
 def _run_args(server, tmp_path, *extra: str, n: int = 3) -> List[str]:
+    """run_eval's arguments against ``server``; an ``extra`` base_url replaces the plain one (a key
+    may be given once only)."""
     from tests.conftest import write_custom_dataset
     cfg = write_custom_dataset(str(tmp_path / "data"), n=n, formulation="Generation")
+    own_url = any(str(e).startswith("base_url=") for e in extra)
     return ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "custom",
             "--dataset_config", cfg, "--formulation", "Generation", "--output_dir", str(tmp_path / "out"),
             "--cache_dir", str(tmp_path / "out" / "cache"), "--max_new_tokens", "5",
-            "--model_option", f"base_url={server.url}", "--model_option", "max_retries=1",
+            *([] if own_url else ["--model_option", f"base_url={server.url}"]), "--model_option", "max_retries=1",
             "--model_option", "backoff_base=0.001", "--model_option", "timeout=2", *extra]
 
 
