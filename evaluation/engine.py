@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from evaluation.config import RunConfig
+from evaluation.config import RunConfig, check_writable_dir
 from evaluation.execute import run_rank
 from evaluation.merge import SHARD_FIX, check_existing, merge_shards, record_checker, remove_prediction_and_results
 from evaluation.plan import RunPlan, make_plan, read_dataset_config
@@ -92,23 +92,26 @@ def evaluate(config: RunConfig, dinfo: Optional[DistInfo] = None) -> RunResult:
     config_path, content = _setup_checked(lambda: read_dataset_config(cfg))  # before anything is written
     gpus_per_rank = cfg.model.options.get("gpus_per_rank", 1)
     dinfo = dinfo or init_distributed(gpus_per_rank=gpus_per_rank)
+    _setup_checked(lambda: check_writable_dir(cfg.output.output_dir, "--output_dir"))
+    t_start = time.perf_counter()
+    with stage("building the samples"):  # bad data is found before the output folder is made
+        plan = _setup_checked(lambda: make_plan(cfg, config_path, content))
+    plan.timing["build_s"] = time.perf_counter() - t_start
+    if cfg.scoring.export_mme_results:  # an export folder of another run is refused before any work
+        _setup_checked(lambda: check_export([], "MME", cfg.scoring.export_mme_results, plan.prediction_file))
     if dinfo.is_main:
         _setup_checked(lambda: ensure_writable_dir(cfg.output.output_dir, "--output_dir"))
     barrier(dinfo)
     _setup_checked(lambda: setup_logging(cfg.output.output_dir, dinfo.is_main, cfg.output.verbose))
-    t_start = time.perf_counter()
-    with stage("building the samples"):
-        plan = _setup_checked(lambda: make_plan(cfg, config_path, content))
-    plan.timing["build_s"] = time.perf_counter() - t_start
     if dinfo.is_main:
         logger.info("command: %s", cfg.command_line())
+        for line in plan.builder.build_log:
+            logger.info("build: %s", line)
         logger.info("run identity %s (data fingerprint %s); prediction file: %s", plan.run_id,
                     plan.fingerprint[:12], plan.prediction_file)
         if cfg.dataset.subsample:
             logger.info("--dataset_subsample %d: whole groups drawn (%d samples)", cfg.dataset.subsample,
                         len(plan.samples))
-    if cfg.scoring.export_mme_results:  # an export folder of another run is refused before any work
-        _setup_checked(lambda: check_export([], "MME", cfg.scoring.export_mme_results, plan.prediction_file))
     lock = RunLock(cfg.output.output_dir, plan.run_id)
     if dinfo.is_main:
         lock.acquire()

@@ -382,6 +382,9 @@ def write_official_results(records: List[Dict[str, Any]], results_dir: str, dup_
         if v["dup_index"] != dup_index:
             continue
         meta = rec.get("meta") or {}
+        if any(ch in str(v["image"]) for ch in "\t\r\n"):  # one field of a tab-separated line
+            raise ReformError(f"{file or 'records'}: sample {rec.get('sample_id')!r}: field 'meta.image' holds a tab or "
+                              f"line break ({v['image']!r}); the official results format cannot hold it")
         question = meta.get("official_question") or rec.get("question", "")
         line = f"{v['image']}\t{_one_line(question)}\t{v['gt'].capitalize()}\t{official_response(rec, v)}\n"
         groups[v["subtask"]].setdefault(v["image"], []).append(line)

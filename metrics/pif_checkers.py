@@ -8,6 +8,7 @@ metrics/pif_sentences.py and metrics/pif_words.py; docs/mmmt_if.md writes them o
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from build.mmmt_if_instructions import INSTRUCTION_IDS, INSTRUCTION_TEXTS, instruction_id
@@ -164,7 +165,7 @@ def _first_failing(values: Sequence[Any], ok: Callable[[Any], bool]) -> Optional
 
 def explain_instruction(response: Optional[str], instruction: str, number_words: bool = False) -> str:
     """One line saying why the strict checker accepts or rejects ``response`` (for the report)."""
-    text = response if isinstance(response, str) else ""
+    text = readable(response) if isinstance(response, str) else ""
     if not text.strip():
         return "empty response"
     return _explain(ParsedResponse(text, number_words), instruction_id(instruction))
@@ -247,6 +248,13 @@ def _loose_variants(response: str) -> List[str]:
     return out
 
 
+def readable(text: str) -> str:
+    """The text a reader sees: canonical composition (NFC: ``e`` + combining accent reads as ``é``)
+    and no invisible format characters (zero-width spaces and joiners, bidi marks), which would
+    otherwise hide a sentence's end or split a word."""
+    return "".join(ch for ch in unicodedata.normalize("NFC", text) if unicodedata.category(ch) != "Cf")
+
+
 def check_instructions(response: Optional[str], instructions: Sequence[str], loose: bool = False,
                        number_words: bool = False) -> List[bool]:
     """Whether ``response`` follows each instruction (ids or texts), in order.
@@ -255,7 +263,7 @@ def check_instructions(response: Optional[str], instructions: Sequence[str], loo
     response follows it. An empty (or non-string) response follows nothing.
     """
     ids = [instruction_id(i) for i in instructions]
-    text = response if isinstance(response, str) else ""
+    text = readable(response) if isinstance(response, str) else ""
     if not text.strip():
         return [False] * len(ids)
     if not loose:
@@ -272,7 +280,7 @@ def verdicts(response: Optional[str], instructions: Sequence[str],
     loose variant only for the instructions that the strict check rejects.
     """
     ids = [instruction_id(i) for i in instructions]
-    text = response if isinstance(response, str) else ""
+    text = readable(response) if isinstance(response, str) else ""
     if not text.strip():
         return [False] * len(ids), [False] * len(ids), ["empty response"] * len(ids)
     parsed = ParsedResponse(text, number_words)

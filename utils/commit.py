@@ -38,8 +38,16 @@ def _host() -> str:
     return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
+#: a file name's limit on common filesystems; a temporary's name must fit too
+NAME_MAX = 255
+
+
 def owner_prefix(target: str) -> str:
-    """``.tmp-<target>~<host>-``: add the pid (and anything unique) for a temporary name."""
+    """``.tmp-<target>~<host>-``: add the pid (and anything unique) for a temporary name. A long
+    target is shortened (with a hash of the whole) so the temporary name stays under NAME_MAX."""
+    if len(target.encode("utf-8", "surrogatepass")) > NAME_MAX - 64:
+        digest = hashlib.sha256(target.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        target = target.encode("utf-8", "surrogatepass")[:NAME_MAX - 96].decode("utf-8", "ignore") + "-" + digest
     return f"{TMP_PREFIX}{target}~{_host()}-"
 
 

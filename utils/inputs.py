@@ -184,12 +184,29 @@ def check_record(rec: Any, file: Optional[str], record: Any) -> None:
         check_value(rec, file, record)
 
 
+class DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def parse_json(text: str, path: str, where: Optional[str] = None) -> Any:
     """``json.loads`` whose every failure (malformed, too deep, huge numbers) is one line;
     the value is not yet checked (``check_value``/``check_record`` do that)."""
     at = f" at {where}" if where else ""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except DuplicateKey as e:
+        raise input_error(f"key {e.key!r} is given twice in one object{at} (which one is meant?)", file=path) from None
     except json.JSONDecodeError as e:
         loc = where or f"line {e.lineno} column {e.colno}"
         raise input_error(f"malformed JSON at {loc}: {e.msg}", file=path) from None

@@ -7,6 +7,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 #: line breaks of every kind (and other control characters), which would end a table row or a heading
 _BREAKS_RE = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]+")
+#: bidirectional overrides and isolates (they reorder the rest of a row in a bidi-aware viewer)
+_BIDI_RE = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: the markdown syntax that makes a link or an image out of a name (``[x](http://...)``, ``![x](...)``):
+#: its ``](`` is broken (an interval like ``[0.1, 0.2]`` stays as it is)
+_MD_LINK_RE = re.compile(r"\]\(")
 
 
 def fmt_value(v: Any) -> str:
@@ -20,7 +25,8 @@ def fmt_value(v: Any) -> str:
 def md_text(value: Any) -> str:
     """Text made inert for one line of markdown (a heading, a list item, a paragraph line): line
     breaks and control characters become one space, and ``&``, ``<``, ``>`` are HTML-escaped."""
-    return html.escape(_BREAKS_RE.sub(" ", str(value)), quote=False)
+    text = _BIDI_RE.sub("", _BREAKS_RE.sub(" ", str(value)))
+    return _MD_LINK_RE.sub(r"]\\(", html.escape(text, quote=False))
 
 
 def md_cell(value: Any) -> str:

@@ -87,11 +87,18 @@ def validate_records(records: List[Dict[str, Any]], file: Optional[str] = None) 
                     not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts)):
                 raise input_error(f"must be an option index in 0..{len(opts) - 1}, got {ans!r}",
                                   file=file, record=i, field="answer")
+        if isinstance(opts, list) and len({str(o).strip().lower() for o in opts}) != len(opts):
+            raise input_error("options must differ (two options with one text cannot be told apart)",
+                              file=file, record=i, field="answer_options")
         marks = rec.get("option_marks")
         if marks is not None and (not isinstance(marks, list) or not all(isinstance(m, str) for m in marks)
                                   or (isinstance(opts, list) and len(marks) != len(opts))):
             raise input_error(f"must be a list of {len(opts) if isinstance(opts, list) else 'the'} option marks",
                               file=file, record=i, field="option_marks")
+        if marks is not None and (len({m.strip().lower() for m in marks}) != len(marks)
+                                  or not all(m.strip() and m.strip().isalnum() for m in marks)):
+            raise input_error(f"option marks must be distinct letters or numbers, got {marks!r} (a reply's mark "
+                              "would name more than one option)", file=file, record=i, field="option_marks")
         cands = rec.get("candidates")
         if cands is not None:
             if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int, float)) for c in cands):
@@ -460,11 +467,10 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
     is renamed into place (one ``Commit``); the run index lines are appended last.
     """
     files = expand_prediction_files(paths)
-    if len(set(os.path.abspath(f) for f in files)) != len(files):
-        raise ReformError("the same prediction file is given twice: "
-                          f"{sorted(f for f in files if files.count(f) > 1)[0]}")
-    if output_dir:
-        ensure_writable_dir(output_dir, "--output_dir")
+    real = [os.path.realpath(f) for f in files]  # a link to a given file is that file
+    if len(set(real)) != len(files):
+        twice = next(f for f, r in zip(files, real) if real.count(r) > 1)
+        raise ReformError(f"the same prediction file is given twice: {twice}")
     loaded = []
     for path in files:  # every file read and checked before anything is written
         records = load_records(path, dataset_name)
@@ -482,6 +488,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
         # the MMMT-IF release CSV: the paper's analyses of its three models
         return {"runs": [], "comparison": None,
                 "release_report": print_release_report(loaded[0][1], loaded[0][0], output_dir, quiet=quiet)}
+    if output_dir:  # made only now: every file was read and checked
+        ensure_writable_dir(output_dir, "--output_dir")
     compare_dir = output_dir or _common_dir(files)
     clean_output_temps(compare_dir, *{os.path.dirname(os.path.abspath(f)) for f in files},
                        os.path.dirname(os.path.abspath(export_mme_results)) if export_mme_results else None)
@@ -566,6 +574,17 @@ def _unique_names(runs: List[Dict[str, Any]]) -> None:
     for r in runs:
         if counts[r["name"]] > 1 and r["result"].get("prediction_file"):
             r["name"] = f"{r['name']} ({results_paths(r['result']['prediction_file'])['stem']})"
+    counts = dupes()
+    for r in runs:  # same stem in other folders: the folder tells them apart
+        if counts[r["name"]] > 1 and r["result"].get("prediction_file"):
+            folder = os.path.basename(os.path.dirname(os.path.abspath(r["result"]["prediction_file"])))
+            r["name"] = f"{r['name']} [{folder}]"
+    counts = dupes()
+    seen: Dict[str, int] = {}
+    for r in runs:  # anything still alike is numbered in the order given
+        if counts[r["name"]] > 1:
+            seen[r["name"]] = seen.get(r["name"], 0) + 1
+            r["name"] = f"{r['name']} #{seen[r['name']]}"
 
 
 def _common_dir(files: Sequence[str]) -> str:
