@@ -103,3 +103,14 @@ def test_bad_data_leaves_no_output_folder(tmp_path, capsys):
                         "--output_dir", str(tmp_path / "o")])
     assert rc == 2 and "field 'answer'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_hand_written_file_missing_both_fields_is_told_so_once(tmp_path, capsys):
+    recs = copy.deepcopy(iwisdm_records(seed=1))
+    for r in recs:
+        r.pop("formulation", None)
+        r.pop("inference_method", None)
+    rc = run_loader_eval.main(["--prediction_file", _write(tmp_path / "p.json", recs), "--output_dir",
+                               str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--formulation and --infer_method" in err

@@ -127,14 +127,13 @@ def _predictions(out: str) -> Dict[Tuple[str, int], Dict[str, Any]]:
 
 def test_served_tiny_llava_equals_in_process_on_iwisdm(served, tmp_path):
     import run_eval
-    from models.interfaces.llava_interface import LLAVA_SYSTEM
     url, model = served
     common = ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", "4",
               "--max_new_tokens", "8", "--no_cache"]
     assert run_eval.main(["--model", "llava", "--model_name", "tiny", "--model_option", "preprocessor=chat_template",
                           "--output_dir", str(tmp_path / "local"), *common]) == 0
     assert run_eval.main(["--model", "openai_api", "--model_name", model, "--model_option", f"base_url={url}",
-                          "--model_option", f"system_msg={LLAVA_SYSTEM}", "--model_option", "timeout=120",
+                          "--model_option", "timeout=120",
                           "--model_option", "max_concurrency=1", "--output_dir", str(tmp_path / "api"),
                           *common]) == 0
     local, api = _predictions(str(tmp_path / "local")), _predictions(str(tmp_path / "api"))

@@ -229,6 +229,12 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     validate_records(records, prediction_file)
     if eval_stability:
         check_stability(records, prediction_file)
+    unknown = [flag for key, given, flag in (("formulation", formulation, "--formulation"),
+                                             ("inference_method", infer_method, "--infer_method"))
+               if not given and len({r.get(key) for r in records if r.get(key)}) != 1]
+    if len(unknown) > 1:  # one error names everything missing (a hand-written file often lacks both)
+        raise ReformError(f"{prediction_file or 'records'}: cannot tell {' and '.join(unknown)} from the records "
+                          f"(fields 'formulation' and 'inference_method'); pass {' and '.join(unknown)}")
     formulation = _infer(records, "formulation", formulation, "--formulation")
     infer_method = _infer(records, "inference_method", infer_method, "--infer_method")
     result = evaluate(records, formulation, infer_method, eval_stability=eval_stability,
