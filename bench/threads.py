@@ -4,7 +4,7 @@ and of torchrun with 2 ranks, on the bench-size LLaVA (identical predictions che
 Each configuration is a whole ``run_eval`` command (model load included, as a user runs it),
 run in turn, best of ``--reps``; the prediction files must be identical across configurations.
 The last line is ``threads1_sps=... threads2_sps=... auto_sps=... ranks2_sps=...
-ranks2_vs_threads1=... identical=1``.
+ranks2_vs_threads1=... same_predictions=1 max_logprob_diff=...``.
 
 Usage: ``python bench/threads.py [--samples 40] [--reps 2]``
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -67,10 +68,16 @@ def main() -> None:
     sps = {k: args.samples / v for k, v in best.items()}
     for k, v in best.items():
         print(f"{k:10s} {v:7.1f} s  {sps[k]:6.2f} samples/s")
-    identical = int(len(set(files.values())) == 1)
+    recs = {k: json.loads(v) for k, v in files.items()}
+    ref = recs["threads1"]
+    # thread count changes the order of float reductions: the chosen answers must agree, the stored
+    # log-probabilities agree to float rounding
+    identical = int(all([r["prediction"] for r in v] == [r["prediction"] for r in ref] for v in recs.values()))
+    max_diff = max(abs(a - b) for v in recs.values() for r, q in zip(v, ref)
+                   for a, b in zip(r.get("candidate_logprobs", []), q.get("candidate_logprobs", [])))
     print(f"threads1_sps={sps['threads1']:.2f} threads2_sps={sps['threads2']:.2f} auto_sps={sps['auto']:.2f} "
           f"ranks2_sps={sps['ranks2']:.2f} ranks2_vs_threads1={sps['ranks2'] / sps['threads1']:.2f} "
-          f"identical={identical}")
+          f"same_predictions={identical} max_logprob_diff={max_diff:.2e}")
 
 
 if __name__ == "__main__":
