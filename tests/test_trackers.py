@@ -136,6 +136,7 @@ def test_run_eval_and_run_loader_eval_log_to_mlflow(tmp_path, monkeypatch):
     from tests.conftest import prediction_files, write_custom_dataset
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # whatever MLflow writes by default stays out of the repository
     cfg = write_custom_dataset(str(tmp_path / "data"), n=8)
     out = tmp_path / "out"
     assert run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
