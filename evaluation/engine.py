@@ -172,6 +172,9 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
             plan.cache_stats = totals
             if any(n is not None for n in tokens):
                 plan.timing["generated_tokens"] = sum(n or 0 for n in tokens)
+            # every rank has finished the gather before any rank may tear its process group down
+            # (a rank leaving while a peer still receives aborts the peer)
+            barrier(dinfo)
         with stage("merging the shards"):
             records = merge_shards(plan, prior) if dinfo.is_main else []
         if dinfo.is_main:
