@@ -18,9 +18,8 @@ import sys
 from typing import Optional, Sequence
 
 from evaluation.boundary import run_cli
-from evaluation.config import MAX_N_BOOT, MME_PARSES, REDUCTIONS, HelpFormatter, OneLineParser
+from evaluation.config import MAX_N_BOOT, HelpFormatter, OneLineParser, add_scoring_flags
 from evaluation.engine import score
-from evaluation.trackers import BACKENDS as TRACKERS
 from evaluation.trackers import check_installed as check_tracker_installed
 from evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
 from utils.errors import ReformError
@@ -37,22 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--infer_method", default=None, help="generation or likelihood (default: from the records)")
     p.add_argument("--eval_stability", action="store_true",
                    help="report instability across duplicates (needs --dataset_duplication >= 2 at run time)")
-    p.add_argument("--likelihood_reduction", default="sum", choices=list(REDUCTIONS),
-                   help="sum or mean (per token) of candidate log-probabilities")
     p.add_argument("--dataset_name", default=None, help="needed for a benchmark's own results directory or file")
     p.add_argument("--output_dir", default=None,
                    help="where results (and a comparison) go (default: beside the file / their common directory)")
-    p.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE",
-                   help="metric option (repeatable), e.g. number_words=true for MMMT-IF")
-    p.add_argument("--mme_parse", default=None, choices=list(MME_PARSES),
-                   help="MME answer parsing rule (default: official)")
-    p.add_argument("--export_mme_results", default=None, metavar="DIR",
-                   help="MME: also write the records in the official eval tool's results format")
-    p.add_argument("--strip_reasoning", action="store_true",
-                   help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
-                        "stays in the record")
-    p.add_argument("--log_to", default=None, choices=list(TRACKERS),
-                   help="also log each scored run to an experiment tracker (pip install '.[mlflow]' or '.[wandb]')")
+    add_scoring_flags(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap confidence intervals")
     p.add_argument("--n_boot", type=int, default=1000,
                    help=f"bootstrap resamples for confidence intervals (1 to {MAX_N_BOOT})")

@@ -452,10 +452,27 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+def add_scoring_flags(group: Any) -> None:
+    """The scoring flags both command lines take (one declaration, one help text)."""
+    group.add_argument("--likelihood_reduction", default="sum", choices=list(REDUCTIONS),
+                       help="sum or mean (per token) of candidate log-probabilities")
+    group.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE",
+                       help="metric option (repeatable), e.g. number_words=true for MMMT-IF")
+    group.add_argument("--mme_parse", default=None, choices=list(MME_PARSES),
+                       help="MME answer parsing rule (default: official)")
+    group.add_argument("--export_mme_results", default=None, metavar="DIR",
+                       help="MME: also write the records in the official eval tool's results format")
+    group.add_argument("--log_to", default=None, choices=list(TRACKERS),
+                       help="also log the scored run to an experiment tracker (pip install '.[mlflow]' or '.[wandb]'; "
+                            "MLFLOW_TRACKING_URI / WANDB_MODE=offline say where)")
+    group.add_argument("--strip_reasoning", action="store_true",
+                       help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
+                            "stays in the record")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="run_eval.py",
-                                description="Evaluate one model on one benchmark: build samples, run the model, "
-                                            "merge, score.", formatter_class=HelpFormatter)
+    p = OneLineParser(prog="run_eval.py", formatter_class=HelpFormatter,
+                      description="Evaluate one model on one benchmark: build samples, run the model, merge, score.")
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True, help=f"model family: {', '.join(available_models())}")
     g.add_argument("--model_name", default=None,
@@ -521,20 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--do_eval", action="store_true", help="score the merged predictions")
     g.add_argument("--eval_stability", action="store_true",
                    help="report instability (entropy of the chosen option across duplicates)")
-    g.add_argument("--likelihood_reduction", default="sum", choices=list(REDUCTIONS),
-                   help="sum or mean (per token) of candidate log-probabilities")
-    g.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE",
-                   help="metric option (repeatable), e.g. number_words=true for MMMT-IF")
-    g.add_argument("--mme_parse", default=None, choices=list(MME_PARSES),
-                   help="MME answer parsing rule (default: official)")
-    g.add_argument("--export_mme_results", default=None, metavar="DIR",
-                   help="MME: also write the predictions in the official eval tool's results format")
-    g.add_argument("--log_to", default=None, choices=list(TRACKERS),
-                   help="also log the scored run to an experiment tracker (pip install '.[mlflow]' or '.[wandb]'; "
-                        "MLFLOW_TRACKING_URI / WANDB_MODE=offline say where)")
-    g.add_argument("--strip_reasoning", action="store_true",
-                   help="remove <think>...</think> blocks (reasoning models) before scoring; the raw response "
-                        "stays in the record")
+    add_scoring_flags(g)
     g.add_argument("--cache_dir", default=None,
                    help="the response cache: model calls keyed by model, prompt, image pixels, candidates, settings "
                         "and seed, so a changed item re-runs only itself (default: $REFORM_CACHE/responses)")
