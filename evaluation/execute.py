@@ -173,6 +173,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         plan.timing["cpu_threads"] = configure_cpu_threads()
     interface, preprocessor = get_model(cfg.model.family, model_config(plan, device))
     plan.timing["model_load_s"] = time.perf_counter() - t0
+    interface.resume_from(list(done.values()), dinfo.world_size)
     cache = open_cache(plan, interface)
     loop = _BatchLoop(plan, interface, preprocessor, done, cache)
     loader = DataLoader(_SafeItems(ReformDataset(plan.samples, plan.builder)), batch_sampler=batches,

@@ -568,6 +568,12 @@ def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_res
     assert "max_total_tokens=40" in err and "26 tokens used (20 prompt + 6 completion)" in err
     assert "re-running the same command resumes" in err
     assert len(server.requests) == 2
+    # the budget is the run's: the same command counts the 26 tokens the saved answers used and
+    # sends nothing (a new process does not get a fresh 40)
+    assert run_eval.main(args) == 2
+    err = capsys.readouterr().err
+    assert "26 tokens used (20 prompt + 6 completion; 26 by answers saved earlier)" in err
+    assert len(server.requests) == 2
     args[-1] = "max_total_tokens=100"  # a raised budget resumes the same run (the budget is not in its identity)
     assert run_eval.main(args) == 0
     assert len(server.requests) == 3  # only the sample that had not run
@@ -744,3 +750,17 @@ def test_an_option_value_that_fails_to_parse_does_not_print_a_nested_key():
         RunConfig.from_argv(["--model", "openai_api", "--dataset_name", "MME", "--model_option",
                              f"extra_body={{auth: {{token: {BODY_KEY}, x: [1}}"])
     assert BODY_KEY not in str(e.value)
+
+
+def test_the_budget_is_the_runs_saved_answers_count_and_ranks_share_the_rest():
+    from models.interfaces.openai_api_interface import TokenBudget
+    from utils.errors import BudgetExhausted
+    b = TokenBudget(100)
+    b.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}, None, {"prompt_tokens": 5}], world_size=2)
+    assert (b.used, b.earlier, b.limit, b.run_limit) == (25, 25, 62, 100)  # 25 + (100 - 25) // 2
+    b.reserve(37, "x")
+    with pytest.raises(BudgetExhausted, match=r"max_total_tokens=100 reached before y \(this rank's share: 62\)"):
+        b.reserve(1, "y")
+    alone = TokenBudget(100)
+    alone.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}])
+    assert (alone.used, alone.limit) == (20, 100)

@@ -125,11 +125,30 @@ def _predictions(out: str) -> Dict[Tuple[str, int], Dict[str, Any]]:
     return {(r["sample_id"], r["dup_index"]): r for r in records}
 
 
-def test_served_tiny_llava_equals_in_process_on_iwisdm(served, tmp_path):
+def _dataset(name: str, tmp_path: Any) -> list:
+    """run_eval arguments of a small set of ``name``: iWISDM low (six frames a trial), MME on
+    placeholder images (two subtasks), and MMMT-IF chats with two images each, multi-turn with
+    the model's own answers as history."""
+    if name == "iWISDM":
+        return ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", "4"]
+    if name == "MME":
+        from build.mme import write_placeholder_release
+        from tests.conftest import ROOT
+        root = write_placeholder_release(os.path.join(ROOT, "configs", "data", "mme_questions"),
+                                         str(tmp_path / "release"), subtasks=["existence", "OCR"])
+        return ["--dataset_name", "MME", "--dataset_config", "mme", "--dataset_option", f"root={root}",
+                "--dataset_option", "subtasks=[existence,OCR]", "--dataset_subsample", "4"]
+    from tests.test_mmmt_if_run import write_mmdu
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    return ["--dataset_name", "MMMT-IF", "--dataset_config", cfg, "--dataset_option", "num_chats=2",
+            "--dataset_option", "max_turns=3"]
+
+
+@pytest.mark.parametrize("benchmark", ["iWISDM", "MME", "MMMT-IF"])
+def test_served_tiny_llava_equals_in_process(served, tmp_path, benchmark):
     import run_eval
     url, model = served
-    common = ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", "4",
-              "--max_new_tokens", "8", "--no_cache"]
+    common = [*_dataset(benchmark, tmp_path), "--max_new_tokens", "8", "--no_cache"]
     assert run_eval.main(["--model", "llava", "--model_name", "tiny", "--model_option", "preprocessor=chat_template",
                           "--output_dir", str(tmp_path / "local"), *common]) == 0
     assert run_eval.main(["--model", "openai_api", "--model_name", model, "--model_option", f"base_url={url}",
@@ -137,8 +156,15 @@ def test_served_tiny_llava_equals_in_process_on_iwisdm(served, tmp_path):
                           "--model_option", "max_concurrency=1", "--output_dir", str(tmp_path / "api"),
                           *common]) == 0
     local, api = _predictions(str(tmp_path / "local")), _predictions(str(tmp_path / "api"))
-    assert sorted(local) == sorted(api) and len(local) == 4
+    assert sorted(local) == sorted(api) and len(local) == {"iWISDM": 4, "MME": 8, "MMMT-IF": 6}[benchmark]  # MME: whole image pairs
     for key in local:
         assert api[key]["prediction"] == local[key]["prediction"], key
+        assert api[key]["image_ids"] == local[key]["image_ids"]
         usage = api[key]["usage"]
         assert usage["completion_tokens"] == api[key]["generated_tokens"] <= 8 and usage["prompt_tokens"] > 0
+    if benchmark == "MMMT-IF":  # later turns carry the model's own earlier answers, on both paths
+        for key, r in api.items():
+            mine = [t["value"] for t in r["history"] if t["from"] == "assistant"]
+            assert mine == [t["value"] for t in local[key]["history"] if t["from"] == "assistant"]
+            assert len(mine) == r["meta"]["turn"] - 1
+        assert any(len(r["image_ids"]) == 2 for r in api.values())

@@ -180,6 +180,7 @@ def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int 
         if inst is not None:
             extra["instability"] = inst
         models.append({"name": r["name"], "prediction_file": res.get("prediction_file"),
+                       "operations": operations(r),
                        "formulation": res.get("formulation"), "infer_method": res.get("infer_method"),
                        "num_records": len(ps), "num_clusters": boot["num_clusters"],
                        "headline": boot["headline"], "extra": extra, "breakdowns": boot["breakdowns"],
@@ -188,6 +189,47 @@ def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int 
     return {"benchmark": benchmark, "metric": metric, "family": family, "seed": seed, "n_boot": n_boot,
             "ci": f"95% percentile interval, {n_boot} cluster-bootstrap resamples (seed {seed})",
             "models": models, "paired_tests": paired_tests(runs, family)}
+
+
+def operations(run: Dict[str, Any]) -> Dict[str, Any]:
+    """What running the model cost: response-cache hits and misses, token totals (and cost with a
+    price table), generation throughput, and how many responses had reasoning stripped before
+    scoring. Only what the run recorded is there."""
+    res = run["result"]
+    out: Dict[str, Any] = {}
+    cache = res.get("response_cache") or {}
+    if "hits" in cache:
+        out["cache_hits"], out["cache_misses"] = int(cache.get("hits", 0)), int(cache.get("misses", 0))
+    usage = res.get("usage") or {}
+    if usage.get("records_with_usage"):  # a server's usage (API models): partial sums are flagged
+        for k in ("prompt_tokens", "completion_tokens", "cost"):
+            if usage.get(k) is not None:
+                out[k] = usage[k]
+        if usage["records_with_usage"] != usage.get("records"):
+            out["records_without_usage"] = int(usage.get("records", 0)) - int(usage["records_with_usage"])
+    if usage.get("generated_tokens") is not None:
+        out["generated_tokens"] = usage["generated_tokens"]
+    thr = res.get("throughput") or {}
+    for k in ("generated_tokens", "generation_s", "tokens_per_s"):
+        if thr.get(k) is not None:
+            out.setdefault(k, thr[k])
+    raw = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r.get("prediction")
+           for r in run.get("records") or []}
+    stripped = sum(1 for p in res.get("per_sample") or []
+                   if isinstance(p.get("prediction"), str)
+                   and isinstance(raw.get((str(p.get("sample_id")), int(p.get("dup_index", 0) or 0))), str)
+                   and raw[(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0))] != p["prediction"])
+    if stripped:
+        out["reasoning_stripped"] = stripped
+    return out
+
+
+#: the operations table's columns, in order: (key, label)
+OPERATION_LABELS: Tuple[Tuple[str, str], ...] = (
+    ("cache_hits", "cache hits"), ("cache_misses", "cache misses"), ("prompt_tokens", "prompt tokens"),
+    ("completion_tokens", "completion tokens"), ("records_without_usage", "records without usage"),
+    ("cost", "cost"), ("generated_tokens", "generated tokens"), ("generation_s", "generation s"),
+    ("tokens_per_s", "tokens/s"), ("reasoning_stripped", "responses with reasoning stripped"))
 
 
 def fmt_ci(cell: Optional[Dict[str, Any]], digits: int = 3) -> str:
@@ -237,6 +279,11 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                     + [fmt_ci(m["headline"].get(k), _digits(family, k)) for k, _ in cols]
                     + [f"{m['extra'][k]:.3f}" if k in m["extra"] else "-" for k in extras])
     out.append((f"Headline metrics ({comp['ci']})", header, rows))
+    ops = [(k, lab) for k, lab in OPERATION_LABELS if any(k in (m.get("operations") or {}) for m in comp["models"])]
+    if ops:
+        out.append(("Operations (response cache, tokens, throughput)", ["model"] + [lab for _, lab in ops],
+                    [[m["name"]] + [_fmt_op((m.get("operations") or {}).get(k)) for k, _ in ops]
+                     for m in comp["models"]]))
     names = []
     for m in comp["models"]:
         names += [n for n in m["breakdowns"] if n not in names]
@@ -279,6 +326,14 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                          "-" if t["p_value"] is None else f"{t['p_value']:.4g}"])
         out.append(("Paired tests (samples both models scored, paired by content)", header, rows))
     return out
+
+
+def _fmt_op(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
 
 
 def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:

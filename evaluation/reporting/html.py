@@ -162,9 +162,12 @@ def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
             extracted = p.get("chosen_text") if p.get("chosen_text") is not None else p.get("extracted")
             if family == "mme":
                 extracted = p.get("parsed")
-            results.append([mi, sample_index[key], strings(_prompt_text(rec)), strings(_response(p, rec)),
+            response = _response(p, rec)
+            raw = rec.get("prediction")  # the model's own text, when scoring read less of it (--strip_reasoning)
+            raw = raw if isinstance(raw, str) and isinstance(response, str) and raw != response else None
+            results.append([mi, sample_index[key], strings(_prompt_text(rec)), strings(response),
                             strings(extracted), verdict(p, family),
-                            round(float(p["pif"]), 4) if family == "pif" else None, checks])
+                            round(float(p["pif"]), 4) if family == "pif" else None, checks, strings(raw)])
     return {"models": [r["name"] for r in runs], "family": family,
             "fields": [[f, lab] for f, lab in GROUP_FIELDS[family] if f in present],
             "field_pos": [fields.index(f) for f, _ in GROUP_FIELDS[family] if f in present],
@@ -218,7 +221,7 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
     data = sample_data(comp, runs, max_thumb_bytes)
     title = f"{comp['benchmark'] or 'Benchmark'} report: {', '.join(m['name'] for m in comp['models'])}"
     all_tables = tables(comp)
-    summary = [t for t in all_tables if t[0].startswith(("Headline", "Paired"))]
+    summary = [t for t in all_tables if t[0].startswith(("Headline", "Operations", "Paired"))]
     tbls = "".join(_table_html(t, h, r) for t, h, r in summary)
     tbls += "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pairing_notes(comp))
     breakdowns = "".join(_table_html(*t) for t in all_tables if t not in summary)
@@ -333,7 +336,7 @@ function card(ri){var r=D.results[ri],s=D.samples[r[1]],cls=r[5].replace(/ /g,"-
  var th=el("div",{cls:"thumbs"});s[5].forEach(function(t){th.appendChild(el("img",{src:D.thumbs[t],alt:"image"}));});
  var prompt=str(r[2]),pr=[el("div",{text:"prompt"}),el("div",null,[el("details",null,[
   el("summary",{text:prompt===str(s[2])?"same as the question":prompt.length+" characters"}),el("pre",{text:prompt})])])];
- var rows=[].concat(kv("question",str(s[2]),true),prompt?pr:[],kv("response",str(r[3]),true),
+ var rows=[].concat(kv("question",str(s[2]),true),prompt?pr:[],kv("response",str(r[3]),true),r[8]>=0?kv("raw response",str(r[8]),true):[],
   kv("extracted",str(r[4])),kv("answer",str(s[3])));
  var grid=el("div",{cls:"kv"},rows);var kids=[hd,s[5].length?th:null,grid];
  if(r[7].length){var t=el("table",{cls:"checks"});r[7].forEach(function(c){

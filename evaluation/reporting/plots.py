@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
@@ -51,14 +52,16 @@ def _legend_below(ax: Any, n: int) -> None:
 def _save(fig: Any, out_dir: str, name: str) -> List[str]:
     """PNG and SVG, each written to a temporary file and renamed (a full disk leaves no half plot)."""
     paths = []
-    fig.tight_layout()
+    with warnings.catch_warnings():  # long model names: tight_layout gives up (a warning per plot);
+        warnings.simplefilter("ignore", UserWarning)  # bbox_inches="tight" below still fits them
+        fig.tight_layout()
     try:
         os.makedirs(out_dir, exist_ok=True)
         for ext in ("png", "svg"):
             path = os.path.join(out_dir, f"{name}.{ext}")
             tmp = os.path.join(out_dir, temp_prefix(path) + f"{os.getpid()}.{ext}")
             try:
-                fig.savefig(tmp, format=ext, metadata={"Date": None} if ext == "svg" else None)
+                fig.savefig(tmp, format=ext, metadata={"Date": None} if ext == "svg" else None, bbox_inches="tight")
                 os.replace(tmp, path)
             finally:
                 if os.path.exists(tmp):

@@ -113,6 +113,11 @@ class BaseInterface:
         longest candidate (likelihood)."""
         return 0
 
+    def resume_from(self, records: Sequence[Dict[str, Any]], world_size: int = 1) -> None:
+        """Told of the records this run already holds before it goes on (an earlier, interrupted
+        process's answers) and how many ranks share the run: an interface whose limits span the
+        run (a token budget) counts them and takes its share."""
+
     def describe(self) -> Dict[str, Any]:
         """What identifies this model in result files and the output hash."""
         return {"model": self.name, "model_name": self.config.get("model_name"),

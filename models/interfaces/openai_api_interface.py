@@ -67,7 +67,7 @@ import time
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from PIL import Image
 
@@ -308,10 +308,12 @@ class TokenBudget:
 
     def __init__(self, limit: Optional[int]) -> None:
         self.limit = limit
+        self.run_limit = limit  # max_total_tokens as given; ``limit`` is this process's share
         self.prompt = 0
         self.completion = 0
         self.reserved = 0
         self.largest_prompt = 0
+        self.earlier = 0  # tokens of answers saved by an earlier process of this run
         self._lock = threading.Lock()
 
     @property
@@ -332,8 +334,10 @@ class TokenBudget:
         with self._lock:
             if self.used + self.reserved + need > self.limit:
                 raise BudgetExhausted(
-                    f"openai_api: token budget max_total_tokens={self.limit} reached before {what}: "
-                    f"{self.used} tokens used ({self.prompt} prompt + {self.completion} completion), "
+                    f"openai_api: token budget max_total_tokens={self.run_limit} reached before {what}"
+                    + (f" (this rank's share: {self.limit})" if self.limit != self.run_limit else "") + ": "
+                    f"{self.used} tokens used ({self.prompt} prompt + {self.completion} completion"
+                    + (f"; {self.earlier} by answers saved earlier" if self.earlier else "") + "), "
                     f"{self.reserved} reserved by requests in flight, and it could need up to {need} more; "
                     "the finished samples are saved: re-running the same command resumes (raise "
                     "max_total_tokens to go on)")
@@ -349,6 +353,19 @@ class TokenBudget:
                 self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
             elif self.limit is not None:  # unknown cost: charge the worst case
                 self.completion += reserved
+
+    def charge_recorded(self, usages: Iterable[Any], world_size: int = 1) -> None:
+        """Count the tokens of records this run already holds (an earlier, interrupted process's
+        answers being resumed), and keep this rank to its share of what is left: the budget is
+        the run's, not one process's, so ranks together never pass it."""
+        with self._lock:
+            for usage in usages:
+                if isinstance(usage, dict):
+                    p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                    self.prompt, self.completion, self.earlier = self.prompt + p, self.completion + c, self.earlier + p + c
+                    self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
+            if self.run_limit is not None and world_size > 1:
+                self.limit = self.used + max(0, self.run_limit - self.used) // world_size
 
 
 @register_model("openai_api")
@@ -613,6 +630,11 @@ class OpenAIAPIInterface(BaseInterface):
         if tags is not None and len(tags) == n:
             return tags[i]
         return f"request {i + 1} of {n}" if n > 1 else ""
+
+    def resume_from(self, records: Sequence[Dict[str, Any]], world_size: int = 1) -> None:
+        """max_total_tokens is the run's budget: the tokens of answers already saved count, and
+        each of ``world_size`` ranks spends at most its share of the rest."""
+        self.budget.charge_recorded((r.get("usage") for r in records), world_size)
 
     def raw_generate(self, images: Sequence[Any], prompt: Any, **gen_kwargs: Any) -> str:
         return self.raw_batch_generate([images], [prompt], **gen_kwargs)[0]
