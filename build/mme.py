@@ -35,11 +35,8 @@ from utils.inputs import list_dir, read_bytes, read_text
 
 logger = logging.getLogger(__name__)
 
-if __name__ == "__main__":
-    # ``python -m build.mme``: the package already imported (and registered) build.mme; run
-    # that copy instead of registering the builder a second time under __main__.
-    from build.mme import _main as _package_main
-    raise SystemExit(_package_main())
+if __name__ == "__main__":  # the command has its own module (running this one makes Python warn)
+    raise SystemExit("use: python -m build.mme_placeholder --questions DIR --out DIR [--parquet FILE]")
 
 PERCEPTION = ("existence", "count", "position", "color", "posters", "celebrity", "scene",
               "landmark", "artwork", "OCR")
@@ -501,24 +498,3 @@ def write_placeholder_parquet(release_dir: str, out_file: str, subtasks: Optiona
     os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
     datasets.Dataset.from_dict(cols, features=feats).to_parquet(out_file)
     return out_file
-
-
-def _main(argv: Optional[List[str]] = None) -> int:
-    """``python -m build.mme placeholder --questions DIR --out DIR [--parquet FILE]``."""
-    import argparse
-    ap = argparse.ArgumentParser(description=_main.__doc__)
-    ap.add_argument("command", choices=["placeholder"])
-    ap.add_argument("--questions", required=True, help="folder with the official <subtask>.txt question lists")
-    ap.add_argument("--out", required=True, help="release folder to create")
-    ap.add_argument("--parquet", default=None, help="also write the HF parquet layout to this file")
-    args = ap.parse_args(argv)
-    try:
-        write_placeholder_release(args.questions, args.out)
-        if args.parquet:
-            write_placeholder_parquet(args.out, args.parquet)
-    except ReformError as e:
-        print(f"error: {e}")
-        return e.exit_code
-    print(args.out)
-    return 0
-

@@ -201,3 +201,18 @@ def test_an_internal_error_names_the_stage_it_happened_in(tmp_path, capsys, monk
     assert rc == 1 and len(err) == 1, err
     assert "internal error while running the model: ZeroDivisionError: simulated bug" in err[0]
     assert "Traceback" in open(tmp_path / "o" / "log.txt").read()
+
+
+def test_mme_placeholder_command_is_quiet_and_the_old_spelling_says_where_it_went(tmp_path):
+    """``python -m build.mme_placeholder`` prints the folder it wrote and nothing else (no
+    RuntimeWarning from running a module the package already imported)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = str(tmp_path / "release")
+    done = subprocess.run([sys.executable, "-W", "default", "-m", "build.mme_placeholder", "--questions",
+                           os.path.join(root, "configs", "data", "mme_questions"), "--out", out],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout == out + "\n"
+    assert len(os.listdir(os.path.join(out, "existence"))) == 60  # 30 images and their 30 answer files
+    old = subprocess.run([sys.executable, "-m", "build.mme", "placeholder"], cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert old.returncode == 1 and "use: python -m build.mme_placeholder" in old.stderr

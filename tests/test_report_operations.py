@@ -78,6 +78,10 @@ def test_comparison_md_and_report_show_raw_and_stripped_responses(tmp_path):
     assert run_loader_eval.main(["--prediction_file", pred, other, "--output_dir", str(tmp_path / "cmp"),
                                  "--strip_reasoning"]) == 0
     comp = json.load(open(tmp_path / "cmp" / "comparison.json"))
+    # --output_dir holds every file's results; nothing is written beside the inputs
+    assert len([n for n in os.listdir(tmp_path / "cmp") if n.endswith(".results.json")]) == 2
+    assert not [n for n in os.listdir(tmp_path / "out") if ".scored-" in n]
+    assert not [n for n in os.listdir(tmp_path) if ".scored-" in n]
     assert [m["operations"] for m in comp["models"]] == [{"reasoning_stripped": 3}, {}]
     md = open(tmp_path / "cmp" / "comparison.md").read()
     assert "| model | responses with reasoning stripped |" in md

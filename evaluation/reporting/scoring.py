@@ -510,7 +510,7 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
             for model, recs in groups.items():
                 sub_tag = tag if len(groups) == 1 else f"{tag}.{_slug(model)}"
                 result = score_records(recs, formulation, infer_method, eval_stability, likelihood_reduction,
-                                       prediction_file=path, output_dir=output_dir if len(files) == 1 else None,
+                                       prediction_file=path, output_dir=output_dir,
                                        metric_options=metric_options,
                                        quiet=quiet or len(files) > 1 or len(groups) > 1,
                                        tag=sub_tag, tool="run_loader_eval", commit=c)
