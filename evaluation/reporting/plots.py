@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import textwrap
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -47,6 +48,18 @@ def legend_label(name: str) -> str:
 def _legend_below(ax: Any, n: int) -> None:
     """The legend under the axes, where it cannot hide a bar or a line."""
     ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2 if ax.get_xlabel() else -0.12), ncol=min(n, 4))
+
+
+#: characters per line of a model's name under its bar
+TICK_WIDTH = 22
+
+
+def _model_ticks(ax: Any, names: Sequence[str]) -> None:
+    """One tick per bar, each model name wrapped onto short horizontal lines: a long name
+    (a prediction file's stem) rotated would squeeze the axes into a corner of the figure."""
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(["\n".join(textwrap.wrap(str(n), TICK_WIDTH, break_long_words=True, break_on_hyphens=False)
+                                  or [str(n)]) for n in names], fontsize=7)
 
 
 def _save(fig: Any, out_dir: str, name: str) -> List[str]:
@@ -189,7 +202,7 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
 @plain_text
 def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, name: str,
                   chance_key: Optional[str] = None) -> List[str]:
-    fig, ax = plt.subplots(figsize=(max(3.5, 0.9 * len(comp["models"]) + 1.5), 3.2))
+    fig, ax = plt.subplots(figsize=(max(3.5, 1.5 * len(comp["models"]) + 1.5), 3.4))
     names, vals, lo, hi = [], [], [], []
     for m in comp["models"]:
         cell = m["headline"].get(stat) or {}
@@ -208,8 +221,7 @@ def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, nam
         if chances:
             ax.axhline(sum(chances) / len(chances), color="black", ls="--", lw=1, label="chance")
             ax.legend(fontsize=7, frameon=False)
-    ax.set_xticks(range(len(vals)))
-    ax.set_xticklabels(names, rotation=20, ha="right")
+    _model_ticks(ax, names)
     ax.set_ylabel(label)
     ax.set_title(f"{comp['benchmark']} {label}".strip())
     return _save(fig, out_dir, name)
@@ -220,10 +232,9 @@ def instability_bars(comp: Dict[str, Any], out_dir: str) -> List[str]:
     rows = [(m["name"], m["extra"]["instability"]) for m in comp["models"] if "instability" in m["extra"]]
     if not rows:
         return []
-    fig, ax = plt.subplots(figsize=(max(3.5, 0.9 * len(rows) + 1.5), 3.2))
+    fig, ax = plt.subplots(figsize=(max(3.5, 1.5 * len(rows) + 1.5), 3.4))
     ax.bar(range(len(rows)), [v for _, v in rows], color=[f"C{i}" for i in range(len(rows))])
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([n for n, _ in rows], rotation=20, ha="right")
+    _model_ticks(ax, [n for n, _ in rows])
     ax.set_ylabel("instability (mean entropy, nats)")
     ax.set_title("Answer instability across duplicates")
     return _save(fig, out_dir, "instability")
