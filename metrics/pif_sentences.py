@@ -31,7 +31,13 @@ NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs ch para"
 MAYBE_END = frozenset("""etc inc ltd co corp jr sr al ed eds bros dept est jan feb mar apr jun jul aug
 sep sept oct nov dec""".split())
 #: every abbreviation above: after any other short word a period ends the sentence
-ABBREVIATIONS = TITLES | NEVER_END | NUMBER_ABBREVIATIONS | MAYBE_END | {"st"}
+#: units after a number ("6 ft. tall"): like MAYBE_END, they end a sentence only before a
+#: capitalised word
+UNITS = frozenset("ft in yd yds mi lb lbs oz gal qt pt sq cu hr hrs min mins sec secs tbsp tsp".split())
+#: emoji (pictographs, dingbats, variation selector, joiner, skin tones) written straight after an
+#: end mark belong to the sentence it ends ("Done!\U0001F600 Next."), as closing quotes do
+EMOJI = "\u2600-\u27bf\ufe0f\u200d\U0001f000-\U0001faff"
+ABBREVIATIONS = TITLES | NEVER_END | NUMBER_ABBREVIATIONS | MAYBE_END | UNITS | {"st"}
 #: time abbreviations ("5 p.m."): end before a capitalised word, except after an opening
 #: time phrase ("At 5 a.m. Mr. Smith went")
 TIMES = frozenset("a.m p.m".split())
@@ -62,7 +68,7 @@ _INITIALISM_RE = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,2}")
 #: started inside a run, and a lone '.' that opens a spaced run is no candidate of its own,
 #: so that every character is read a bounded number of times
 _MARK_RE = re.compile(r"[.!?…](?<![.!?…][.!?…])(?:(?<=\.)(?<!\. \.)(?: \.)++|[.!?…]*+(?! \.))"
-                      r"([\"'”’»)\]}*_`~]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s|\Z)")
+                      r"([\"'”’»)\]}*_`~" + EMOJI + r"]*+(?:\[\d{1,3}\]|[¹²³⁰⁴-⁹]++)*+)(?=\s|\Z)")
 #: the word after a boundary: skipped whitespace, up to four opening characters, its letters
 _NEXT_RE = re.compile(r"(\s*+)[(\"'“‘\[*_`«]{0,4}+([^\W\d_]{1,15}+|\S?)")
 #: what opens a quotation or parenthesis, and what closes it
@@ -151,6 +157,8 @@ def _ends(text: str, mark: str, closed: str, p: int, q: int, lo: int, sent_start
     if token in MAYBE_END or token in NUMBER_ABBREVIATIONS:
         return upper
     prev = _word_before(text, lo, start - 1)[0].lstrip(_OPENERS) if start > lo else ""
+    if token in UNITS and prev[:1].isdigit():  # "6 ft. tall", but "6 ft. The"
+        return upper
     if token == "st":  # "Main St. It is", but "the church of St. Michael"
         return upper and (prev[:1].isupper() or prev[:1].isdigit())
     if token in TIMES:  # "at 6 p.m. Mr. Smith left", but "At 5 a.m. Mr. Smith went"

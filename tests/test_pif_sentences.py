@@ -219,3 +219,17 @@ def test_golden_rules_outside_check() -> None:
     print(f"golden_rules_agreement={len(agree)}/{len(cases)}")
     assert len(cases) == 48
     assert len(agree) == 48, sorted(set(c["text"] for c in cases) - set(agree))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Done!\U0001F600 Next.", ["Done!\U0001F600", "Next."]),          # an emoji closes like a quote
+    ("Wow!!\U0001F389\U0001F389 Great.", ["Wow!!\U0001F389\U0001F389", "Great."]),
+    ("Great.\u2764\ufe0f Thanks.", ["Great.\u2764\ufe0f", "Thanks."]),
+    ("I love it! \U0001F600 Next one.", ["I love it!", "\U0001F600 Next one."]),
+    ("He is 6 ft. tall and strong.", ["He is 6 ft. tall and strong."]),  # a unit after a number
+    ("He is 6 ft. Then he grew.", ["He is 6 ft.", "Then he grew."]),
+    ("It weighs 5 lb. and more.", ["It weighs 5 lb. and more."]),
+    ("Come in. The door is open.", ["Come in.", "The door is open."]),
+])
+def test_emoji_after_an_end_mark_and_units_after_numbers(text, expected):
+    assert split_sentences(text) == expected
