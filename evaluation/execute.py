@@ -225,7 +225,7 @@ class _BatchLoop:
         self.gen_kwargs: Dict[str, Any] = {"temperature": cfg.generation.temperature}
         if cfg.generation.max_new_tokens is not None:
             self.gen_kwargs["max_new_tokens"] = cfg.generation.max_new_tokens
-        self.sample_sha = plan.sample_sha
+        self.sample_sha, self.item_sha = plan.sample_sha, plan.item_sha
         self.digest = {plan.key(s): d for s, d in zip(plan.samples, plan.digests)}
         self.label = cfg.model.label
 
@@ -234,6 +234,8 @@ class _BatchLoop:
         key = self.plan.key(s)
         if key in self.sample_sha:
             rec["sample_sha"] = self.sample_sha[key]
+        if key in self.item_sha:  # the item without how it was asked: pairs runs by generation and likelihood
+            rec["item_sha"] = self.item_sha[key]
         if self.plan.config.dataset.save_images:
             rec["image_paths"] = save_sample_images(s, self.plan.config.output.output_dir)
         return rec

@@ -38,6 +38,8 @@ class RunPlan:
     shard_dir: str
     timing: Dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0})
     cache_stats: Dict[str, int] = field(default_factory=dict)
+    #: per-sample digests of the item without how it is asked (``utils.fingerprint.METHOD_FIELDS``)
+    item_digests: List[str] = field(default_factory=list)
 
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
@@ -45,6 +47,10 @@ class RunPlan:
     @property
     def sample_sha(self) -> Dict[Key, str]:
         return {self.key(s): d[:16] for s, d in zip(self.samples, self.digests)}
+
+    @property
+    def item_sha(self) -> Dict[Key, str]:
+        return {self.key(s): d[:16] for s, d in zip(self.samples, self.item_digests)}
 
 
 def read_dataset_config(cfg: RunConfig) -> Tuple[Optional[str], Dict[str, Any]]:
@@ -144,11 +150,11 @@ def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any
     if not samples:
         raise ReformError(f"{cfg.dataset.name}: the build produced no samples (check the dataset config and "
                           "--dataset_option values)")
-    fingerprint, digests = samples_fingerprint(samples)
+    fingerprint, digests, item_digests = samples_fingerprint(samples)
     run_id, ident = identity(cfg, content, fingerprint)
     pred = prediction_path(cfg, run_id)
     return RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
-                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"))
+                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests)
 
 
 # -- the batch plan ---------------------------------------------------------------------------

@@ -67,6 +67,8 @@ def reference_records_from(records: Sequence[Dict[str, Any]]) -> List[Dict[str, 
                         "formulation": "Generation", "inference_method": "generation", "model": model,
                         "release_reference": True, "question": r.get("question"), "prediction": None,
                         "reported_pif": float(value),
+                        # the same turn as the user's record: it pairs with it in a comparison
+                        **{k: r[k] for k in ("item_sha", "sample_sha") if r.get(k) is not None},
                         "meta": {k: meta.get(k) for k in ("chat_id", "turn", "instructions", "new_instruction",
                                                           "topic", "capability", "source")}})
     return out

@@ -152,6 +152,9 @@ def test_mmmt_if_release_only_run_score_compare(tmp_path):
         assert head["pif"]["low"] is None and head["pif"]["high"] is None  # one chat: no interval
         assert set(head) == {"pif", "pif_loose"}  # one response per turn: no PIF-1-1, no PIF-IQR-1
     (mine,) = [m for m in comp["models"] if not m["name"].endswith("(release)")]
+    # the released models' rows are the same turns: each pairs with every turn of the run
+    ref_tests = [t for t in comp["paired_tests"] if mine["name"] in (t["a"], t["b"])]
+    assert len(ref_tests) == 3 and all((t["n_pairs"], t["n_refused"]) == (len(recs), 0) for t in ref_tests)
     assert mine["headline"]["pif"]["value"] == pytest.approx(own["pif"])
     assert mine["headline"]["pif_loose"]["value"] == pytest.approx(own["pif_loose"])
     assert _scored(pred)["metrics"]["pif"] == pytest.approx(own["pif"])

@@ -71,3 +71,24 @@ def test_iwisdm_runs_with_other_trial_seeds_refuse_mcnemar(tmp_path, capsys):
     tests = json.load(open(tmp_path / "c3" / "comparison.json"))["paired_tests"]
     assert sorted((t["n_pairs"], t["n_refused"]) for t in tests) == [(0, 12), (0, 12), (12, 0)]
     assert sum(t["test"] == "exact McNemar" for t in tests) == 1
+
+
+def test_generation_and_likelihood_runs_of_one_build_pair(tmp_path):
+    """The README's comparison: baselines answer by generation, the model by likelihood. The
+    items are the same (only the method and candidates differ), so every entry pairs; a build
+    with other trials (another seed) still pairs with nothing."""
+    out = tmp_path / "iw"
+    common = ["--output_dir", str(out), "--do_eval", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
+              "--formulation", "SingleChoice", "--dataset_subsample", "10", "--no_cache"]
+    assert run_eval.main(["--model", "random", *common]) == 0
+    assert run_eval.main(["--model", "llava", "--model_name", "tiny", "--infer_method", "likelihood", *common]) == 0
+    assert run_eval.main(["--model", "constant", *common, "--dataset_option", "seed=3"]) == 0
+    recs = {f: json.load(open(f)) for f in prediction_files(out)}
+    assert all(r["item_sha"] and r["sample_sha"] for rs in recs.values() for r in rs)
+    assert run_loader_eval.main(["--prediction_file", str(out), "--output_dir", str(tmp_path / "cmp"),
+                                 "--n_boot", "50"]) == 0
+    tests = {frozenset((t["a"], t["b"])): (t["n_pairs"], t["n_refused"], t["test"])
+             for t in json.load(open(tmp_path / "cmp" / "comparison.json"))["paired_tests"]}
+    assert tests == {frozenset(("random", "llava:tiny")): (10, 0, "exact McNemar"),
+                     frozenset(("random", "constant")): (0, 10, None),
+                     frozenset(("llava:tiny", "constant")): (0, 10, None)}

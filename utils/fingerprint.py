@@ -35,23 +35,41 @@ def image_token(image: Any, cache: Dict[int, str]) -> str:
     return cache[key]
 
 
-def sample_digest(sample: Dict[str, Any], cache: Dict[int, str]) -> str:
-    """Hash of one sample: every JSON field plus its images' tokens."""
-    body = {k: v for k, v in sample.items() if k != "images"}
+#: fields that say how a model is asked, not what it is asked: one item asked by generation and
+#: by likelihood is one item in a comparison (``item_digest``)
+METHOD_FIELDS = frozenset({"inference_method", "candidates"})
+
+
+def _digest(body: Dict[str, Any], images: List[str]) -> str:
     blob = json.dumps(body, sort_keys=True, ensure_ascii=False, default=str)
-    images = [image_token(im, cache) for im in sample.get("images", [])]
     return hashlib.sha256((blob + "\x00" + "\x00".join(images)).encode("utf-8")).hexdigest()
 
 
-def samples_fingerprint(samples: Iterable[Dict[str, Any]]) -> Tuple[str, List[str]]:
-    """(fingerprint of the whole build, per-sample digests in order)."""
+def sample_digests(sample: Dict[str, Any], cache: Dict[int, str]) -> Tuple[str, str]:
+    """(hash of the whole sample: every JSON field plus its images' tokens; hash of the item:
+    the same without METHOD_FIELDS). The first guards reuse of predictions; the second pairs
+    runs that asked the same item another way."""
+    body = {k: v for k, v in sample.items() if k != "images"}
+    images = [image_token(im, cache) for im in sample.get("images", [])]
+    return _digest(body, images), _digest({k: v for k, v in body.items() if k not in METHOD_FIELDS}, images)
+
+
+def sample_digest(sample: Dict[str, Any], cache: Dict[int, str]) -> str:
+    """Hash of one sample: every JSON field plus its images' tokens."""
+    return sample_digests(sample, cache)[0]
+
+
+def samples_fingerprint(samples: Iterable[Dict[str, Any]]) -> Tuple[str, List[str], List[str]]:
+    """(fingerprint of the whole build, per-sample digests in order, per-item digests in order)."""
     cache: Dict[int, str] = {}
-    digests = []
+    digests, items = [], []
     for s in samples:
         try:
-            digests.append(sample_digest(s, cache))
+            full, item = sample_digests(s, cache)
         except (RecursionError, UnicodeEncodeError, ValueError) as e:
             raise input_error(f"cannot be fingerprinted ({type(e).__name__}: nested too deeply or invalid text)",
                               record=f"sample {s.get('sample_id')!r}") from None
+        digests.append(full)
+        items.append(item)
     total = hashlib.sha256("\n".join(digests).encode("ascii")).hexdigest()
-    return total, digests
+    return total, digests, items

@@ -67,13 +67,17 @@ def _paired_values(ps: List[Dict[str, Any]], field: str) -> Dict[Key, float]:
 
 
 def sample_shas(run: Dict[str, Any]) -> Dict[Key, str]:
-    """(sample_id, dup_index) -> the ``sample_sha`` of what the model was shown, from the
-    per_sample entries or the run's records (entries without one are absent)."""
+    """(sample_id, dup_index) -> what the model was asked, from the per_sample entries or the
+    run's records (entries without one are absent): ``item_sha`` (the item, whichever way it
+    was asked) where the record has it, prefixed ``item:``; else ``sample_sha``."""
     out: Dict[Key, str] = {}
     for src in (run.get("records") or [], run["result"].get("per_sample") or []):
         for r in src:
-            if r.get("sample_sha") is not None:
-                out[(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))] = str(r["sample_sha"])
+            key = (str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))
+            if r.get("item_sha") is not None:
+                out[key] = "item:" + str(r["item_sha"])
+            elif r.get("sample_sha") is not None and not out.get(key, "").startswith("item:"):
+                out[key] = str(r["sample_sha"])
     return out
 
 
@@ -81,11 +85,13 @@ def pair_keys(keys_a: Sequence[Key], keys_b: Sequence[Key], sha_a: Dict[Key, str
               ) -> Tuple[List[Key], int]:
     """(the keys paired, the number refused) among the keys both runs scored.
 
-    The pairing rule: two entries are one pair only when they were made from the same sample
-    content. Sharing (sample_id, dup_index) is not enough (two iWISDM builds with other trial
-    seeds reuse ids for different trials): both need a ``sample_sha`` and the two must be equal.
-    Only when *neither* entry has a sample_sha (files older than the field) are they paired by
-    key alone; one with and one without is refused, since nothing shows they match."""
+    The pairing rule: two entries are one pair only when they were made from the same item.
+    Sharing (sample_id, dup_index) is not enough (two iWISDM builds with other trial seeds reuse
+    ids for different trials): both need a content hash and the two must be equal. The hash is
+    the ``item_sha`` (question, options, answer, images, history: the item without the method,
+    so a generation run and a likelihood run of one build pair), or for files older than that
+    field the ``sample_sha``. Only when *neither* entry has one are they paired by key alone;
+    one with and one without is refused, since nothing shows they match."""
     shared = sorted(set(keys_a) & set(keys_b))
     paired = [k for k in shared if sha_a.get(k) == sha_b.get(k)]
     return paired, len(shared) - len(paired)
@@ -143,7 +149,7 @@ def pairing_notes(comp: Dict[str, Any]) -> List[str]:
     for t in comp.get("paired_tests") or []:
         if t.get("n_refused"):
             notes.append(f"{t['n_refused']} entries that {t['a']} and {t['b']} share by sample id were not paired: "
-                         f"their sample content differs (sample_sha) or is unknown for one run; the paired test "
+                         f"their item content differs (item_sha or sample_sha) or is unknown for one run; the paired test "
                          f"uses the {t['n_pairs']} entries made from the same samples"
                          + (" (none, so no test)." if not t["n_pairs"] else "."))
     return notes
