@@ -198,11 +198,12 @@ def summarize(per_sample: List[Dict[str, Any]], n_resp: int = 1) -> Dict[str, An
         for iid in INSTRUCTION_IDS if iid in cond}
     metrics["pif_ecdf"] = {"all": ecdf(pifs), "by_turn": {str(t): ecdf(v) for t, v in sorted(by_turn.items())}}
     samples = [s["pif_samples"] for s in per_sample]
-    nk = pif_n_k(samples, n_resp)
-    for k, v in nk.items():
-        metrics[f"pif_{n_resp}_{k}"] = v
-    metrics[f"pif_iqr_{n_resp}"] = float(np.mean([iqr(x) for x in samples]))
-    metrics["pif_iqr_method"] = f"numpy.percentile method='{IQR_METHOD}' (Hyndman-Fan type 7)"
+    if n_resp > 1:  # consistency over N responses per turn; with one there is none to measure
+        nk = pif_n_k(samples, n_resp)
+        for k, v in nk.items():
+            metrics[f"pif_{n_resp}_{k}"] = v
+        metrics[f"pif_iqr_{n_resp}"] = float(np.mean([iqr(x) for x in samples]))
+        metrics["pif_iqr_method"] = f"numpy.percentile method='{IQR_METHOD}' (Hyndman-Fan type 7)"
     metrics["pif_mean_over_samples"] = float(np.mean([np.mean(x) for x in samples]))
     return {"metrics": metrics, "per_sample": per_sample, "tables": _tables(metrics, n_resp)}
 
@@ -224,8 +225,9 @@ def _tables(m: Dict[str, Any], n_resp: int) -> Dict[str, str]:
     by_num = "\n".join(rows)
     rows = ["| metric | value |", "|---|---:|", f"| PIF (strict) | {_fmt(m['pif'])} |",
             f"| PIF (loose) | {_fmt(m['pif_loose'])} |"]
-    for k in range(1, n_resp + 1):
-        rows.append(f"| PIF-{n_resp}-{k} | {_fmt(m[f'pif_{n_resp}_{k}'])} |")
-    rows.append(f"| PIF-IQR-{n_resp} | {_fmt(m[f'pif_iqr_{n_resp}'])} |")
+    if n_resp > 1:
+        for k in range(1, n_resp + 1):
+            rows.append(f"| PIF-{n_resp}-{k} | {_fmt(m[f'pif_{n_resp}_{k}'])} |")
+        rows.append(f"| PIF-IQR-{n_resp} | {_fmt(m[f'pif_iqr_{n_resp}'])} |")
     return {"MMMT-IF summary": "\n".join(rows), "MMMT-IF PIF by turn": per_turn,
             "MMMT-IF PIF by instruction": per_instr, "MMMT-IF PIF by number of instructions": by_num}

@@ -226,7 +226,10 @@ def test_metric_single_response_and_bad_records() -> None:
     rec = _rec("a", 1, ["end_char_question"], ["Why?"])
     del rec["predictions"]
     m = pif_metric([rec])["metrics"]
-    assert m["pif"] == 1.0 and m["pif_1_1"] == 1.0 and m["pif_iqr_1"] == 0.0
+    assert m["pif"] == 1.0 and m["num_responses_per_turn"] == 1
+    # one response per turn: no consistency to measure, so no PIF-1-1 or PIF-IQR-1 anywhere
+    assert not [k for k in m if k.startswith(("pif_1_", "pif_iqr"))]
+    assert "PIF-1-1" not in pif_metric([rec])["tables"]["MMMT-IF summary"]
     with pytest.raises(ReformError, match="meta.instructions"):
         pif_metric([{"sample_id": "x", "prediction": "y", "meta": {}}])
     with pytest.raises(ReformError, match="unknown MMMT-IF instruction"):

@@ -87,14 +87,20 @@ def test_mme_plot_has_the_chance_line_and_a_zero_bar_is_drawn(monkeypatch, tmp_p
     plots.make_plots(_comp("mme", "mme", models), [], str(tmp_path))
     fig = dict(figs)["mme_subtasks"]
     ax = fig.axes[0]
-    segs = [seg for coll in ax.collections for seg in coll.get_segments()]
+    segs = [seg for coll in ax.collections for seg in coll.get_segments() if len(seg)]
     chance = [seg for seg in segs if seg[0][1] == 75.0 and seg[1][1] == 75.0]
     assert len(chance) == 2  # one tick per subtask at 75
     zeros = [seg for seg in segs if seg[0][1] == seg[1][1] == 0.0 and seg[0][0] != seg[1][0]]
     assert len(zeros) == 2  # the zero model's two bars
+    # no interval in the table: no error bar either (a zero-length one reads as [v, v])
+    assert not [seg for seg in segs if seg[0][0] == seg[1][0]]
     total = dict(figs)["mme_total"].axes[0]
-    assert any(seg[0][1] == seg[1][1] == 0.0 and seg[0][0] != seg[1][0]
-               for coll in total.collections for seg in coll.get_segments())
+    tsegs = [seg for coll in total.collections for seg in coll.get_segments() if len(seg)]
+    assert any(seg[0][1] == seg[1][1] == 0.0 and seg[0][0] != seg[1][0] for seg in tsegs)
+    assert not [seg for seg in tsegs if seg[0][0] == seg[1][0]]
+    # the total's chance line: 75 for each of the 2 subtasks scored
+    drawn = [tuple(float(y) for y in line.get_ydata()) for line in total.get_lines()]
+    assert [y for y in drawn if all(v == v for v in y)] == [(150.0, 150.0)]  # (NaN: no error bar)
 
 
 def test_per_sample_card_shows_the_options_with_their_marks():
@@ -107,3 +113,28 @@ def test_per_sample_card_shows_the_options_with_their_marks():
     data = sample_data({"family": "accuracy"}, [{"name": "m", "records": [rec],
                                                  "result": {"prediction_file": None, "per_sample": [p]}}])
     assert data["strings"][data["samples"][0][2]] == "Is it? Options: (A) false; (B) true."
+
+
+def test_all_clusters_agreeing_give_an_exact_interval_at_a_bound_and_none_inside():
+    """Every resample equal (all wrong, all right) would give a zero-width percentile interval.
+    At a bound the exact Clopper-Pearson interval over the clusters replaces it (checked against
+    scipy); a statistic without a known range, or at an interior value, shows none."""
+    from scipy.stats import binomtest
+
+    from evaluation.reporting.bootstrap import stat_bounds
+    from utils.bootstrap import cluster_interval
+    ids = [str(i) for i in range(100)]
+    zero = cluster_interval([0.0] * 100, ids)
+    exact = binomtest(0, 100).proportion_ci(method="exact")
+    assert zero["method"] == "clopper-pearson" and zero["low"] == 0.0
+    assert abs(zero["high"] - exact.high) < 1e-12 and abs(zero["high"] - 0.0362167) < 1e-6
+    one = cluster_interval([1.0] * 14, ids[:14])
+    assert abs(one["low"] - binomtest(14, 14).proportion_ci(method="exact").low) < 1e-12 and one["high"] == 1.0
+    # two entries per cluster (an MME image), both right: still 14 clusters
+    two = cluster_interval([1.0] * 28, [i for i in ids[:14] for _ in (0, 1)])
+    assert two["low"] == one["low"]
+    assert cluster_interval([0.5] * 14, ids[:14])["low"] is None          # interior: no interval
+    assert cluster_interval([1.0] * 4, ids[:4])["low"] is None            # too few clusters: none
+    assert cluster_interval([1.0] * 14, ids[:14], bounds=None)["low"] is None
+    assert stat_bounds("score") == (0.0, 200.0) and stat_bounds("pif_4_2") == (0.0, 1.0)
+    assert stat_bounds("total_score") is None and stat_bounds("pif_iqr_4") is None

@@ -4,7 +4,7 @@ intervals. Here, below every other layer, so that metrics and reporting compute 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,20 +49,39 @@ def wmean(W: np.ndarray, x: Sequence[float], mask: Optional[np.ndarray] = None) 
 MIN_CLUSTERS = 5
 
 
-def interval(values: np.ndarray, enough_clusters: bool = True) -> Dict[str, Optional[float]]:
-    """{"value", "low", "high"} from a (n_boot + 1,) array; no interval without enough clusters."""
+def interval(values: np.ndarray, enough_clusters: bool = True, n_clusters: Optional[int] = None,
+             bounds: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """{"value", "low", "high"} from a (n_boot + 1,) array; no interval without enough clusters.
+
+    When every resample gives the same number (all clusters agree) the percentile interval has
+    zero width, which reads as certainty. Then, for a mean of per-cluster values within
+    ``bounds`` that sits at a bound (all wrong, all right), the exact Clopper-Pearson 95%
+    interval over the ``n_clusters`` clusters is given instead (``"method": "clopper-pearson"``:
+    e.g. 0 of 100 gives [0, 0.036]); anywhere else no interval is shown (docs/metrics.md)."""
     def f(x: float) -> Optional[float]:
         return None if x is None or not np.isfinite(x) else float(x)
+    value = f(values[0])
     boot = values[1:][np.isfinite(values[1:])]
-    if boot.size == 0 or not enough_clusters:
-        return {"value": f(values[0]), "low": None, "high": None}
+    if boot.size == 0 or not enough_clusters or value is None:
+        return {"value": value, "low": None, "high": None}
     lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"value": f(values[0]), "low": f(lo), "high": f(hi)}
+    if hi - lo > 1e-12 * max(1.0, abs(value)):
+        return {"value": value, "low": f(lo), "high": f(hi)}
+    if bounds is None or not n_clusters:
+        return {"value": value, "low": None, "high": None}
+    low_b, high_b = bounds
+    width = (high_b - low_b) * (1.0 - 0.025 ** (1.0 / n_clusters))  # exact: x = 0 (or n) of n
+    if abs(value - low_b) <= 1e-12 * max(1.0, abs(low_b)):
+        return {"value": value, "low": float(low_b), "high": float(low_b + width), "method": "clopper-pearson"}
+    if abs(value - high_b) <= 1e-12 * max(1.0, abs(high_b)):
+        return {"value": value, "low": float(high_b - width), "high": float(high_b), "method": "clopper-pearson"}
+    return {"value": value, "low": None, "high": None}
 
 
 def cluster_interval(values: Sequence[float], clusters: Sequence[str], n_boot: int = 1000, seed: int = 0,
-                     key: str = "") -> Dict[str, Optional[float]]:
+                     key: str = "", bounds: Optional[Tuple[float, float]] = (0.0, 1.0)) -> Dict[str, Any]:
     """{"value", "low", "high"} of a plain mean, resampling whole clusters; no interval from
     fewer than MIN_CLUSTERS clusters."""
     W = cluster_weights(clusters, n_boot, seed, key)
-    return interval(wmean(W, values), len(set(map(str, clusters))) >= MIN_CLUSTERS)
+    n = len(set(map(str, clusters)))
+    return interval(wmean(W, values), n >= MIN_CLUSTERS, n, bounds)

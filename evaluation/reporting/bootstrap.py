@@ -196,6 +196,26 @@ def strata_of(metric: Optional[str], ps: List[Dict[str, Any]]) -> Optional[List[
     return [p.get(field) for p in ps]
 
 
+#: the range of each statistic that is a mean of per-cluster values (its zero-width interval at
+#: a bound becomes a Clopper-Pearson one, ``utils.bootstrap.interval``); totals are absent
+STAT_BOUNDS: Dict[str, Tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "format_hit_rate": (0.0, 1.0), "acc": (0.0, 1.0), "acc_plus": (0.0, 1.0),
+    "score": (0.0, 200.0), "pif": (0.0, 1.0), "pif_loose": (0.0, 1.0), "followed": (0.0, 1.0)}
+
+
+def stat_bounds(name: str) -> Optional[Tuple[float, float]]:
+    """The range of statistic ``name`` (PIF-N-K are proportions too), or None."""
+    if name in STAT_BOUNDS:
+        return STAT_BOUNDS[name]
+    if name.startswith("pif_") and not name.startswith("pif_iqr"):
+        return (0.0, 1.0)
+    return None
+
+
+def _n_clusters(clusters: np.ndarray, mask: Optional[np.ndarray]) -> int:
+    return len(set((clusters if mask is None else clusters[mask]).tolist()))
+
+
 def _enough_clusters(clusters: np.ndarray, strata: Optional[np.ndarray], mask: Optional[np.ndarray]) -> bool:
     """Whether the entries under ``mask`` span enough clusters for a percentile interval: at least
     MIN_CLUSTERS, and at least 2 in every stratum they draw from (a stratum of one cluster is
@@ -231,7 +251,8 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
     notes = stats.get("notes") or {}
     out: Dict[str, Any] = {"family": family, "num_clusters": len(set(map(str, clusters))),
                            "min_clusters": MIN_CLUSTERS,
-                           "headline": {k: {**interval(v, head_ok), **({"note": notes[k]} if k in notes else {})}
+                           "headline": {k: {**interval(v, head_ok, _n_clusters(c_arr, None), stat_bounds(k)),
+                                            **({"note": notes[k]} if k in notes else {})}
                                         for k, v in stats["headline"].items()},
                            "breakdowns": {}}
     for name, groups in stats["breakdowns"].items():
@@ -239,7 +260,9 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
         for g, row in groups.items():
             mask = row.get("clusters")
             ok = head_ok if mask is None else _enough_clusters(c_arr, s_arr, mask)
-            rows[g] = {k: (v if k == "n" else interval(v, ok)) for k, v in row.items() if k != "clusters"}
+            n_c = _n_clusters(c_arr, mask)
+            rows[g] = {k: (v if k == "n" else interval(v, ok, n_c, stat_bounds(k)))
+                       for k, v in row.items() if k != "clusters"}
         out["breakdowns"][name] = rows
     return out
 

@@ -99,8 +99,9 @@ def _series(comp: Dict[str, Any], breakdown: str, stat: str, groups: Sequence[st
             cell = (rows.get(g) or {}).get(stat) or {}
             v = cell.get("value")
             vals.append(nan if v is None else v)
-            lo.append(0.0 if v is None or cell.get("low") is None else max(v - cell["low"], 0.0))
-            hi.append(0.0 if v is None or cell.get("high") is None else max(cell["high"] - v, 0.0))
+            # no interval: NaN, so no error bar or band is drawn (a zero-length one reads as [v, v])
+            lo.append(nan if v is None or cell.get("low") is None else max(v - cell["low"], 0.0))
+            hi.append(nan if v is None or cell.get("high") is None else max(cell["high"] - v, 0.0))
         out.append((m["name"], vals, lo, hi))
     return out
 
@@ -201,7 +202,12 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
 
 @plain_text
 def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, name: str,
-                  chance_key: Optional[str] = None) -> List[str]:
+                  chance_key: Optional[str] = None, chance_per_group: Optional[Tuple[str, float]] = None
+                  ) -> List[str]:
+    """One bar per model with its interval (none where the table has none); chance as a dashed
+    line: the models' ``extra[chance_key]``, or ``chance_per_group`` = (breakdown, chance of
+    one group) times the groups scored (an MME total: 75 per subtask). A note on the number
+    (a subsample's missing subtasks) goes under the title."""
     fig, ax = plt.subplots(figsize=(max(3.5, 1.5 * len(comp["models"]) + 1.5), 3.4))
     names, vals, lo, hi = [], [], [], []
     for m in comp["models"]:
@@ -211,19 +217,27 @@ def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, nam
             continue
         names.append(m["name"])
         vals.append(v)
-        lo.append(0.0 if cell.get("low") is None else max(v - cell["low"], 0.0))
-        hi.append(0.0 if cell.get("high") is None else max(cell["high"] - v, 0.0))
+        lo.append(float("nan") if cell.get("low") is None else max(v - cell["low"], 0.0))
+        hi.append(float("nan") if cell.get("high") is None else max(cell["high"] - v, 0.0))
     ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=3, color=[f"C{i}" for i in range(len(vals))])
     for i, v in enumerate(vals):
         _draw_zeros(ax, [i], [v], 0.8, f"C{i}")
+    chances: List[float] = []
     if chance_key:
         chances = [m["extra"].get(chance_key) for m in comp["models"] if m["extra"].get(chance_key) is not None]
-        if chances:
-            ax.axhline(sum(chances) / len(chances), color="black", ls="--", lw=1, label="chance")
-            ax.legend(fontsize=7, frameon=False)
+    elif chance_per_group:
+        breakdown, per = chance_per_group
+        chances = [per * len(m["breakdowns"].get(breakdown, {})) for m in comp["models"]
+                   if m["breakdowns"].get(breakdown)]
+    if chances:
+        ax.axhline(sum(chances) / len(chances), color="black", ls="--", lw=1, label="chance")
+        ax.legend(fontsize=7, frameon=False)
+    notes = sorted({str(m["headline"][stat]["note"]) for m in comp["models"]
+                    if (m["headline"].get(stat) or {}).get("note")})
     _model_ticks(ax, names)
     ax.set_ylabel(label)
-    ax.set_title(f"{comp['benchmark']} {label}".strip())
+    ax.set_title(f"{comp['benchmark']} {label}".strip() + "".join(f"\n({n})" for n in notes),
+                 fontsize=10 if notes else None)
     return _save(fig, out_dir, name)
 
 
@@ -289,7 +303,9 @@ def make_plots(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], out_dir: st
     elif family == "mme":
         files += grouped_bars(comp, "subtask", "score", "MME score per subtask (acc + acc+, max 200)", "score",
                               out_dir, "mme_subtasks", horizontal_labels=False, ylim=(0, 205))
-        files += headline_bars(comp, "total_score", "total score", out_dir, "mme_total")
+        chance = report_spec(comp.get("metric")).chance.get("score")
+        files += headline_bars(comp, "total_score", "total score", out_dir, "mme_total",
+                               chance_per_group=("subtask", chance) if chance is not None else None)
     elif family == "pif":
         files += lines_with_ci(comp, "turn", "pif", "PIF by turn", "turn", "PIF", out_dir, "pif_by_turn", band=True)
         files += lines_with_ci(comp, "num_instructions", "pif", "PIF by number of instructions",
