@@ -216,3 +216,38 @@ def test_mme_placeholder_command_is_quiet_and_the_old_spelling_says_where_it_wen
     old = subprocess.run([sys.executable, "-m", "build.mme", "placeholder"], cwd=root, capture_output=True,
                          text=True, timeout=300)
     assert old.returncode == 1 and "use: python -m build.mme_placeholder" in old.stderr
+
+
+def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsys):
+    """After a comparison written into a folder beside the predictions, a quoted glob, the
+    names a shell expands from ``*.json``, and the folder itself all score only predictions; a
+    results file named alone, or a JSON object that holds no records, is refused in one line."""
+    import glob as globmod
+    import json
+
+    import run_loader_eval
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=6, formulation="Generation")
+    out = tmp_path / "out"
+    for model in ("random", "constant"):
+        assert run_eval.main(["--model", model, "--dataset_name", "custom", "--dataset_config", cfg,
+                              "--formulation", "Generation", "--output_dir", str(out), "--do_eval"]) == 0
+    preds = prediction_files(out)
+    assert len(preds) == 2
+    assert run_loader_eval.main(["--prediction_file", str(out), "--output_dir", str(out / "report")]) == 0
+    capsys.readouterr()
+    for argv in ([str(out / "*")], sorted(globmod.glob(str(out / "*.json"))), sorted(globmod.glob(str(out / "*")))):
+        assert run_loader_eval.main(["--prediction_file", *argv, "--output_dir", str(tmp_path / "again")]) == 0, argv
+        comp = json.load(open(tmp_path / "again" / "comparison.json"))
+        assert sorted(m["prediction_file"] for m in comp["models"]) == sorted(preds)
+    err = capsys.readouterr().err
+    assert "skipped" in err and "this tool wrote" in err
+    results = globmod.glob(str(out / "*.results.json"))[0]
+    assert run_loader_eval.main(["--prediction_file", results]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file this tool writes" in err[0] and "malformed" not in err[0]
+    obj = tmp_path / "notes.json"
+    obj.write_text(json.dumps({"model": "x", "scores": [1, 2]}, indent=2))
+    assert run_loader_eval.main(["--prediction_file", str(obj)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds one JSON object, not records" in err[0]

@@ -237,13 +237,27 @@ def iter_jsonl(path: str, what: str = "JSONL file", text: Optional[str] = None) 
 def read_records(path: str, what: str = "prediction file") -> List[Any]:
     """A JSON array or JSONL file -> its values, each checked as a record (``check_record``)."""
     text = read_text(path, what)
-    if text.lstrip().startswith("["):
+    stripped = text.lstrip()
+    if stripped.startswith("["):
         data = parse_json(text, path)
         if isinstance(data, list):
             for i, rec in enumerate(data):
                 check_record(rec, path, i)
         return data
+    if stripped.startswith("{") and not _parses(stripped.split("\n", 1)[0]):
+        # one object over several lines: valid JSON, but no records (a results or run file)
+        parse_json(text, path)
+        raise input_error(f"holds one JSON object, not records (a {what} is a JSON array of records or one "
+                          "record per line); is it a results, run or comparison file?", file=path)
     return [v for _, v in iter_jsonl(path, what, text)]
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- CSV

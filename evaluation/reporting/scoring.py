@@ -289,42 +289,65 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
     """Files, directories of prediction files, and globs -> prediction files, in order.
 
     A path that exists is taken as it is, before any glob is tried (``model[v2].json`` is a
-    file name, not a pattern). A glob skips what this tool writes (results, per-sample files,
-    reports, indexes, temporaries). A directory that a benchmark's reader understands (official
-    MME results) stays one entry; otherwise it contributes its ``*.json``/``*.jsonl`` prediction
-    files (results files skipped).
+    file name, not a pattern). What this tool writes (results, per-sample and run files,
+    report folders, indexes, temporaries; ``is_our_output``) is skipped wherever it comes from:
+    a glob, a folder, or names the shell expanded from a glob; a path naming only such files is
+    refused in one line. A directory that a benchmark's reader understands (official MME
+    results) stays one entry; otherwise it contributes its ``*.json``/``*.jsonl`` prediction files.
     """
     out: List[str] = []
+    skipped: List[str] = []
     for p in paths:
         check_name(p, "--prediction_file")
         if os.path.lexists(p):
             matches = [p]
         elif any(ch in p for ch in "*?["):
-            matches = [m for m in sorted(glob.glob(p)) if not is_derived(m)]
+            matches = sorted(glob.glob(p))
         else:
             matches = []
+        ours = [m for m in matches if is_our_output(m)]
+        skipped += ours
+        matches = [m for m in matches if m not in ours]
         if not matches:
-            raise input_error("matches no prediction file", file=p)
+            if ours and len(paths) == 1:
+                raise input_error("is a file this tool writes (results, per-sample, run or report), not "
+                                  "predictions; pass the prediction file or its folder", file=ours[0])
+            if not ours:
+                raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
                 found = [os.path.join(m, n) for n in list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                         if not is_derived(os.path.join(m, n))]
+                         if not is_our_output(os.path.join(m, n))]
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
             else:
                 out.append(m)
+    if not out:
+        raise input_error("are files this tool writes (results, per-sample, run or report), not predictions",
+                          file=", ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
+    if skipped and any(os.path.lexists(p) for p in paths):
+        logger.warning("skipped %d path(s) this tool wrote (results, per-sample, run files, reports): %s%s",
+                       len(skipped), ", ".join(skipped[:3]), " ..." if len(skipped) > 3 else "")
     return out
 
 
 DERIVED_SUFFIXES = (".results.json", ".results.md", ".per_sample.json", ".run.json", ".report", "runs.jsonl",
                     "comparison.json", "comparison.md", "log.txt")
+#: a folder holding one of these is a report this tool wrote (``--output_dir`` of a comparison)
+REPORT_MARKERS = ("comparison.json", "report.html")
 
 
 def is_derived(path: str) -> bool:
     """Files this tool writes beside prediction files (results, reports, indexes, temporaries)."""
     name = os.path.basename(os.path.normpath(path))
     return name.startswith(".") or name.endswith(DERIVED_SUFFIXES) or name in ("plots", "images")
+
+
+def is_our_output(path: str) -> bool:
+    """What this tool writes: a derived file (``is_derived``) or a report folder, whatever its name."""
+    return is_derived(path) or (os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n))
+                                                            for n in REPORT_MARKERS))
 
 
 def _is_results_dir(path: str) -> bool:
