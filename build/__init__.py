@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from torch.utils.data import Dataset
 
 from build.reformulation import Reformulator
-from build.registry import BUILDERS, Builder, get_builder_class, load_config, register_builder, resolve_config
+from build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
+                            register_builder, resolve_config)
 from utils.errors import ReformError, unknown_name
 from utils.images import open_image
 from utils.predictions import image_ids
@@ -166,6 +167,7 @@ def load_reform_dataset(dataset_name: str, formulation: str, dataset_config: Uni
     Same arguments and seed give identical samples on every rank and every run. Use it with
     ``torch.utils.data.DataLoader(ds, collate_fn=list)`` (samples are dicts with PIL images).
     """
+    builder_options = caller_paths_absolute(get_builder_class(dataset_name), builder_options)
     samples, builder = build_dataset(dataset_name, formulation, dataset_config, inference_method,
                                      in_context_sample, random_instruct, data_duplication,
                                      shuffle_options, option_mark, seed, subsample, **builder_options)

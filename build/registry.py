@@ -108,6 +108,20 @@ def is_paths(v: Any) -> bool:
     return is_path(v) or (isinstance(v, list) and bool(v) and all(is_path(x) for x in v))
 
 
+def caller_paths_absolute(cls: Any, options: Dict[str, Any]) -> Dict[str, Any]:
+    """Path options given by the caller (``--dataset_option`` on the command line, keyword
+    arguments of ``load_reform_dataset``) are read from the current directory, as anything
+    typed is; paths inside a dataset config stay relative to the config file."""
+    out = dict(options)
+    for key, value in options.items():
+        predicate = cls.option_specs.get(key, (None, ""))[0]
+        if predicate in (is_path, is_paths) and isinstance(value, str) and value:
+            out[key] = os.path.abspath(os.path.expanduser(value))
+        elif predicate is is_paths and isinstance(value, list):
+            out[key] = [os.path.abspath(os.path.expanduser(v)) if isinstance(v, str) and v else v for v in value]
+    return out
+
+
 def one_of(*values: Any) -> Tuple[Any, str]:
     return (lambda v: v in values), "one of " + ", ".join(map(str, values))
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import build  # noqa: F401  (registers the builders)
 import yaml
 from build import LOAD_DEFAULTS
-from build.registry import BUILDERS, get_builder_class, is_path, is_paths, shipped_configs
+from build.registry import BUILDERS, caller_paths_absolute, get_builder_class, shipped_configs
 from metrics import check_metric_options, metric_for
 from models import available_models, check_model_options, check_run_flags
 from utils.errors import ReformError, unknown_name
@@ -185,7 +185,7 @@ class RunConfig:
         if str(formulation).lower() not in by_lower:
             raise unknown_name("formulation", formulation, FORMULATIONS)
         d = dataclasses.replace(d, name=cls.name, formulation=by_lower[str(formulation).lower()],
-                                options=cli_paths_absolute(cls, d.options), config=d.config)
+                                options=caller_paths_absolute(cls, d.options), config=d.config)
         _choice("--infer_method", g.infer_method, INFER_METHODS)
         _choice("--option_mark", d.option_mark, OPTION_MARKS)
         _choice("--history", d.history, HISTORY_MODES)
@@ -317,19 +317,6 @@ def _hint_text(hint: Any) -> str:
     name = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}.get(
         base, "a mapping" if typing.get_origin(base) is dict else str(base))
     return name + (" or None" if typing.get_origin(hint) is typing.Union else "")
-
-
-def cli_paths_absolute(cls: Any, options: Dict[str, Any]) -> Dict[str, Any]:
-    """``--dataset_option`` paths are read from the current directory, as anything typed on the
-    command line is (paths inside a dataset config stay relative to the config file)."""
-    out = dict(options)
-    for key, value in options.items():
-        predicate = cls.option_specs.get(key, (None, ""))[0]
-        if predicate in (is_path, is_paths) and isinstance(value, str) and value:
-            out[key] = os.path.abspath(os.path.expanduser(value))
-        elif predicate is is_paths and isinstance(value, list):
-            out[key] = [os.path.abspath(os.path.expanduser(v)) if isinstance(v, str) and v else v for v in value]
-    return out
 
 
 def _plain(obj: Any) -> Any:

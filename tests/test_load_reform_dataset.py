@@ -55,3 +55,17 @@ def test_oversized_subsample_says_so(caplog):
     assert len(samples) == 100
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("subsample 1000 is larger than the data (100 to draw from)" in line for line in lines), lines
+
+
+def test_relative_path_keywords_are_read_from_the_current_directory(tmp_path, monkeypatch):
+    """``root="release"`` in Python means ./release, as ``--dataset_option root=release`` does on
+    the command line (not a folder next to the shipped config)."""
+    from build import load_reform_dataset
+    from build.mme import write_placeholder_release
+    from tests.conftest import ROOT
+    write_placeholder_release(os.path.join(ROOT, "configs", "data", "mme_questions"), str(tmp_path / "release"),
+                              subtasks=["existence"])
+    monkeypatch.chdir(tmp_path)
+    ds = load_reform_dataset("MME", "Generation", "mme", root="release", subtasks=["existence"])
+    assert len(ds) == 60
+    assert ds[0]["image_ids"][0].startswith(str(tmp_path / "release"))
