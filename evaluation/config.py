@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import shlex
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -425,7 +427,9 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or action.option_strings == []:
+        # (identity: a default of 0 equals False, and is shown)
+        if ("default" in text or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or action.option_strings == []):
             return text
         if isinstance(action.default, list) and not action.default:
             return text
@@ -433,9 +437,25 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """A usage error is one line (and exit 2), like every other input error; --help has the rest."""
+    """A usage error is one line (and exit 2), like every other input error; --help has the rest.
+
+    A misspelled flag is named first, with the flag it resembles: argparse would otherwise
+    report the required flag it hides (``--modle llava``: "--model is required")."""
+
+    _argv: List[str] = []
+
+    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> "typing.NoReturn":
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        unknown = [a.split("=", 1)[0] for a in self._argv  # (a prefix of a flag is argparse's abbreviation)
+                   if a.startswith("--") and not any(o.startswith(a.split("=", 1)[0]) for o in known)]
+        if unknown:
+            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, n=1)) else u
+                     for u in unknown]
+            message = f"unrecognized arguments: {' '.join(hints)}"
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 

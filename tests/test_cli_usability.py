@@ -66,6 +66,9 @@ def test_every_flag_has_help_and_each_default_shows_once():
     for family in available_models():
         assert family in flat, family
     assert "from the current directory" in flat  # where --dataset_option paths are resolved
+    for default in ("DataLoader workers that decode images (default: 0)", "the one seed for everything (default: 0)",
+                    "samples with per-sample seeds (default: 0.0)"):
+        assert default in flat, default  # a default of 0 is shown (0 == False must not hide it)
 
 
 def test_logged_command_is_rebuilt_from_the_config_without_the_key(tmp_path):
@@ -251,3 +254,15 @@ def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsy
     assert run_loader_eval.main(["--prediction_file", str(obj)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds one JSON object, not records" in err[0]
+
+
+def test_a_misspelled_flag_is_named_before_the_required_one_it_hides(capsys):
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        run_eval.main(["--modle", "llava", "--dataset_name", "iWISDM"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unrecognized arguments: --modle (did you mean --model?) (see run_eval.py --help)"
+    with pytest.raises(SystemExit):
+        run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_sub", "x"])
+    assert "argument --dataset_subsample: invalid int value: 'x'" in capsys.readouterr().err  # an abbreviation
