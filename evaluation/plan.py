@@ -76,7 +76,8 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
     """(hash, identity dict) of everything that changes the predictions: model, checkpoint,
     reformulation and generation settings, the dataset config's content and a fingerprint of the
     built samples and their images. Credentials and placement options are left out (a new API
-    key, or more GPUs, must not start a new run)."""
+    key, or more GPUs, must not start a new run), and so is ``--dataset_subsample``: the samples
+    it drew are in the fingerprint, so 100 and 1000 of a 100-trial set are one run."""
     m, d, g = cfg.model, cfg.dataset, cfg.generation
     ident = {
         "model": m.family, "model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
@@ -85,7 +86,7 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
         "dataset_name": d.name, "formulation": d.formulation, "dataset_option": d.options,
         "dataset_duplication": d.duplication, "in_context_sample": d.in_context_sample,
         "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
-        "dataset_subsample": d.subsample, "history": d.history, "save_images": d.save_images,
+        "history": d.history, "save_images": d.save_images,  # (--dataset_subsample: data_fingerprint)
         "context_policy": d.context_policy,
         "infer_method": g.infer_method, "temperature": g.temperature, "max_new_tokens": g.max_new_tokens,
         "num_samples": g.num_samples, "seed": g.seed,

@@ -266,3 +266,16 @@ def test_a_misspelled_flag_is_named_before_the_required_one_it_hides(capsys):
     with pytest.raises(SystemExit):
         run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_sub", "x"])
     assert "argument --dataset_subsample: invalid int value: 'x'" in capsys.readouterr().err  # an abbreviation
+
+
+def test_a_subsample_as_large_as_the_data_is_the_same_run(tmp_path, capsys):
+    """The identity covers the samples drawn, not the flag's number: --dataset_subsample 1000 of
+    a 100-trial set draws all 100, the run of --dataset_subsample 100, and reuses its predictions."""
+    common = ["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
+              "--output_dir", str(tmp_path / "out")]
+    assert run_eval.main([*common, "--dataset_subsample", "100"]) == 0
+    first = prediction_files(tmp_path / "out")
+    assert run_eval.main([*common, "--dataset_subsample", "1000"]) == 0
+    assert prediction_files(tmp_path / "out") == first
+    assert run_eval.main([*common, "--dataset_subsample", "10"]) == 0
+    assert len(prediction_files(tmp_path / "out")) == 2
