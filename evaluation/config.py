@@ -452,9 +452,9 @@ class OneLineParser(argparse.ArgumentParser):
         known = [o for o in self._option_string_actions if o.startswith("--")]
         unknown = [a.split("=", 1)[0] for a in self._argv  # (a prefix of a flag is argparse's abbreviation)
                    if a.startswith("--") and not any(o.startswith(a.split("=", 1)[0]) for o in known)]
-        if unknown:
-            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, n=1)) else u
-                     for u in unknown]
+        if unknown and ("required" in message or "unrecognized" in message):
+            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, n=1, cutoff=0.75))
+                     else u for u in unknown]
             message = f"unrecognized arguments: {' '.join(hints)}"
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from evaluation.config import RunConfig, check_writable_dir
 from evaluation.execute import run_rank
 from evaluation.merge import SHARD_FIX, check_existing, merge_shards, record_checker, remove_prediction_and_results
-from evaluation.plan import RunPlan, make_plan, read_dataset_config
+from evaluation.plan import Key, RunPlan, make_plan, read_dataset_config
 from evaluation.reporting.report import write_run_report
 from evaluation.reporting.scoring import (append_run_index, check_export, evaluate_files, export_results,
                                           results_paths, run_eval_tag, run_name, score_records)
@@ -151,6 +151,7 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
     if os.path.exists(pred_file):
         with stage(f"checking the existing {pred_file}"):
             prior, complete = check_existing(plan)
+        add_item_sha(plan, prior)
     if complete:
         records = [prior[plan.key(s)] for s in plan.samples]
         if dinfo.is_main:
@@ -185,6 +186,15 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
         with stage("scoring and writing the report"):
             _finish(plan, records, complete, dinfo, result)
     return result
+
+
+def add_item_sha(plan: RunPlan, records: Dict[Key, Dict[str, Any]]) -> None:
+    """Records written before ``item_sha`` existed get it where their ``sample_sha`` proves them
+    the current sample, so a reused or completed old file pairs with new runs by item."""
+    items, samples = plan.item_sha, plan.sample_sha
+    for key, rec in records.items():
+        if "item_sha" not in rec and key in items and rec.get("sample_sha") == samples.get(key):
+            rec["item_sha"] = items[key]
 
 
 def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:

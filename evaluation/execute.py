@@ -290,6 +290,7 @@ class _BatchLoop:
         found = [self.cache.get(k) for k in keys]
         found = [v if _cached_ok(method, v, s) else None for v, s in zip(found, batch)]
         todo = [i for i, v in enumerate(found) if v is None]
+        hits = set(range(len(batch))) - set(todo)
         if todo:
             outs = self._forward(method, [batch[i] for i in todo], [prompts[i] for i in todo],
                                  [seeds[i] for i in todo] if seeds is not None else None)
@@ -298,7 +299,7 @@ class _BatchLoop:
             self.cache.put_many(new)
             for (_, v), i in zip(new, todo):
                 found[i] = v
-        return [_from_cache(method, v) for v in found]
+        return [_from_cache(method, v, i in hits) for i, v in enumerate(found)]
 
     def _count(self, method: str, outs: List[Any]) -> None:
         """Tokens the model generated in this run (cache hits excluded), for tokens/s."""
@@ -334,10 +335,14 @@ def _cached_ok(method: str, value: Any, sample: Dict[str, Any]) -> bool:
         and isinstance(x[1], int) and not isinstance(x[1], bool) for x in value)
 
 
-def _from_cache(method: str, value: Any) -> Any:
+def _from_cache(method: str, value: Any, hit: bool = False) -> Any:
     if method == "generation":
         usage = value.get("usage")
-        return GenText(value["text"], tokens=value.get("generated_tokens"), usage=usage)
+        if not hit:
+            return GenText(value["text"], tokens=value.get("generated_tokens"), usage=usage)
+        text = GenText(value["text"], tokens=value.get("generated_tokens"))
+        text.cached, text.cached_usage = True, usage  # the call was not made: its tokens not spent now
+        return text
     return [CandidateScore(float(lp), int(n)) for lp, n in value]
 
 
@@ -346,12 +351,16 @@ def _sum_stats(stats: List[Dict[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     if stats and all("generated_tokens" in s for s in stats):
         out["generated_tokens"] = sum(s["generated_tokens"] for s in stats)
-    usages = [s["usage"] for s in stats if "usage" in s]
-    if usages:
-        total: Dict[str, Any] = {}
-        for u in usages:
-            for k, v in u.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    total[k] = total.get(k, 0) + v
-        out["usage"] = total
+    for field in ("usage", "cached_usage"):
+        usages = [s[field] for s in stats if field in s]
+        if usages:
+            total: Dict[str, Any] = {}
+            for u in usages:
+                for k, v in u.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        total[k] = total.get(k, 0) + v
+            out[field] = total
+    cached = sum(s.get("cached_responses", 0) for s in stats)
+    if cached:
+        out["cached_responses"] = cached
     return out

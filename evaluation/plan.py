@@ -38,7 +38,7 @@ class RunPlan:
     shard_dir: str
     timing: Dict[str, float] = field(default_factory=lambda: {"forward_s": 0.0})
     cache_stats: Dict[str, int] = field(default_factory=dict)
-    #: per-sample digests of the item without how it is asked (``utils.fingerprint.METHOD_FIELDS``)
+    #: per-sample digests of the item without how it is asked (``utils.fingerprint.item_fields``)
     item_digests: List[str] = field(default_factory=list)
 
     def key(self, sample: Dict[str, Any]) -> Key:

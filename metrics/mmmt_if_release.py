@@ -49,6 +49,14 @@ def read_release_records(path: str) -> List[Dict[str, Any]]:
     return records
 
 
+def in_release_setting(record: Dict[str, Any]) -> bool:
+    """Whether a record's turn was asked as the released models were asked it (instructions
+    where they were given, images with the first question): only then is the released PIF a
+    measurement of the same item, to pair with in a comparison."""
+    meta = record.get("meta") or {}
+    return not meta.get("instructions_at_end") and meta.get("images_at", "start") == "start"
+
+
 def reference_records_from(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The released models' rows for the turns of a run built from the release.
 
@@ -67,8 +75,9 @@ def reference_records_from(records: Sequence[Dict[str, Any]]) -> List[Dict[str, 
                         "formulation": "Generation", "inference_method": "generation", "model": model,
                         "release_reference": True, "question": r.get("question"), "prediction": None,
                         "reported_pif": float(value),
-                        # the same turn as the user's record: it pairs with it in a comparison
-                        **{k: r[k] for k in ("item_sha", "sample_sha") if r.get(k) is not None},
+                        # the same turn, asked as the release asked it: pairs with the user's record
+                        **({k: r[k] for k in ("item_sha", "sample_sha") if r.get(k) is not None}
+                           if in_release_setting(r) else {}),
                         "meta": {k: meta.get(k) for k in ("chat_id", "turn", "instructions", "new_instruction",
                                                           "topic", "capability", "source")}})
     return out

@@ -265,8 +265,8 @@ def first_alnum(sentence: str) -> str:
 
 
 def last_mark(sentence: str) -> str:
-    """The sentence's end mark: its last character before closing quotes, brackets, markup
-    and footnote markers ("1937.[1]" and "1937.¹" end with '.')."""
+    """The sentence's end mark: its last character before closing quotes, brackets, markup,
+    emoji and footnote markers ("1937.[1]", "1937.¹" and "Done.\U0001F600" end with '.')."""
     s = sentence
     i = len(s)
     while i:
@@ -276,8 +276,12 @@ def last_mark(sentence: str) -> str:
             if j >= 0 and s[j + 1:i - 1].isdigit():
                 i = j
                 continue
-        if c in CLOSERS or c in _SUPERSCRIPTS or c.isspace():
+        if c in CLOSERS or c in _SUPERSCRIPTS or c.isspace() or _IS_EMOJI(c):
             i -= 1
             continue
         return c
     return ""
+
+
+#: an emoji closes a sentence as a quote does ("Is it done?\U0001F600" ends with '?')
+_IS_EMOJI = re.compile("[" + EMOJI + "]").match

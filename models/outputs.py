@@ -27,12 +27,18 @@ class GenText(str):
 
 
 def generation_stats(text: Any) -> Dict[str, Any]:
-    """The record fields of one generated text: ``generated_tokens`` and ``usage`` where known."""
+    """The record fields of one generated text: ``generated_tokens`` and ``usage`` where known;
+    an answer served from the response cache has no ``usage`` (this run spent nothing on it) but
+    ``cached_responses`` and the original call's ``cached_usage``."""
     out: Dict[str, Any] = {}
     if getattr(text, "tokens", None) is not None:
         out["generated_tokens"] = int(text.tokens)
     if getattr(text, "usage", None):
         out["usage"] = dict(text.usage)
+    if getattr(text, "cached", False):  # served from the response cache: no tokens spent now
+        out["cached_responses"] = 1
+        if getattr(text, "cached_usage", None):
+            out["cached_usage"] = dict(text.cached_usage)
     return out
 
 

@@ -221,7 +221,7 @@ def test_mme_placeholder_command_is_quiet_and_the_old_spelling_says_where_it_wen
     assert old.returncode == 1 and "use: python -m build.mme_placeholder" in old.stderr
 
 
-def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsys):
+def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsys, caplog):
     """After a comparison written into a folder beside the predictions, a quoted glob, the
     names a shell expands from ``*.json``, and the folder itself all score only predictions; a
     results file named alone, or a JSON object that holds no records, is refused in one line."""
@@ -243,7 +243,7 @@ def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsy
         assert run_loader_eval.main(["--prediction_file", *argv, "--output_dir", str(tmp_path / "again")]) == 0, argv
         comp = json.load(open(tmp_path / "again" / "comparison.json"))
         assert sorted(m["prediction_file"] for m in comp["models"]) == sorted(preds)
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err + caplog.text  # (the log line goes where logging was set up)
     assert "skipped" in err and "this tool wrote" in err
     results = globmod.glob(str(out / "*.results.json"))[0]
     assert run_loader_eval.main(["--prediction_file", results]) == 2
@@ -266,6 +266,9 @@ def test_a_misspelled_flag_is_named_before_the_required_one_it_hides(capsys):
     with pytest.raises(SystemExit):
         run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_sub", "x"])
     assert "argument --dataset_subsample: invalid int value: 'x'" in capsys.readouterr().err  # an abbreviation
+    with pytest.raises(SystemExit):  # a value that looks like a flag: argparse's own message stands
+        run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--model_name", "--odd"])
+    assert "argument --model_name: expected one argument" in capsys.readouterr().err
 
 
 def test_a_subsample_as_large_as_the_data_is_the_same_run(tmp_path, capsys):
@@ -279,3 +282,30 @@ def test_a_subsample_as_large_as_the_data_is_the_same_run(tmp_path, capsys):
     assert prediction_files(tmp_path / "out") == first
     assert run_eval.main([*common, "--dataset_subsample", "10"]) == 0
     assert len(prediction_files(tmp_path / "out")) == 2
+
+
+def test_a_prediction_folder_stays_one_after_a_comparison_is_written_into_it(tmp_path, capsys):
+    """The comparison of a folder's files lands in that folder by default; scoring the folder
+    again must find the same predictions, and a user's file named ``*runs.jsonl`` is a prediction file."""
+    import json
+    import shutil
+
+    import run_loader_eval
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=6, formulation="Generation")
+    out = tmp_path / "out"
+    for model in ("random", "constant"):
+        assert run_eval.main(["--model", model, "--dataset_name", "custom", "--dataset_config", cfg,
+                              "--formulation", "Generation", "--output_dir", str(out)]) == 0
+    folder = tmp_path / "preds"
+    folder.mkdir()
+    a, b = prediction_files(out)
+    shutil.copy(a, folder / "random_runs.jsonl")
+    with open(folder / "random_runs.jsonl", "w") as f:  # JSONL, named like our runs.jsonl index
+        f.write("".join(json.dumps(r) + "\n" for r in json.load(open(a))))
+    shutil.copy(b, folder / "constant.json")
+    for _ in range(2):
+        assert run_loader_eval.main(["--prediction_file", f"{folder}/"]) == 0
+        comp = json.load(open(folder / "comparison.json"))
+        assert len(comp["models"]) == 2
+    assert os.path.isfile(folder / "report.html")

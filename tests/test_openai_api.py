@@ -764,3 +764,16 @@ def test_the_budget_is_the_runs_saved_answers_count_and_ranks_share_the_rest():
     alone = TokenBudget(100)
     alone.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}])
     assert (alone.used, alone.limit) == (20, 100)
+
+
+def test_saved_answers_cost_what_was_spent_on_them():
+    """A resumed run counts a saved answer's ``usage``; nothing for one served from the response
+    cache; a text-length estimate for one from a server that reports no usage."""
+    from models.interfaces.openai_api_interface import spent_usage
+    assert spent_usage({"prediction": "x", "usage": {"prompt_tokens": 7, "completion_tokens": 2}}) == \
+        {"prompt_tokens": 7, "completion_tokens": 2}
+    assert spent_usage({"prediction": "x", "cached_responses": 1, "cached_usage": {"prompt_tokens": 7}}) is None
+    assert spent_usage({"prediction": "a" * 40, "prompt": "p" * 100}) == {"prompt_tokens": 25, "completion_tokens": 10}
+    assert spent_usage({"prediction": "a" * 8, "predictions": ["a" * 8, "b" * 12], "prompt": "p" * 100}) == \
+        {"prompt_tokens": 50, "completion_tokens": 5}
+    assert spent_usage({"skipped": True}) is None

@@ -233,3 +233,10 @@ def test_golden_rules_outside_check() -> None:
 ])
 def test_emoji_after_an_end_mark_and_units_after_numbers(text, expected):
     assert split_sentences(text) == expected
+
+
+def test_an_emoji_after_the_end_mark_does_not_hide_it_from_the_end_checks():
+    assert check_instructions("Is it done?\U0001F600 Are you sure?", ["end_char_question"]) == [True]
+    assert check_instructions("Great!\U0001F389 Thanks!", ["end_char_exclamation"]) == [True]
+    assert check_instructions("Done?\u2764\ufe0f", ["end_char_question"]) == [True]
+    assert check_instructions("Great \U0001F389", ["end_char_exclamation"]) == [False]  # no mark at all

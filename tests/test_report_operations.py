@@ -55,8 +55,16 @@ def test_report_shows_cache_hits_tokens_and_cost(tmp_path, server, monkeypatch):
     assert "<td>0</td><td>4</td><td>40</td><td>12</td>" in page
     warm, page = _report_of(prediction_files(tmp_path / "warm")[0])
     ops = warm["models"][0]["operations"]
-    assert (ops["cache_hits"], ops["cache_misses"]) == (4, 0)
+    # every answer came from the cache: this run spent no tokens and no money
+    assert ops == {"cache_hits": 4, "cache_misses": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0}
     assert "<td>4</td><td>0</td>" in page
+    warm_recs = json.load(open(prediction_files(tmp_path / "warm")[0]))
+    assert all("usage" not in r and r["cached_responses"] == 1 and r["cached_usage"]["prompt_tokens"] == 10
+               for r in warm_recs)
+    # the same command again reuses the file: its results keep the run's cache hits
+    assert run_eval.main([*base, "--output_dir", str(tmp_path / "warm")]) == 0
+    again, _ = _report_of(prediction_files(tmp_path / "warm")[0])
+    assert again["models"][0]["operations"] == ops
     report_dir = os.path.dirname(results_of(prediction_files(tmp_path / "warm")[0])["results_files"]["json"])
     md = [open(os.path.join(root, "comparison.md")).read() for root, _, files in os.walk(report_dir)
           if "comparison.md" in files]

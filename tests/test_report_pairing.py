@@ -15,8 +15,8 @@ from evaluation.reporting.compare import build_comparison
 
 def test_pair_keys_rule():
     keys = [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 0)]
-    sha_a = {("a", 0): "1", ("b", 0): "2", ("c", 0): "3"}
-    sha_b = {("a", 0): "1", ("b", 0): "X", ("d", 0): "4"}
+    sha_a = {("a", 0): (None, "1"), ("b", 0): (None, "2"), ("c", 0): (None, "3")}
+    sha_b = {("a", 0): (None, "1"), ("b", 0): (None, "X"), ("d", 0): (None, "4")}
     # a: equal content; b: other content; c, d: known for one run only; e: known for neither
     assert pair_keys(keys, keys[:4] + [("e", 0)], sha_a, sha_b) == ([("a", 0), ("e", 0)], 3)
     assert pair_keys(keys, [("z", 0)], sha_a, sha_b) == ([], 0)
@@ -92,3 +92,30 @@ def test_generation_and_likelihood_runs_of_one_build_pair(tmp_path):
     assert tests == {frozenset(("random", "llava:tiny")): (10, 0, "exact McNemar"),
                      frozenset(("random", "constant")): (0, 10, None),
                      frozenset(("llava:tiny", "constant")): (0, 10, None)}
+
+
+def test_pairing_rule_across_old_and_new_files_and_methods():
+    from evaluation.reporting.compare import same_content
+    from utils.fingerprint import item_fields
+    assert same_content(("i1", "s1"), ("i1", "s2"))            # one item asked two ways
+    assert not same_content(("i1", "s1"), ("i2", "s1"))
+    assert same_content(("i1", "s1"), (None, "s1"))            # a file from before item_sha
+    assert not same_content(("i1", "s1"), (None, "s2"))
+    assert not same_content(("i1", "s1"), None) and same_content(None, None)
+    single = {"formulation": "SingleChoice", "inference_method": "likelihood", "candidates": ["a", "b"], "q": 1}
+    assert item_fields(single) == {"formulation": "SingleChoice", "q": 1}
+    gen = {"formulation": "Generation", "inference_method": "likelihood", "candidates": ["a", "b"], "q": 1}
+    assert item_fields(gen) == {"formulation": "Generation", "candidates": ["a", "b"], "q": 1}
+
+
+def test_release_rows_pair_only_with_turns_asked_as_the_release_asked_them():
+    from metrics.mmmt_if_release import in_release_setting, reference_records_from
+    base = {"sample_id": "c/1", "dup_index": 0, "item_sha": "i", "sample_sha": "s",
+            "meta": {"chat_id": "c", "turn": 1, "release_pif": {"Gemini": 1.0}, "images_at": "start"}}
+    at_end = dict(base, meta=dict(base["meta"], instructions_at_end=True))
+    assert in_release_setting(base) and not in_release_setting(at_end)
+    assert not in_release_setting(dict(base, meta=dict(base["meta"], images_at="turn")))
+    (ref,) = reference_records_from([base])
+    assert (ref["item_sha"], ref["sample_sha"]) == ("i", "s")
+    (ref,) = reference_records_from([at_end])
+    assert "item_sha" not in ref and "sample_sha" not in ref

@@ -35,9 +35,13 @@ def image_token(image: Any, cache: Dict[int, str]) -> str:
     return cache[key]
 
 
-#: fields that say how a model is asked, not what it is asked: one item asked by generation and
-#: by likelihood is one item in a comparison (``item_digest``)
-METHOD_FIELDS = frozenset({"inference_method", "candidates"})
+def item_fields(body: Dict[str, Any]) -> Dict[str, Any]:
+    """The sample without how the model is asked: its ``inference_method`` always, and for a
+    SingleChoice sample its ``candidates`` (the options, written as that method scores them; the
+    options themselves stay). So one item asked by generation and by likelihood is one item in a
+    comparison, while Generation samples with other candidate lists are other items."""
+    drop = {"inference_method"} | ({"candidates"} if body.get("formulation") == "SingleChoice" else set())
+    return {k: v for k, v in body.items() if k not in drop}
 
 
 def _digest(body: Dict[str, Any], images: List[str]) -> str:
@@ -47,11 +51,11 @@ def _digest(body: Dict[str, Any], images: List[str]) -> str:
 
 def sample_digests(sample: Dict[str, Any], cache: Dict[int, str]) -> Tuple[str, str]:
     """(hash of the whole sample: every JSON field plus its images' tokens; hash of the item:
-    the same without METHOD_FIELDS). The first guards reuse of predictions; the second pairs
-    runs that asked the same item another way."""
+    the same without how it is asked, ``item_fields``). The first guards reuse of predictions;
+    the second pairs runs that asked the same item another way."""
     body = {k: v for k, v in sample.items() if k != "images"}
     images = [image_token(im, cache) for im in sample.get("images", [])]
-    return _digest(body, images), _digest({k: v for k, v in body.items() if k not in METHOD_FIELDS}, images)
+    return _digest(body, images), _digest(item_fields(body), images)
 
 
 def sample_digest(sample: Dict[str, Any], cache: Dict[int, str]) -> str:

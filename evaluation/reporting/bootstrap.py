@@ -198,16 +198,18 @@ def strata_of(metric: Optional[str], ps: List[Dict[str, Any]]) -> Optional[List[
 
 #: the range of each statistic that is a mean of per-cluster values (its zero-width interval at
 #: a bound becomes a Clopper-Pearson one, ``utils.bootstrap.interval``); totals are absent
+#: (left out: acc+, over the images with both answers, and loose PIF, over the scored entries:
+#: their cluster count is not the group's)
 STAT_BOUNDS: Dict[str, Tuple[float, float]] = {
-    "accuracy": (0.0, 1.0), "format_hit_rate": (0.0, 1.0), "acc": (0.0, 1.0), "acc_plus": (0.0, 1.0),
-    "score": (0.0, 200.0), "pif": (0.0, 1.0), "pif_loose": (0.0, 1.0), "followed": (0.0, 1.0)}
+    "accuracy": (0.0, 1.0), "format_hit_rate": (0.0, 1.0), "acc": (0.0, 1.0),
+    "score": (0.0, 200.0), "pif": (0.0, 1.0), "followed": (0.0, 1.0)}
 
 
 def stat_bounds(name: str) -> Optional[Tuple[float, float]]:
     """The range of statistic ``name`` (PIF-N-K are proportions too), or None."""
     if name in STAT_BOUNDS:
         return STAT_BOUNDS[name]
-    if name.startswith("pif_") and not name.startswith("pif_iqr"):
+    if name.startswith("pif_") and name.split("_")[-1].isdigit() and not name.startswith("pif_iqr"):  # PIF-N-K
         return (0.0, 1.0)
     return None
 

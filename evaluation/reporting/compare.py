@@ -66,34 +66,53 @@ def _paired_values(ps: List[Dict[str, Any]], field: str) -> Dict[Key, float]:
     return {(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)): float(p[field]) for p in ps}
 
 
-def sample_shas(run: Dict[str, Any]) -> Dict[Key, str]:
-    """(sample_id, dup_index) -> what the model was asked, from the per_sample entries or the
-    run's records (entries without one are absent): ``item_sha`` (the item, whichever way it
-    was asked) where the record has it, prefixed ``item:``; else ``sample_sha``."""
-    out: Dict[Key, str] = {}
+#: what identifies an entry's content: (item_sha, sample_sha), either None when the record lacks it
+Content = Tuple[Optional[str], Optional[str]]
+
+
+def sample_shas(run: Dict[str, Any]) -> Dict[Key, Content]:
+    """(sample_id, dup_index) -> (``item_sha``, ``sample_sha``) of what the model was asked, from
+    the run's records and per_sample entries (entries without either are absent)."""
+    out: Dict[Key, Content] = {}
     for src in (run.get("records") or [], run["result"].get("per_sample") or []):
         for r in src:
+            item, sample = r.get("item_sha"), r.get("sample_sha")
+            if item is None and sample is None:
+                continue
             key = (str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))
-            if r.get("item_sha") is not None:
-                out[key] = "item:" + str(r["item_sha"])
-            elif r.get("sample_sha") is not None and not out.get(key, "").startswith("item:"):
-                out[key] = str(r["sample_sha"])
+            old = out.get(key, (None, None))
+            out[key] = (str(item) if item is not None else old[0], str(sample) if sample is not None else old[1])
     return out
 
 
-def pair_keys(keys_a: Sequence[Key], keys_b: Sequence[Key], sha_a: Dict[Key, str], sha_b: Dict[Key, str]
+def card_key(content: Optional[Content]) -> str:
+    """One report card per item: its item hash, else its sample hash, else ''."""
+    return (content[0] or content[1] or "") if content else ""
+
+
+def same_content(a: Optional[Content], b: Optional[Content]) -> bool:
+    """The pairing rule for one shared key: equal ``item_sha`` where both records have one;
+    else equal ``sample_sha`` where both have one (a file from before item_sha pairs with a new
+    one of the same sample); when neither has any hash (older files), by key alone; else not."""
+    a, b = a or (None, None), b or (None, None)
+    if a[0] is not None and b[0] is not None:
+        return a[0] == b[0]
+    if a[1] is not None and b[1] is not None:
+        return a[1] == b[1]
+    return a == (None, None) and b == (None, None)
+
+
+def pair_keys(keys_a: Sequence[Key], keys_b: Sequence[Key], sha_a: Dict[Key, Content], sha_b: Dict[Key, Content]
               ) -> Tuple[List[Key], int]:
     """(the keys paired, the number refused) among the keys both runs scored.
 
-    The pairing rule: two entries are one pair only when they were made from the same item.
+    Two entries are one pair only when they were made from the same item (``same_content``).
     Sharing (sample_id, dup_index) is not enough (two iWISDM builds with other trial seeds reuse
-    ids for different trials): both need a content hash and the two must be equal. The hash is
-    the ``item_sha`` (question, options, answer, images, history: the item without the method,
-    so a generation run and a likelihood run of one build pair), or for files older than that
-    field the ``sample_sha``. Only when *neither* entry has one are they paired by key alone;
-    one with and one without is refused, since nothing shows they match."""
+    ids for different trials). The ``item_sha`` is the sample without how it was asked
+    (``utils.fingerprint.item_fields``), so a generation run and a likelihood run of one build
+    pair; one entry with a hash and one without is refused, since nothing shows they match."""
     shared = sorted(set(keys_a) & set(keys_b))
-    paired = [k for k in shared if sha_a.get(k) == sha_b.get(k)]
+    paired = [k for k in shared if same_content(sha_a.get(k), sha_b.get(k))]
     return paired, len(shared) - len(paired)
 
 
@@ -207,18 +226,17 @@ def operations(run: Dict[str, Any]) -> Dict[str, Any]:
     if "hits" in cache:
         out["cache_hits"], out["cache_misses"] = int(cache.get("hits", 0)), int(cache.get("misses", 0))
     usage = res.get("usage") or {}
-    if usage.get("records_with_usage"):  # a server's usage (API models): partial sums are flagged
+    answered = int(usage.get("records_with_usage") or 0) + int(usage.get("records_from_cache") or 0)
+    if answered:  # a server's usage (API models): what this run spent; partial sums are flagged
         for k in ("prompt_tokens", "completion_tokens", "cost"):
             if usage.get(k) is not None:
                 out[k] = usage[k]
-        if usage["records_with_usage"] != usage.get("records"):
-            out["records_without_usage"] = int(usage.get("records", 0)) - int(usage["records_with_usage"])
-    if usage.get("generated_tokens") is not None:
-        out["generated_tokens"] = usage["generated_tokens"]
-    thr = res.get("throughput") or {}
+        if answered != usage.get("records"):
+            out["records_without_usage"] = int(usage.get("records", 0)) - answered
+    thr = res.get("throughput") or {}  # what this run generated (cache hits excluded)
     for k in ("generated_tokens", "generation_s", "tokens_per_s"):
         if thr.get(k) is not None:
-            out.setdefault(k, thr[k])
+            out[k] = thr[k]
     raw = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r.get("prediction")
            for r in run.get("records") or []}
     stripped = sum(1 for p in res.get("per_sample") or []

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from evaluation.reporting.compare import pairing_notes, sample_shas, tables
+from evaluation.reporting.compare import card_key, pairing_notes, sample_shas, tables
 from utils.errors import ReformError
 from utils.images import thumbnail_jpeg
 from utils.predictions import write_text_atomic
@@ -141,7 +141,7 @@ def sample_data(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]],
         for p in res["per_sample"]:
             rkey = (str(p["sample_id"]), int(p.get("dup_index", 0) or 0))
             rec = by_key.get(rkey, {})
-            key = (*rkey, shas.get(rkey, ""))
+            key = (*rkey, card_key(shas.get(rkey)))
             if key not in sample_index:
                 groups = []
                 for f in fields:

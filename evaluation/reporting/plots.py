@@ -270,8 +270,9 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
     for name, ks, m in series:
         xs = [int(k.split("_")[-1]) for k in ks]
         vals = [m["headline"][k]["value"] for k in ks]
-        lo = [max(v - (m["headline"][k]["low"] if m["headline"][k]["low"] is not None else v), 0) for k, v in zip(ks, vals)]
-        hi = [max((m["headline"][k]["high"] if m["headline"][k]["high"] is not None else v) - v, 0) for k, v in zip(ks, vals)]
+        nan = float("nan")  # no interval: no error bar
+        lo = [nan if m["headline"][k]["low"] is None else max(v - m["headline"][k]["low"], 0) for k, v in zip(ks, vals)]
+        hi = [nan if m["headline"][k]["high"] is None else max(m["headline"][k]["high"] - v, 0) for k, v in zip(ks, vals)]
         ax.errorbar(xs, vals, yerr=[lo, hi], marker="o", ms=4, capsize=3, label=legend_label(name))
         ax.set_xticks(xs)
     n = ks[-1].split("_")[1]

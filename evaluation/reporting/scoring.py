@@ -28,7 +28,7 @@ from build.registry import get_builder_class
 from evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from evaluation.reporting.report import compare_runs
 from metrics import evaluate
-from metrics.mmmt_if_release import print_release_report, reference_records_from
+from metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
 from metrics.single_choice import check_stability
 from utils.commit import Commit, clean_stale_temps
 from utils.errors import ReformError, input_error
@@ -289,35 +289,39 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
     """Files, directories of prediction files, and globs -> prediction files, in order.
 
     A path that exists is taken as it is, before any glob is tried (``model[v2].json`` is a
-    file name, not a pattern). What this tool writes (results, per-sample and run files,
-    report folders, indexes, temporaries; ``is_our_output``) is skipped wherever it comes from:
-    a glob, a folder, or names the shell expanded from a glob; a path naming only such files is
-    refused in one line. A directory that a benchmark's reader understands (official MME
-    results) stays one entry; otherwise it contributes its ``*.json``/``*.jsonl`` prediction files.
+    file name, not a pattern). What this tool writes (``is_our_output``: results, per-sample and
+    run files, indexes, report folders, exports, temporaries) is skipped where the names come
+    from a glob, a folder or a list (names a shell expanded from a glob), with one line saying
+    what was skipped; one path named alone is taken as meant (an MME export folder is scored),
+    except a file that holds no predictions, which is refused in one line. A directory that a
+    benchmark's reader understands (official MME results) stays one entry; otherwise it
+    contributes its ``*.json``/``*.jsonl`` prediction files.
     """
     out: List[str] = []
     skipped: List[str] = []
+    alone = len(paths) == 1
     for p in paths:
         check_name(p, "--prediction_file")
-        if os.path.lexists(p):
+        named = os.path.lexists(p)
+        if named:
             matches = [p]
         elif any(ch in p for ch in "*?["):
             matches = sorted(glob.glob(p))
         else:
             matches = []
-        ours = [m for m in matches if is_our_output(m)]
-        skipped += ours
-        matches = [m for m in matches if m not in ours]
-        if not matches:
-            if ours and len(paths) == 1:
+        if alone and named:
+            if is_derived(p) or _is_report_dir(p):
                 raise input_error("is a file this tool writes (results, per-sample, run or report), not "
-                                  "predictions; pass the prediction file or its folder", file=ours[0])
-            if not ours:
-                raise input_error("matches no prediction file", file=p)
+                                  "predictions; pass the prediction file or its folder", file=p)
+        else:
+            skipped += [m for m in matches if is_our_output(m)]
+            matches = [m for m in matches if not is_our_output(m)]
+        if not matches and not (skipped and named):
+            raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
-                found = [os.path.join(m, n) for n in list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                         if not is_our_output(os.path.join(m, n))]
+                names = list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
+                found = [os.path.join(m, n) for n in names if not is_derived(os.path.join(m, n))]
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
@@ -326,28 +330,39 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
     if not out:
         raise input_error("are files this tool writes (results, per-sample, run or report), not predictions",
                           file=", ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
-    if skipped and any(os.path.lexists(p) for p in paths):
-        logger.warning("skipped %d path(s) this tool wrote (results, per-sample, run files, reports): %s%s",
+    if skipped:
+        logger.warning("skipped %d path(s) this tool wrote (results, per-sample, run files, reports, exports): %s%s",
                        len(skipped), ", ".join(skipped[:3]), " ..." if len(skipped) > 3 else "")
     return out
 
 
-DERIVED_SUFFIXES = (".results.json", ".results.md", ".per_sample.json", ".run.json", ".report", "runs.jsonl",
-                    "comparison.json", "comparison.md", "log.txt")
-#: a folder holding one of these is a report this tool wrote (``--output_dir`` of a comparison)
+#: endings of the files this tool writes beside a prediction file (``<stem>.results.json``, ...)
+DERIVED_SUFFIXES = (".results.json", ".results.md", ".per_sample.json", ".run.json", ".report")
+#: whole names of the files and folders it writes into an output or report folder
+DERIVED_NAMES = ("runs.jsonl", "comparison.json", "comparison.md", "report.html", "log.txt", "plots", "images")
+#: a folder holding one of these (and no predictions) is a report this tool wrote
 REPORT_MARKERS = ("comparison.json", "report.html")
 
 
 def is_derived(path: str) -> bool:
-    """Files this tool writes beside prediction files (results, reports, indexes, temporaries)."""
+    """Files this tool writes beside prediction files (results, reports, indexes, temporaries):
+    a hidden name, a derived ending, or one of the exact names it uses; a user's
+    ``random_runs.jsonl`` is not one."""
     name = os.path.basename(os.path.normpath(path))
-    return name.startswith(".") or name.endswith(DERIVED_SUFFIXES) or name in ("plots", "images")
+    return name.startswith(".") or name.endswith(DERIVED_SUFFIXES) or name in DERIVED_NAMES
+
+
+def _is_report_dir(path: str) -> bool:
+    """A folder holding a report this tool wrote and no prediction files (a comparison written
+    into the folder of its predictions leaves that folder a prediction folder)."""
+    return (os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n)) for n in REPORT_MARKERS)
+            and not any(n.endswith((".json", ".jsonl")) and not is_derived(n) for n in list_dir(path, "folder")))
 
 
 def is_our_output(path: str) -> bool:
-    """What this tool writes: a derived file (``is_derived``) or a report folder, whatever its name."""
-    return is_derived(path) or (os.path.isdir(path) and any(os.path.isfile(os.path.join(path, n))
-                                                            for n in REPORT_MARKERS))
+    """What this tool writes: a derived file (``is_derived``), a report folder, an export folder."""
+    return is_derived(path) or _is_report_dir(path) or (
+        os.path.isdir(path) and os.path.isfile(os.path.join(path, EXPORT_MARKER)))
 
 
 def _is_results_dir(path: str) -> bool:
@@ -562,7 +577,9 @@ def release_reference_runs(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         return []
     if any(r["records"][0].get("release_reference") for r in runs):
         return []
-    refs = reference_records_from(runs[0]["records"])
+    # the rows come from a run asked as the release was (they pair with it), else from the first
+    source = next((r for r in runs if any(in_release_setting(x) for x in r["records"])), runs[0])
+    refs = reference_records_from(source["records"])
     if not refs:
         return []
     out = []

@@ -300,6 +300,21 @@ class AdaptiveLimit:
             self._cond.notify_all()
 
 
+def spent_usage(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The tokens a saved answer cost: the server's ``usage``; none for an answer served from
+    the response cache; else (a server that reports no usage) a text-length estimate, a quarter
+    of the prompt's and the response's characters, as a request is estimated before it is sent."""
+    if isinstance(record.get("usage"), dict):
+        return record["usage"]
+    if record.get("cached_responses") or "prediction" not in record:
+        return None
+    responses = record.get("predictions") or [record.get("prediction")]
+    prompt = record.get("prompt")
+    prompt_chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt, default=str))
+    return {"prompt_tokens": len(responses) * (prompt_chars // 4),
+            "completion_tokens": sum(len(str(r or "")) // 4 for r in responses)}
+
+
 class TokenBudget:
     """``max_total_tokens`` for this process: a request is sent only while the tokens used, plus
     those reserved by requests in flight, plus its own worst case (its ``max_tokens`` and the
@@ -634,7 +649,7 @@ class OpenAIAPIInterface(BaseInterface):
     def resume_from(self, records: Sequence[Dict[str, Any]], world_size: int = 1) -> None:
         """max_total_tokens is the run's budget: the tokens of answers already saved count, and
         each of ``world_size`` ranks spends at most its share of the rest."""
-        self.budget.charge_recorded((r.get("usage") for r in records), world_size)
+        self.budget.charge_recorded((spent_usage(r) for r in records), world_size)
 
     def raw_generate(self, images: Sequence[Any], prompt: Any, **gen_kwargs: Any) -> str:
         return self.raw_batch_generate([images], [prompt], **gen_kwargs)[0]
