@@ -17,7 +17,9 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["build", "build.*", "models", "models.*", "metrics", "metrics.*",
                                     "utils", "utils.*", "evaluation", "evaluation.*", "configs"]),
-    package_data={"configs": ["datasets/*.yaml", "data/*.csv", "data/*/*.txt"]},
+    package_data={"configs": ["datasets/*.yaml", "data/*.csv", "data/*/*.txt"],
+                  # the shipped known-skill checkpoint (models/checkpoints, verified by hash when loaded)
+                  "models": ["checkpoints/manifest.json", "checkpoints/*/*"]},
     include_package_data=True,
     py_modules=["run_eval", "run_loader_eval"],
     install_requires=requirements,

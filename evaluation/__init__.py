@@ -8,6 +8,7 @@ Layers, lowest first (an import never goes up): ``utils`` -> ``build`` / ``model
 from evaluation.config import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,
                                ScoringConfig)
 from evaluation.engine import RunResult, ScoreResult, evaluate, score
+from evaluation.training import build_trained_llava  # registers the known-skill checkpoint's builder
 
 __all__ = ["RunConfig", "ModelConfig", "DatasetConfig", "GenerationConfig", "ScoringConfig", "OutputConfig",
            "evaluate", "score", "RunResult", "ScoreResult"]

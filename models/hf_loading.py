@@ -23,6 +23,9 @@ from utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 
+#: ``--model_name`` of the known-skill checkpoint (a tiny model trained here; docs/models.md)
+TRAINED_NAME = "tiny-trained"
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -146,10 +149,13 @@ class HFLoadingMixin:
         return f"{self.name or type(self).__name__} ({self.config.get('model_name')})"
 
     def _resolve_path(self, name: str) -> str:
-        """``tiny`` => the built tiny checkpoint; a path must exist with a config.json; any
+        """``tiny`` => the built tiny checkpoint; ``tiny-trained`` => the known-skill checkpoint
+        (shipped, or trained by ``evaluation.training``); a path must exist with a config.json; any
         other name is an HF id looked up in the offline cache by ``from_pretrained``."""
         if name == "tiny":
             return tiny_model_path(self.family, size=str(self.config.get("tiny_size", "tiny")))
+        if name == TRAINED_NAME:
+            return tiny_model_path(self.family, size="trained")
         if _is_path_like(name):
             path = os.path.expanduser(name)
             if not os.path.isdir(path):

@@ -7,6 +7,12 @@ directory (config, random weights, a tokenizer trained here with the ``tokenizer
 image processor, processor with chat template) via ``save_pretrained``; ``tiny_model_path``
 builds it once into a cache directory and returns the path.
 
+A builder may serve one extra size only (``size=...``): the trained ``llava`` checkpoint
+(``--model_name tiny-trained``, built by ``evaluation.training``) is one. Such a checkpoint may be
+shipped in ``models/checkpoints/``: ``tiny_model_path`` returns the shipped directory when every
+file's SHA-256 matches ``models/checkpoints/manifest.json`` (and the builder's version, when one
+is registered), and otherwise builds it into the cache like any other.
+
 Cache layout: ``$REFORM_CACHE/tiny/<family>/<size>-v<version>`` (default root
 ``~/.cache/reform_eval``). One process builds (under a lock file) into a temporary sibling
 directory, verifies it and renames it into place; the marker lists every file and its size,
@@ -14,13 +20,15 @@ so a half-built or truncated cache is detected and rebuilt (see ``tiny_model_pat
 
 Public API::
 
-    register_tiny_builder(family, fn, version="1")   # fn(out_dir: str, size: str) -> None
+    register_tiny_builder(family, fn, version="1", size=None)   # fn(out_dir: str, size: str) -> None
     tiny_model_path(family, size="tiny") -> str
+    shipped_checkpoint(family, size) -> str | None     # a checkpoint shipped in models/checkpoints
     train_tiny_tokenizer(vocab_size=..., extra_special=(...)) -> PreTrainedTokenizerFast
     TINY_CORPUS                                        # the built-in training text
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -28,7 +36,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
 from models.tiny_zoo import save_checkpoint, seeded_model
@@ -50,20 +58,76 @@ class _Builder:
     version: str
 
 
-_BUILDERS: Dict[str, _Builder] = {}
+#: builders by (family, size); size "*" serves every size in SIZES
+_BUILDERS: Dict[Tuple[str, str], _Builder] = {}
+#: where shipped checkpoints live, and the file holding their expected hashes
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
+SHIPPED_MANIFEST = os.path.join(SHIPPED_DIR, "manifest.json")
 
 
-def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: str = "1") -> None:
-    """Register ``fn(out_dir, size)`` that writes a complete tiny checkpoint of ``family``.
+def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: str = "1",
+                          size: Optional[str] = None) -> None:
+    """Register ``fn(out_dir, size)`` that writes a complete tiny checkpoint of ``family``
+    (of every size in SIZES, or of ``size`` only).
 
     Bump ``version`` whenever the builder's output changes, so stale caches are not reused.
     """
-    _BUILDERS[family] = _Builder(fn, str(version))
+    _BUILDERS[(family, size or "*")] = _Builder(fn, str(version))
 
 
 def tiny_families() -> list:
     """Families with a registered tiny builder."""
-    return sorted(_BUILDERS)
+    return sorted({f for f, _ in _BUILDERS})
+
+
+def _builder(family: str, size: str) -> Optional[_Builder]:
+    if (family, size) in _BUILDERS:
+        return _BUILDERS[(family, size)]
+    return _BUILDERS.get((family, "*")) if size in SIZES else None
+
+
+def sha256_file(path: str) -> str:
+    """Hex SHA-256 of a file (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_shipped_manifest() -> Dict[str, Any]:
+    """``models/checkpoints/manifest.json``: ``{"<family>/<size>": {"dir", "version", "sha256": {file: hex}}}``."""
+    if not os.path.isfile(SHIPPED_MANIFEST):
+        return {}
+    with open(SHIPPED_MANIFEST, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def shipped_checkpoint(family: str, size: str) -> Optional[str]:
+    """The shipped checkpoint directory of ``family``/``size`` when its files match the manifest's
+    hashes exactly (no file missing, none extra) and its version is the registered builder's;
+    else None (with a warning when a shipped copy exists but does not match)."""
+    entry = read_shipped_manifest().get(f"{family}/{size}")
+    if not entry:
+        return None
+    directory = os.path.join(SHIPPED_DIR, entry["dir"])
+    builder = _BUILDERS.get((family, size))
+    if builder is not None and builder.version != str(entry.get("version")):
+        logger.warning("shipped %s/%s checkpoint is version %s, the builder is %s; building it instead",
+                       family, size, entry.get("version"), builder.version)
+        return None
+    expected = entry.get("sha256") or {}
+    present = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    if sorted(expected) != present:
+        logger.warning("shipped %s/%s checkpoint in %s does not hold the manifest's files; building it instead",
+                       family, size, directory)
+        return None
+    for name, digest in expected.items():
+        if sha256_file(os.path.join(directory, name)) != digest:
+            logger.warning("shipped %s/%s checkpoint: %s does not match its SHA-256 in %s; building it instead",
+                           family, size, name, SHIPPED_MANIFEST)
+            return None
+    return directory
 
 
 def cache_root() -> str:
@@ -80,12 +144,17 @@ def tiny_model_path(family: str, size: str = "tiny") -> str:
     listing every file and its size, and renames the directory into place. A cache whose
     marker is missing or whose files do not match it (half-built, truncated) is rebuilt.
     """
-    if family not in _BUILDERS:
+    shipped = shipped_checkpoint(family, size)
+    if shipped is not None:
+        return shipped
+    if family not in tiny_families():
         raise ReformError(f"no tiny model builder for family '{family}'; "
                           f"families with one: {', '.join(tiny_families()) or '(none)'}")
-    if size not in SIZES:
-        raise ReformError(f"unknown tiny model size '{size}'; valid sizes: {', '.join(SIZES)}")
-    builder = _BUILDERS[family]
+    builder = _builder(family, size)
+    if builder is None:
+        extra = sorted(s for f, s in _BUILDERS if f == family and s != "*")
+        raise ReformError(f"unknown tiny model size '{size}' for family '{family}'; "
+                          f"valid sizes: {', '.join(list(SIZES) + extra)}")
     parent = os.path.join(cache_root(), "tiny", family)
     final = os.path.join(parent, f"{size}-v{builder.version}")
     if cache_problem(final) is None:
@@ -210,8 +279,9 @@ TINY_CORPUS: Sequence[str] = (
 
 
 def train_tiny_tokenizer(vocab_size: int = 600,
-                         extra_special: Sequence[str] = ("<image>",)):
-    """A byte-level BPE tokenizer trained here on ``TINY_CORPUS``, as a fast HF tokenizer.
+                         extra_special: Sequence[str] = ("<image>",),
+                         corpus: Sequence[str] = TINY_CORPUS):
+    """A byte-level BPE tokenizer trained here on ``corpus`` (default ``TINY_CORPUS``), as a fast HF tokenizer.
 
     Why byte-level: any text (accents, emoji) encodes without ``<unk>``, decode is lossless,
     and spaces attach to the following word, so ``prompt + " " + answer`` splits at the
@@ -230,7 +300,7 @@ def train_tiny_tokenizer(vocab_size: int = 600,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     # repeat the corpus a little so frequent words reach whole-word merges
-    tok.train_from_iterator(list(TINY_CORPUS) * 4, trainer=trainer)
+    tok.train_from_iterator(list(corpus) * 4, trainer=trainer)
     bos_id = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)])
@@ -260,24 +330,26 @@ LLAVA_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
 
-_LLAVA_SIZES = {
+LLAVA_SIZES = {
     # text: hidden, layers, heads, kv heads, mlp; vision: hidden, layers, heads, mlp, image, patch; vocab
     "tiny": dict(t_hidden=64, t_layers=2, t_heads=4, t_kv=2, t_mlp=128,
                  v_hidden=32, v_layers=2, v_heads=2, v_mlp=64, image=32, patch=8, vocab=600),
     "bench": dict(t_hidden=512, t_layers=10, t_heads=8, t_kv=8, t_mlp=1536,
                   v_hidden=384, v_layers=6, v_heads=6, v_mlp=1536, image=112, patch=14, vocab=2000),
+    # the known-skill model (evaluation.training): 64-pixel frames in 16-pixel patches (16 tokens
+    # per frame, 2x2 per iWISDM quadrant), a vocabulary trained on the prompts it reads
+    "trained": dict(t_hidden=128, t_layers=2, t_heads=4, t_kv=2, t_mlp=256,
+                    v_hidden=96, v_layers=3, v_heads=4, v_mlp=192, image=64, patch=16, vocab=1200),
 }
 
 
-def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
-    """Write a random LlavaForConditionalGeneration (CLIP vision tower + Llama text model)
-    with a locally trained tokenizer, a CLIP-style image processor and a LlavaProcessor."""
-    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
+def llava_parts(size: str, tokenizer: Any) -> Tuple[Any, Any]:
+    """(LlavaConfig, LlavaProcessor) of a tiny LLaVA of ``size`` (a ``LLAVA_SIZES`` key) around
+    ``tokenizer``; shared by the random builder below and the trained one (``evaluation.training``)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaProcessor
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
-    s = _LLAVA_SIZES[size]
-    tokenizer = train_tiny_tokenizer(vocab_size=s["vocab"], extra_special=("<image>",))
+    s = LLAVA_SIZES[size]
     vocab = len(tokenizer)
     image_token_id = tokenizer.convert_tokens_to_ids("<image>")
     text_cfg = LlamaConfig(vocab_size=vocab, hidden_size=s["t_hidden"], intermediate_size=s["t_mlp"],
@@ -291,15 +363,25 @@ def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
     config = LlavaConfig(vision_config=vision_cfg, text_config=text_cfg, image_token_id=image_token_id,
                          vision_feature_select_strategy="default", vision_feature_layer=-2,
                          projector_hidden_act="gelu", pad_token_id=tokenizer.pad_token_id)
-    # weights depend only on the family/size/version, never on global RNG state; the output
-    # head is rescaled so greedy decoding and scores are discriminative (see seeded_model)
-    model = seeded_model(lambda: LlavaForConditionalGeneration(config), size)
     image_processor = LlavaImageProcessorPil(size={"shortest_edge": s["image"]},
                                              crop_size={"height": s["image"], "width": s["image"]})
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer,
                                patch_size=s["patch"], vision_feature_select_strategy="default",
                                chat_template=LLAVA_CHAT_TEMPLATE, image_token="<image>",
                                num_additional_image_tokens=1)
+    return config, processor
+
+
+def build_tiny_llava(out_dir: str, size: str = "tiny") -> None:
+    """Write a random LlavaForConditionalGeneration (CLIP vision tower + Llama text model)
+    with a locally trained tokenizer, a CLIP-style image processor and a LlavaProcessor."""
+    from transformers import LlavaForConditionalGeneration
+
+    tokenizer = train_tiny_tokenizer(vocab_size=LLAVA_SIZES[size]["vocab"], extra_special=("<image>",))
+    config, processor = llava_parts(size, tokenizer)
+    # weights depend only on the family/size/version, never on global RNG state; the output
+    # head is rescaled so greedy decoding and scores are discriminative (see seeded_model)
+    model = seeded_model(lambda: LlavaForConditionalGeneration(config), size)
     save_checkpoint(model, processor, tokenizer, out_dir)
 
 

@@ -97,3 +97,47 @@ def only_results(directory) -> dict:
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "slow: takes over ~20 s; `bash commands/test.sh -m 'not slow'` is the quick subset")
+    config.addinivalue_line("markers", "background(cmd): the test's command starts in a background process as soon "
+                            "as collection ends and runs beside the rest of the suite (see background_result)")
+
+
+#: background commands started after collection: marker args -> (process, stdout file, stderr file)
+_BACKGROUND: dict = {}
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Start each selected test's ``background`` command now, so a long, independent job (the
+    known-skill model's rebuild) overlaps the rest of the suite instead of adding to it."""
+    import subprocess
+    import tempfile
+    for item in items:
+        marker = item.get_closest_marker("background")
+        if marker is None or marker.args in _BACKGROUND:
+            continue
+        work = tempfile.mkdtemp(prefix="reform-bg-")
+        cmd = [a.replace("{tmp}", work) for a in marker.args]
+        out = open(os.path.join(work, "stdout"), "w+")
+        err = open(os.path.join(work, "stderr"), "w+")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        _BACKGROUND[marker.args] = (subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env), out, err, work)
+
+
+def background_result(request, timeout: float = 1800.0):
+    """(return code, stdout, stderr, work folder) of the test's background command, waiting for it."""
+    proc, out, err, work = _BACKGROUND[request.node.get_closest_marker("background").args]
+    proc.wait(timeout=timeout)
+    out.seek(0)
+    err.seek(0)
+    return proc.returncode, out.read(), err.read(), work
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A background command whose test did not run (deselected, interrupted) is stopped."""
+    import shutil
+    for proc, out, err, work in _BACKGROUND.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+        shutil.rmtree(work, ignore_errors=True)

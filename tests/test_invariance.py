@@ -4,7 +4,7 @@ One reference run per cell (batch 1, one process); every other batch size, and t
 torchrun, must write the byte-identical prediction file and identical metrics. Cells cross
 benchmark (iWISDM, MME placeholder images, MMMT-IF release-only and an MMDU-style multi-image
 set, custom), method (generation, likelihood, sampled generation) and model (tiny LLaVA, tiny
-Qwen2-VL, the random baseline). The quick slice runs one cell per benchmark; the full cross is
+Qwen2-VL, the random baseline, and the known-skill LLaVA on trials it answers right). The quick slice runs one cell per benchmark; the full cross is
 marked slow.
 """
 from __future__ import annotations
@@ -29,6 +29,9 @@ METHODS = {
     "sampled": ["--infer_method", "generation", "--num_samples", "2", "--temperature", "1", "--max_new_tokens", "6"],
 }
 MODELS = {"llava": ["--model", "llava", "--model_name", "tiny"],
+          # the known-skill model (evaluation/training.py): its answers matter, so a batch or rank
+          # that changed one would change the score, not just a random pick
+          "trained": ["--model", "llava", "--model_name", "tiny-trained"],
           "qwen2_vl": ["--model", "qwen2_vl", "--model_name", "tiny"],
           "random": ["--model", "random"]}
 
@@ -41,6 +44,8 @@ def data(tmp_path_factory):
     return {
         "iWISDM": ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", "10",
                    "--dataset_duplication", "2"],
+        "iWISDM-identify": ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_identify_category",
+                            "--dataset_subsample", "24"],
         "MME": ["--dataset_name", "MME", "--dataset_config", str(d / "mme" / "mme.yaml"), "--dataset_subsample", "6"],
         "MMMT-IF-release": ["--dataset_name", "MMMT-IF", "--dataset_config", "mmmt_if_release_only",
                             "--dataset_subsample", "3"],
@@ -116,6 +121,12 @@ def test_iwisdm_likelihood_batch_and_two_ranks(data, tmp_path):
     check_cell(data, tmp_path, "iWISDM", "lik", "llava", ranks=True)
 
 
+def test_trained_model_likelihood_batch_and_two_ranks(data, tmp_path):
+    records = check_cell(data, tmp_path, "iWISDM-identify", "lik", "trained", ranks=True)
+    right = sum(r["prediction"] == r["answer"] for r in records)
+    assert right >= 0.75 * len(records), f"the known-skill model got {right} of {len(records)}"
+
+
 def test_unbatched_likelihood_is_byte_identical(data, tmp_path):
     argv = [*MODELS["llava"], *data["custom"], *METHODS["lik"], "--model_option", "batched_likelihood=false"]
     _, ref, _ = _run([*argv, "--per_gpu_eval_batch_size", "1"], tmp_path / "b1")
@@ -133,7 +144,8 @@ def test_mmdu_sampled_generation(data, tmp_path):
 
 # -- the wide part ------------------------------------------------------------------------------
 WIDE = [(b, m, mo) for b in ("iWISDM", "MME", "custom") for m in ("gen", "lik", "sampled") for mo in MODELS
-        if not (mo == "random" and m == "sampled")]
+        if not (mo == "random" and m == "sampled") and mo != "trained"]
+WIDE += [("iWISDM-identify", m, "trained") for m in ("gen", "sampled")]
 WIDE += [(b, m, mo) for b in ("MMMT-IF-release", "MMMT-IF-mmdu") for m in ("gen", "sampled") for mo in ("llava", "qwen2_vl")]
 #: the quick slice's cells are not run twice
 WIDE = [c for c in WIDE if c not in {("MMMT-IF-release", "gen", "llava"), ("iWISDM", "lik", "llava"),

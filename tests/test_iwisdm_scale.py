@@ -56,7 +56,8 @@ def test_answers_balanced_within_each_root_type(generated, preset):
             assert abs(share - 1 / len(spaces[rtype])) <= 0.02, (preset, rtype, value, share)
 
 
-@pytest.mark.parametrize("preset", ["low", "medium", "high", "single_frame_location", "single_frame_category"])
+@pytest.mark.parametrize("preset", ["low", "medium", "high", "single_frame_location", "single_frame_category",
+                                    "identify_category", "identify_location"])
 def test_presets_hit_their_frame_count(generated, preset):
     assert {row[4] for row in generated[preset]} == {PRESETS[preset].n_frames}
 

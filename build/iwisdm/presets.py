@@ -141,6 +141,13 @@ PRESETS: Dict[str, Preset] = {
         _space(ops=("IsSame", "NotSame", "GetCategory", "Select", "CONST"), root_ops=("IsSame", "NotSame"),
                const_prob=1.0, max_depth=2, max_op=5),
         description="one frame, category of the object compared with a category"),
+    # identification (the known-skill model's core skill, docs/models.md): name the one object's feature
+    "identify_category": Preset(
+        "identify_category", 1, _space(ops=("GetCategory", "Select"), root_ops=("GetCategory",), max_depth=2, max_op=3),
+        response_types=("category",), description="one frame, the category of the object (8 answers)"),
+    "identify_location": Preset(
+        "identify_location", 1, _space(ops=("GetLocation", "Select"), root_ops=("GetLocation",), max_depth=2, max_op=3),
+        response_types=("location",), description="one frame, the location of the object (4 answers)"),
     "dms_location": Preset("dms_location", dms_feature="location", description="delayed match to sample: location"),
     "dms_category": Preset("dms_category", dms_feature="category", description="delayed match to sample: category"),
     "dms_identity": Preset("dms_identity", dms_feature="identity", description="delayed match to sample: identity"),

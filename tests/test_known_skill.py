@@ -1,0 +1,205 @@
+"""The known-skill model (``--model_name tiny-trained``) has skill, and the suite can see a scrambled signal.
+
+A random model scores at chance whether or not the harness feeds it correctly; this one scores
+far above chance on held-out trials, so each deliberately broken build below (frames given to
+the wrong sample, images dropped, candidates scored after another sample's prefix, a template
+that drops the question) must bring it down to chance. Each break is a monkeypatch of the real
+code path for one run; the intact run beside it is the control.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from PIL import Image
+
+from build.frame_order import write_frame_order_set
+from build.mme_synthetic import write_yesno_release
+from evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
+                        evaluate)
+from evaluation.training import SHIPPED_NAME, VERSION, build_platform
+from models.hf_likelihood import HFLikelihoodMixin
+from models.hf_inputs import HFInputsMixin
+from models.interfaces.llava_interface import LlavaInterface
+from models.tiny import SHIPPED_DIR, read_shipped_manifest, sha256_file, shipped_checkpoint, tiny_model_path
+from tests.conftest import background_result
+
+TRIALS = 64
+
+
+def run(tmp_path, config, method="likelihood", formulation="SingleChoice", options=None, batch=8, name="run",
+        dataset="iWISDM"):
+    """One evaluation through the library (the engine a user's run takes); its headline metrics."""
+    cfg = RunConfig(model=ModelConfig("llava", "tiny-trained"),
+                    dataset=DatasetConfig(dataset, formulation=formulation, config=config,
+                                          options=options if options is not None else {"n_trials": TRIALS}),
+                    generation=GenerationConfig(infer_method=method, batch_size=batch, max_new_tokens=6),
+                    scoring=ScoringConfig(do_eval=True),
+                    output=OutputConfig(output_dir=str(tmp_path / name), use_cache=False))
+    return evaluate(cfg).metrics
+
+
+#: identification with every answer word as a candidate (true/false, locations, categories): only
+#: the question says whether a category or a location is asked
+BOTH = {"preset": ["identify_category", "identify_location"], "options": "all", "n_trials": TRIALS // 2}
+
+
+# -- the checkpoint -------------------------------------------------------------------------------
+def test_shipped_checkpoint_is_verified_by_hash(tmp_path, monkeypatch):
+    entry = read_shipped_manifest()["llava/trained"]
+    assert entry["version"] == VERSION and entry["dir"] == SHIPPED_NAME
+    path = shipped_checkpoint("llava", "trained")
+    assert path == os.path.join(SHIPPED_DIR, SHIPPED_NAME) == tiny_model_path("llava", "trained")
+    size = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+    assert size < 8 * 2 ** 20, f"the shipped checkpoint is {size} bytes"
+    # one changed byte in a copy: the copy is refused (and would be rebuilt into the cache)
+    copy = tmp_path / "checkpoints"
+    copy.mkdir()
+    (copy / SHIPPED_NAME).mkdir()
+    for n in os.listdir(path):
+        data = open(os.path.join(path, n), "rb").read()
+        if n == "config.json":
+            data = data.replace(b'"gelu"', b'"relu"')
+        (copy / SHIPPED_NAME / n).write_bytes(data)
+    (copy / "manifest.json").write_text(json.dumps({"llava/trained": entry}))
+    monkeypatch.setattr("models.tiny.SHIPPED_DIR", str(copy))
+    monkeypatch.setattr("models.tiny.SHIPPED_MANIFEST", str(copy / "manifest.json"))
+    assert shipped_checkpoint("llava", "trained") is None
+
+
+@pytest.mark.slow
+@pytest.mark.background(sys.executable, "-m", "evaluation.train_known_skill", "--out", "{tmp}/rebuilt")
+def test_training_rebuilds_the_shipped_checkpoint_file_for_file(request):
+    """The shipped weights are what ``python -m evaluation.train_known_skill`` produces (deterministic).
+    The training starts in the background after collection (tests/conftest.py) and overlaps the suite."""
+    built_with = read_shipped_manifest()["llava/trained"]["built_with"]
+    if built_with != build_platform():
+        pytest.skip(f"bit-for-bit retraining needs the shipping platform {built_with}; this is {build_platform()}")
+    rc, _out, err, work = background_result(request)
+    assert rc == 0, err[-3000:]
+    out = os.path.join(work, "rebuilt")
+    expected = read_shipped_manifest()["llava/trained"]["sha256"]
+    got = {n: sha256_file(os.path.join(out, n)) for n in sorted(os.listdir(out))}
+    assert got == expected
+
+
+# -- skill, and the broken builds that must erase it ------------------------------------------------
+def test_identifies_category_and_location_far_above_chance(tmp_path):
+    assert run(tmp_path, "iwisdm_identify_category", name="c")["accuracy"] >= 0.9   # chance 0.125
+    assert run(tmp_path, "iwisdm_identify_location", name="l")["accuracy"] >= 0.9   # chance 0.25
+    gen = run(tmp_path, "iwisdm_identify_category", method="generation", name="g")
+    assert gen["format_hit_rate"] >= 0.95 and gen["accuracy"] >= 0.85
+
+
+def test_yes_no_set_runs_and_its_level_is_what_the_bench_reports(tmp_path):
+    """The yes/no comparisons are not learnt within the training budget (docs/models.md): the
+    model stays near chance there, and this pins that, so a recipe that learns them shows up."""
+    root = write_yesno_release(str(tmp_path / "yesno"), n_images=30, seed=5)
+    m = run(tmp_path, "mme_synthetic", formulation="Generation", options={"root": root}, dataset="MME")
+    assert 0.35 <= m["accuracy"] <= 0.65 and m["num_records"] == 120
+
+
+def _rotate(items):
+    return list(items[1:]) + list(items[:1])
+
+
+def test_frames_given_to_the_wrong_sample_fall_to_chance(tmp_path, monkeypatch):
+    """Images misaligned with their questions inside a batch (rotated by one sample)."""
+    assert run(tmp_path, "iwisdm_identify_category", name="ok")["accuracy"] >= 0.9
+    original = HFLikelihoodMixin.raw_batch_predict
+
+    def misaligned(self, images_list, prompts, candidates_list):
+        return original(self, _rotate(images_list), prompts, candidates_list)
+    monkeypatch.setattr(LlavaInterface, "raw_batch_predict", misaligned, raising=False)
+    assert run(tmp_path, "iwisdm_identify_category", name="broken")["accuracy"] <= 0.3
+
+
+def test_frames_in_reverse_order_fall_to_chance(tmp_path, monkeypatch):
+    """Frames of one sample reversed: asked for the second frame's object, the model reads the
+    first's (``build.frame_order``: the two objects always differ in category)."""
+    config = write_frame_order_set(str(tmp_path / "frames"), n=TRIALS, seed=11)
+    assert run(tmp_path, config, name="ok", options={}, dataset="custom")["accuracy"] >= 0.8
+    original = HFInputsMixin._images
+
+    def reversed_frames(self, images, i):
+        return list(reversed(original(self, images, i)))
+    monkeypatch.setattr(LlavaInterface, "_images", reversed_frames, raising=False)
+    assert run(tmp_path, config, name="broken", options={}, dataset="custom")["accuracy"] <= 0.2
+
+
+def test_images_dropped_fall_to_chance(tmp_path, monkeypatch):
+    original = HFInputsMixin._images
+
+    def blank(self, images, i):
+        return [Image.new("RGB", im.size) for im in original(self, images, i)]
+    monkeypatch.setattr(LlavaInterface, "_images", blank, raising=False)
+    assert run(tmp_path, "iwisdm_identify_category", name="blank")["accuracy"] <= 0.3
+    assert run(tmp_path, "iwisdm_identify_location", name="blank_l")["accuracy"] <= 0.45
+
+
+def test_candidates_scored_after_another_samples_prefix_fall_to_chance(tmp_path, monkeypatch):
+    original = HFLikelihoodMixin.raw_batch_predict
+
+    def wrong_prefix(self, images_list, prompts, candidates_list):
+        return original(self, _rotate(images_list), _rotate(prompts), candidates_list)
+    monkeypatch.setattr(LlavaInterface, "raw_batch_predict", wrong_prefix, raising=False)
+    assert run(tmp_path, "iwisdm_identify_category", name="broken")["accuracy"] <= 0.3
+
+
+def test_template_without_the_question_falls_to_chance(tmp_path, monkeypatch):
+    """Category and location questions with every answer word offered (chance 1/14): without the
+    question the image alone cannot say which of the object's features is asked."""
+    assert run(tmp_path, "iwisdm_identify_category", name="ok", options=BOTH)["accuracy"] >= 0.9
+    make = LlavaInterface.make_preprocessor
+
+    def no_question(self, config):
+        pre = make(self, config)
+
+        def render(sample):
+            images = "".join("<image>" for _ in sample["images"])
+            return pre(dict(sample, question=images, question_with_option=images))
+        return render
+    monkeypatch.setattr(LlavaInterface, "make_preprocessor", no_question)
+    # half the items ask for a category and half for a location: an answer that does not depend on
+    # the question names the right feature for at most half of them
+    assert run(tmp_path, "iwisdm_identify_category", name="broken", options=BOTH)["accuracy"] <= 0.5
+
+
+# -- the synthetic yes/no set -------------------------------------------------------------------------
+def test_yes_no_set_is_mme_shaped_and_deterministic(tmp_path):
+    from build import load_reform_dataset
+    a = write_yesno_release(str(tmp_path / "a"), n_images=6, seed=3)
+    b = write_yesno_release(str(tmp_path / "b"), n_images=6, seed=3)
+    for sub in ("existence", "color"):
+        names = sorted(os.listdir(os.path.join(a, sub)))
+        assert len(names) == 12 and names == sorted(os.listdir(os.path.join(b, sub)))
+        for n in names:
+            assert open(os.path.join(a, sub, n), "rb").read() == open(os.path.join(b, sub, n), "rb").read()
+    ds = load_reform_dataset("MME", "Generation", dataset_config="mme_synthetic", root=a)
+    assert len(ds) == 24
+    by_image = {}
+    for i in range(len(ds)):
+        s = ds[i]
+        assert s["question"].endswith("Please answer yes or no.") and s["candidates"] == ["Yes", "No"]
+        by_image.setdefault(s["meta"]["image"], []).append(s["answer"])
+    # MME's pairing: every image has one Yes and one No question (what acc+ needs)
+    assert all(sorted(v) == ["No", "Yes"] for v in by_image.values()) and len(by_image) == 12
+
+
+def test_yes_no_answers_agree_with_the_pixels(tmp_path):
+    """The 'Yes' question names the drawn colour: the image's brightest pixels have that colour."""
+    from build.mme_synthetic import COLOURS
+    root = write_yesno_release(str(tmp_path / "y"), n_images=8, seed=4)
+    rgb = dict(COLOURS)
+    for n in sorted(os.listdir(os.path.join(root, "color"))):
+        if not n.endswith(".txt"):
+            continue
+        rows = [line.split("\t") for line in open(os.path.join(root, "color", n)).read().splitlines()]
+        (yes,) = [q for q, a in rows if a == "Yes"]
+        colour = yes.split(" in the image ")[1].split("?")[0]
+        im = Image.open(os.path.join(root, "color", n[:-4] + ".png")).convert("RGB")
+        counts = im.getcolors(1 << 16)
+        drawn = max((c for c in counts if c[1] != (30, 30, 30)), key=lambda c: c[0])[1]
+        assert drawn == rgb[colour], (n, yes, drawn)
