@@ -91,6 +91,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--images", type=int, default=40, help="images per subtask (two questions each)")
     ap.add_argument("--seed", type=int, default=0, help="generation seed (the same seed writes the same files)")
     args = ap.parse_args(argv)
+    if os.path.isdir(args.out) and os.listdir(args.out):  # a second set would mix into the first
+        print(f"error: {args.out}: folder is not empty (the set is written into a new or empty folder)", file=sys.stderr)
+        return 2
     try:
         write_yesno_release(args.out, args.images, args.seed)
     except ReformError as e:

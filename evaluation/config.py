@@ -483,8 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True, help=f"model family: {', '.join(available_models())}")
     g.add_argument("--model_name", default=None,
-                   help="checkpoint: local directory, HF id already in the offline cache, or 'tiny' (the random-"
-                        "weight test model); required for Hugging Face families")
+                   help="checkpoint: local directory, HF id already in the offline cache, 'tiny' (the random-"
+                        "weight test model) or, for --model llava, 'tiny-trained' (the known-skill model trained "
+                        "here, docs/models.md); required for Hugging Face families")
     g.add_argument("--model_type", default=None, help="family-specific variant, passed to the interface")
     g.add_argument("--model_option", action="append", default=[], metavar="KEY=VALUE",
                    help="interface option (repeatable; values parsed as YAML), e.g. dtype=bfloat16, "

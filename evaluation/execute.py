@@ -21,7 +21,7 @@ from tqdm import tqdm
 from build import ReformDataset
 from evaluation.cache import ResponseCache, call_key
 from evaluation.context import fit_batch
-from evaluation.plan import Key, RunPlan, checkpoint_fingerprint, dependencies, model_identity, plan_batches, rank_groups
+from evaluation.plan import Key, RunPlan, dependencies, directory_fingerprint, model_identity, plan_batches, rank_groups
 from metrics.single_choice import argmax, reduce_scores
 from models import get_model
 from models.interfaces.base_interface import CandidateScore
@@ -210,7 +210,7 @@ def open_cache(plan: RunPlan, interface: Any) -> Optional[ResponseCache]:
     cfg = plan.config
     if not cfg.output.use_cache:
         return None
-    loaded = checkpoint_fingerprint(getattr(interface, "model_path", None))
+    loaded = directory_fingerprint(getattr(interface, "model_path", None))
     return ResponseCache(cfg.output.cache_dir, model_identity(plan.identity, loaded))
 
 

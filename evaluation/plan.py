@@ -13,8 +13,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from build import build_dataset
 from build.registry import Builder, get_builder_class, load_config, resolve_config
-from models import identity_env
-from evaluation.config import RunConfig
+from models import builtin_checkpoint_dir, identity_env
+from models.tiny import sha256_file
+from evaluation.config import ModelConfig, RunConfig
 from utils.errors import ReformError
 from utils.fingerprint import samples_fingerprint
 from utils.secrets import drop_secrets, json_default
@@ -82,7 +83,7 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
     ident = {
         "model": m.family, "model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
         "model_option": cfg.model_options_for_identity(), "model_env": identity_env(m.family),
-        "checkpoint": checkpoint_fingerprint(m.name),
+        "checkpoint": checkpoint_fingerprint(m),
         "dataset_name": d.name, "formulation": d.formulation, "dataset_option": d.options,
         "dataset_duplication": d.duplication, "in_context_sample": d.in_context_sample,
         "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
@@ -110,20 +111,35 @@ def model_identity(ident: Dict[str, Any], loaded_checkpoint: Any = None) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=json_default).encode("utf-8")).hexdigest()
 
 
-def checkpoint_fingerprint(model_name: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
-    """(file, size, mtime) of a local checkpoint directory's files: new weights in the same
-    directory are a new run, never the old predictions."""
-    if not model_name or not os.path.isdir(str(model_name)):
+def checkpoint_fingerprint(model: ModelConfig) -> Optional[List[Tuple[str, int, Any]]]:
+    """The files of the checkpoint the name stands for: a local directory's (file, size, mtime),
+    so new weights in the same directory are a new run, never the old predictions; a built-in
+    name's (``tiny``, ``tiny-trained``) directory by content, (file, size, SHA-256), since the
+    name stays while its weights may change (a new recipe, a shipped copy rebuilt elsewhere)."""
+    name = model.name
+    try:
+        builtin = builtin_checkpoint_dir(model.family, name, model.options)
+    except ReformError:
+        builtin = None  # the model's own load reports it, in its words
+    if builtin is not None:
+        return sorted((n, os.path.getsize(os.path.join(builtin, n)), sha256_file(os.path.join(builtin, n)))
+                      for n in os.listdir(builtin) if os.path.isfile(os.path.join(builtin, n)))
+    return directory_fingerprint(name)
+
+
+def directory_fingerprint(path: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
+    """(file, size, mtime) of every file of a local directory, or None when ``path`` is not one."""
+    if not path or not os.path.isdir(str(path)):
         return None
     out = []
-    for root, _, files in os.walk(str(model_name)):
-        for name in sorted(files):
-            path = os.path.join(root, name)
+    for root, _, files in os.walk(str(path)):
+        for fname in sorted(files):
+            full = os.path.join(root, fname)
             try:
-                st = os.stat(path)
+                st = os.stat(full)
             except OSError:
                 continue
-            out.append((os.path.relpath(path, str(model_name)), st.st_size, st.st_mtime_ns))
+            out.append((os.path.relpath(full, str(path)), st.st_size, st.st_mtime_ns))
     return sorted(out)
 
 

@@ -14,7 +14,7 @@ import time
 from typing import List, Optional
 
 from evaluation.training import SHIPPED_NAME, build_trained_llava, ship
-from models.tiny import SHIPPED_MANIFEST
+from models.tiny import SHIPPED_DIR, SHIPPED_MANIFEST
 from utils.errors import ReformError
 
 
@@ -27,6 +27,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                          f"models/checkpoints/{SHIPPED_NAME})")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    shipped = os.path.join(SHIPPED_DIR, SHIPPED_NAME)
+    if args.ship and os.path.realpath(args.out) != os.path.realpath(shipped):
+        print(f"error: --ship records the shipped checkpoint: --out must be {shipped}", file=sys.stderr)
+        return 2
     if os.path.isdir(args.out) and os.listdir(args.out):
         print(f"error: {args.out}: folder is not empty", file=sys.stderr)
         return 2

@@ -34,27 +34,29 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from transformers import LlavaForConditionalGeneration
 
 from build import load_reform_dataset
 from build.frame_order import write_frame_order_set
 from build.mme_synthetic import write_yesno_release
 from models import get_model
-from models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, TINY_CORPUS, llava_parts,
+from models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, SHIPPED_VERSIONS, TINY_CORPUS, llava_parts,
                          register_tiny_builder, sha256_file, train_tiny_tokenizer)
 from models.tiny_zoo import save_checkpoint, seeded_model
 from utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 
-#: bump when the recipe changes (the cache and the shipped manifest carry it)
-VERSION = "1"
+#: the recipe version (the cache and the shipped manifest carry it); bump it in
+#: ``models.tiny.SHIPPED_VERSIONS`` whenever the recipe changes
+VERSION = SHIPPED_VERSIONS["llava/trained"]
 SEED = 20261126
 #: training tasks: (benchmark, formulation, dataset config, items per inference method, stage);
 #: a curriculum (see ``STAGE_STEPS``): stage k trains on the tasks of stages 1..k. ``custom`` is
 #: the two-frame set of ``build.frame_order`` (the answer depends on the frames' order).
 TASKS: Tuple[Tuple[str, str, Dict[str, Any], int, int], ...] = (
-    ("iWISDM", "SingleChoice", {"preset": "identify_location"}, 320, 1),
-    ("iWISDM", "SingleChoice", {"preset": "identify_category"}, 640, 2),
+    ("iWISDM", "SingleChoice", {"preset": "identify_location"}, 480, 1),
+    ("iWISDM", "SingleChoice", {"preset": "identify_category"}, 800, 2),
     ("custom", "SingleChoice", {}, 320, 3),
     ("MME", "Generation", {"subtasks": ["existence", "color"], "check_counts": False}, 320, 3),
     ("iWISDM", "SingleChoice", {"preset": "single_frame_category"}, 320, 3),
@@ -99,8 +101,30 @@ def training_samples(workdir: str, seed: int = SEED) -> List[Tuple[Dict[str, Any
                 cfg_k.update(n_trials=n, seed=seed + 1000 * k + m, stim_dir="procedural")
             ds = load_reform_dataset(bench, formulation, dataset_config=cfg_k, inference_method=method,
                                      seed=seed + k, shuffle_options=True)
-            out.extend((ds[i], stage) for i in range(len(ds)))
+            held_out = evaluation_trials(cfg["preset"]) if bench == "iWISDM" else set()
+            out.extend((ds[i], stage) for i in range(len(ds)) if trial_key(ds[i]) not in held_out)
     return out
+
+
+#: how many trials of each shipped config (seed 0) are kept out of training
+HELD_OUT = 500
+
+
+def trial_key(sample: Dict[str, Any]) -> Optional[str]:
+    """What the model sees of an iWISDM trial: its instruction and every frame's objects."""
+    meta = sample.get("meta") or {}
+    if "instruction" not in meta:
+        return None
+    return json.dumps([meta["instruction"], meta.get("frames")], sort_keys=True)
+
+
+def evaluation_trials(preset: str) -> set:
+    """The keys of the first ``HELD_OUT`` trials the shipped configs evaluate (seed 0). The
+    procedural stimuli allow only 1,024 one-object frames, so training seeds alone repeat most
+    of them; these are dropped from training, so every evaluated trial is unseen."""
+    ds = load_reform_dataset("iWISDM", "SingleChoice", dataset_config={
+        "preset": preset, "n_trials": HELD_OUT, "seed": 0, "stim_dir": "procedural"}, lazy_images=True)
+    return {trial_key(ds[i]) for i in range(len(ds))}
 
 
 def target_text(sample: Dict[str, Any]) -> str:
@@ -212,7 +236,7 @@ def train(model: Any, examples: Sequence[Example], pad_id: int, stages: Sequence
 
 def build_trained_llava(out_dir: str, size: str = "trained", seed: int = SEED) -> None:
     """Write the trained tiny LLaVA to ``out_dir`` (see the module docstring)."""
-    from transformers import LlavaForConditionalGeneration
+    logger.warning("training the known-skill LLaVA (about 6 CPU minutes) into %s", out_dir)
 
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()

@@ -15,6 +15,7 @@ import pkgutil
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import models.interfaces as interfaces_package
+from models.hf_loading import builtin_checkpoint
 from utils.errors import ReformError, unknown_name
 from utils.secrets import split_url_secrets
 
@@ -139,6 +140,17 @@ def identity_env(name: str) -> Dict[str, Optional[str]]:
         # an endpoint joins the identity without the credentials inside it (a new key is the same run)
         out[n] = split_url_secrets(value)[0] if value and n.upper().endswith("URL") else value
     return out
+
+
+def builtin_checkpoint_dir(name: str, model_name: Optional[str], options: Dict[str, Any]) -> Optional[str]:
+    """The directory a built-in checkpoint name (``tiny``, ``tiny-trained``) stands for with
+    model ``name`` (built or trained on first use), or None for any other name or a family
+    without such checkpoints (the run identity fingerprints it: evaluation.plan)."""
+    _load_all()
+    family = getattr(MODELS.get(name), "family", None)
+    if not family:
+        return None
+    return builtin_checkpoint(family, model_name, options)
 
 
 #: the run_eval flag of each run-level model setting

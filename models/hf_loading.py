@@ -18,7 +18,7 @@ import torch
 
 from models.checkpoint_files import check_checkpoint_dir
 from models.hf_compat import allow_video_processors_without_torchvision
-from models.tiny import tiny_model_path
+from models.tiny import has_tiny_size, tiny_model_path
 from utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,24 @@ def weight_loading_bars(show: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def builtin_checkpoint(family: str, name: Optional[str], options: Dict[str, Any]) -> Optional[str]:
+    """The directory of a built-in checkpoint name (``tiny``: built on first use; ``tiny-trained``:
+    the shipped known-skill checkpoint, or trained on first use), or None for any other name.
+    The run identity fingerprints this directory's files (evaluation.plan), so new weights
+    under the same name are a new run."""
+    if name == "tiny":
+        return tiny_model_path(family, size=str(options.get("tiny_size", "tiny")))
+    if name == TRAINED_NAME:
+        if options.get("tiny_size") not in (None, "trained"):
+            raise ReformError(f"--model_option tiny_size applies to --model_name tiny, not {TRAINED_NAME} "
+                              "(one size, trained here)")
+        if not has_tiny_size(family, "trained"):
+            raise ReformError(f"--model_name {TRAINED_NAME} is the known-skill LLaVA: it exists for --model llava "
+                              f"only, not --model {family} (use --model_name tiny for a random {family})")
+        return tiny_model_path(family, size="trained")
+    return None
+
+
 class HFLoadingMixin:
     """Loading and placement of ``HFBaseInterface`` (config in ``self.config``)."""
 
@@ -152,10 +170,9 @@ class HFLoadingMixin:
         """``tiny`` => the built tiny checkpoint; ``tiny-trained`` => the known-skill checkpoint
         (shipped, or trained by ``evaluation.training``); a path must exist with a config.json; any
         other name is an HF id looked up in the offline cache by ``from_pretrained``."""
-        if name == "tiny":
-            return tiny_model_path(self.family, size=str(self.config.get("tiny_size", "tiny")))
-        if name == TRAINED_NAME:
-            return tiny_model_path(self.family, size="trained")
+        builtin = builtin_checkpoint(self.family, name, self.config)
+        if builtin is not None:
+            return builtin
         if _is_path_like(name):
             path = os.path.expanduser(name)
             if not os.path.isdir(path):

@@ -63,6 +63,9 @@ _BUILDERS: Dict[Tuple[str, str], _Builder] = {}
 #: where shipped checkpoints live, and the file holding their expected hashes
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
 SHIPPED_MANIFEST = os.path.join(SHIPPED_DIR, "manifest.json")
+#: the recipe version each shipped checkpoint must carry (the trainer, evaluation/training.py,
+#: registers its builder under the same version); a shipped copy of another version is not used
+SHIPPED_VERSIONS: Dict[str, str] = {"llava/trained": "1"}
 
 
 def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: str = "1",
@@ -78,6 +81,11 @@ def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: 
 def tiny_families() -> list:
     """Families with a registered tiny builder."""
     return sorted({f for f, _ in _BUILDERS})
+
+
+def has_tiny_size(family: str, size: str) -> bool:
+    """Whether ``family`` has a ``size`` checkpoint: a builder for it, or a shipped copy."""
+    return _builder(family, size) is not None or f"{family}/{size}" in read_shipped_manifest()
 
 
 def _builder(family: str, size: str) -> Optional[_Builder]:
@@ -96,36 +104,54 @@ def sha256_file(path: str) -> str:
 
 
 def read_shipped_manifest() -> Dict[str, Any]:
-    """``models/checkpoints/manifest.json``: ``{"<family>/<size>": {"dir", "version", "sha256": {file: hex}}}``."""
+    """``models/checkpoints/manifest.json``: ``{"<family>/<size>": {"dir", "version", "sha256": {file: hex}}}``;
+    {} (with a warning) when it is missing or unreadable, so a damaged manifest never stops the
+    other tiny models."""
     if not os.path.isfile(SHIPPED_MANIFEST):
         return {}
-    with open(SHIPPED_MANIFEST, "r", encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(SHIPPED_MANIFEST, "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+        return manifest
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        logger.warning("%s cannot be read (%s); shipped checkpoints are ignored (restore it with "
+                       "`git checkout models/checkpoints`)", SHIPPED_MANIFEST, e)
+        return {}
 
 
 def shipped_checkpoint(family: str, size: str) -> Optional[str]:
     """The shipped checkpoint directory of ``family``/``size`` when its files match the manifest's
-    hashes exactly (no file missing, none extra) and its version is the registered builder's;
-    else None (with a warning when a shipped copy exists but does not match)."""
-    entry = read_shipped_manifest().get(f"{family}/{size}")
+    hashes exactly (no file missing, none extra) and its recipe version is the current one
+    (``SHIPPED_VERSIONS``); else None, with a warning naming what differs."""
+    key = f"{family}/{size}"
+    entry = read_shipped_manifest().get(key)
     if not entry:
         return None
-    directory = os.path.join(SHIPPED_DIR, entry["dir"])
-    builder = _BUILDERS.get((family, size))
-    if builder is not None and builder.version != str(entry.get("version")):
-        logger.warning("shipped %s/%s checkpoint is version %s, the builder is %s; building it instead",
-                       family, size, entry.get("version"), builder.version)
+    restore = "restore it with `git checkout models/checkpoints`; meanwhile it is built into the cache"
+    try:
+        directory = os.path.join(SHIPPED_DIR, str(entry["dir"]))
+        expected = dict(entry["sha256"])
+        version = str(entry["version"])
+    except (KeyError, TypeError, ValueError):
+        logger.warning("%s: entry %s lacks dir, version or sha256; %s", SHIPPED_MANIFEST, key, restore)
         return None
-    expected = entry.get("sha256") or {}
-    present = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-    if sorted(expected) != present:
-        logger.warning("shipped %s/%s checkpoint in %s does not hold the manifest's files; building it instead",
-                       family, size, directory)
+    if version != SHIPPED_VERSIONS.get(key, version):
+        logger.warning("shipped %s checkpoint is recipe version %s, the code's is %s; %s", key, version,
+                       SHIPPED_VERSIONS[key], restore)
         return None
-    for name, digest in expected.items():
+    present = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+    if present != set(expected):
+        missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
+        logger.warning("shipped %s checkpoint in %s: %s%s; %s", key, directory,
+                       f"missing {', '.join(missing)}" if missing else "",
+                       f"{'; ' if missing else ''}unexpected {', '.join(extra)}" if extra else "", restore)
+        return None
+    for name, digest in sorted(expected.items()):
         if sha256_file(os.path.join(directory, name)) != digest:
-            logger.warning("shipped %s/%s checkpoint: %s does not match its SHA-256 in %s; building it instead",
-                           family, size, name, SHIPPED_MANIFEST)
+            logger.warning("shipped %s checkpoint: %s does not match its SHA-256 in %s; %s", key, name,
+                           SHIPPED_MANIFEST, restore)
             return None
     return directory
 
@@ -152,6 +178,10 @@ def tiny_model_path(family: str, size: str = "tiny") -> str:
                           f"families with one: {', '.join(tiny_families()) or '(none)'}")
     builder = _builder(family, size)
     if builder is None:
+        if f"{family}/{size}" in read_shipped_manifest():
+            raise ReformError(f"the shipped {family}/{size} checkpoint is not usable (see the warning above) and its "
+                              "trainer is not loaded: `import evaluation` (run_eval does) trains it, or restore the "
+                              "files with `git checkout models/checkpoints`")
         extra = sorted(s for f, s in _BUILDERS if f == family and s != "*")
         raise ReformError(f"unknown tiny model size '{size}' for family '{family}'; "
                           f"valid sizes: {', '.join(list(SIZES) + extra)}")

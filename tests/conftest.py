@@ -101,25 +101,35 @@ def pytest_configure(config) -> None:
                             "as collection ends and runs beside the rest of the suite (see background_result)")
 
 
-#: background commands started after collection: marker args -> (process, stdout file, stderr file)
+#: background commands started after collection: marker args -> (process, stdout file, stderr file, folder)
 _BACKGROUND: dict = {}
 
 
-def pytest_collection_modifyitems(session, config, items) -> None:
-    """Start each selected test's ``background`` command now, so a long, independent job (the
-    known-skill model's rebuild) overlaps the rest of the suite instead of adding to it."""
+def _skipped(item) -> bool:
+    """Whether a ``skipif`` marker of the item holds (its test would skip: no job to start)."""
+    return any(m.args and isinstance(m.args[0], bool) and m.args[0] for m in item.iter_markers("skipif"))
+
+
+def pytest_collection_finish(session) -> None:
+    """Start the ``background`` command of each test that will run (after -k/-m deselection and
+    skipif), so a long, independent job (the known-skill model's retraining) overlaps the rest of
+    the suite instead of adding to it. The job is in its own process group, dies with this
+    process (PR_SET_PDEATHSIG) and is killed at the end of the session."""
     import subprocess
     import tempfile
-    for item in items:
+    from evaluation.execute import die_with_parent
+    for item in session.items:
         marker = item.get_closest_marker("background")
-        if marker is None or marker.args in _BACKGROUND:
+        if marker is None or marker.args in _BACKGROUND or _skipped(item):
             continue
         work = tempfile.mkdtemp(prefix="reform-bg-")
         cmd = [a.replace("{tmp}", work) for a in marker.args]
         out = open(os.path.join(work, "stdout"), "w+")
         err = open(os.path.join(work, "stderr"), "w+")
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        _BACKGROUND[marker.args] = (subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env), out, err, work)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env, start_new_session=True,
+                                preexec_fn=die_with_parent)
+        _BACKGROUND[marker.args] = (proc, out, err, work)
 
 
 def background_result(request, timeout: float = 1800.0):
@@ -132,11 +142,16 @@ def background_result(request, timeout: float = 1800.0):
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """A background command whose test did not run (deselected, interrupted) is stopped."""
+    """A background command still running (its test deselected late, failed early or
+    interrupted) is killed with its process group; its folder is removed."""
     import shutil
+    import signal
     for proc, out, err, work in _BACKGROUND.values():
         if proc.poll() is None:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
             proc.wait()
         out.close()
         err.close()
