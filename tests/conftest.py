@@ -110,14 +110,27 @@ def _skipped(item) -> bool:
     return any(m.args and isinstance(m.args[0], bool) and m.args[0] for m in item.iter_markers("skipif"))
 
 
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Tests that wait for a background job run last, so the job has the whole suite to finish in."""
+    items.sort(key=lambda item: item.get_closest_marker("background") is not None)
+
+
+def _background_child() -> None:
+    """In the background job: lowest CPU priority (it takes what the suite leaves idle), and
+    killed when pytest dies."""
+    from evaluation.execute import die_with_parent
+    os.nice(19)
+    die_with_parent()
+
+
 def pytest_collection_finish(session) -> None:
     """Start the ``background`` command of each test that will run (after -k/-m deselection and
-    skipif), so a long, independent job (the known-skill model's retraining) overlaps the rest of
-    the suite instead of adding to it. The job is in its own process group, dies with this
-    process (PR_SET_PDEATHSIG) and is killed at the end of the session."""
+    skipif), so a long, independent job (the known-skill model's retraining) runs on the CPU the
+    suite leaves idle instead of adding to its time. The job runs at the lowest priority in its
+    own process group, dies with this process (PR_SET_PDEATHSIG) and is killed at the end of the
+    session; its test runs last."""
     import subprocess
     import tempfile
-    from evaluation.execute import die_with_parent
     for item in session.items:
         marker = item.get_closest_marker("background")
         if marker is None or marker.args in _BACKGROUND or _skipped(item):
@@ -128,7 +141,7 @@ def pytest_collection_finish(session) -> None:
         err = open(os.path.join(work, "stderr"), "w+")
         env = dict(os.environ, OMP_NUM_THREADS="1")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env, start_new_session=True,
-                                preexec_fn=die_with_parent)
+                                preexec_fn=_background_child)
         _BACKGROUND[marker.args] = (proc, out, err, work)
 
 

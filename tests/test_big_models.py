@@ -150,6 +150,7 @@ out = {{"sharded": type(model.model.lm_head.weight).__name__,
         "likelihood": [[x[0] for x in r] for r in model.forward("likelihood", samples, prompts)]}}
 with open({out!r} + str(dist.get_rank()), "w") as f:
     json.dump(out, f)
+dist.barrier()  # leave together (utils.distributed.shutdown): a rank leaving early aborts under load
 dist.destroy_process_group()
 """
 

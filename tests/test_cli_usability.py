@@ -92,7 +92,9 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), "--model", "llava", "--model_name", "tiny",
            "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--infer_method", "likelihood",
-           "--output_dir", str(out)]
+           "--dataset_duplication", "3", "--output_dir", str(out)]
+    # 300 samples: long enough that the run is still going when the signal lands, on a loaded machine too
+    # (with 100, a run under load was seen to finish between the first saved sample and the signal)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     shard = None
