@@ -92,10 +92,11 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), "--model", "llava", "--model_name", "tiny",
            "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--infer_method", "likelihood",
-           "--dataset_duplication", "3", "--output_dir", str(out)]
-    # 300 samples: long enough that the run is still going when the signal lands, on a loaded machine too
-    # (with 100, a run under load was seen to finish between the first saved sample and the signal)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--output_dir", str(out)]
+    # SIGINT as at a terminal: a suite started in the background (`cmd &` without job control)
+    # inherits SIGINT ignored, and a child that inherits it ignored never sees Ctrl-C
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     shard = None
     while time.time() < deadline and proc.poll() is None:  # wait until some samples are saved
