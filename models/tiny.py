@@ -65,7 +65,7 @@ SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoi
 SHIPPED_MANIFEST = os.path.join(SHIPPED_DIR, "manifest.json")
 #: the recipe version each shipped checkpoint must carry (the trainer, evaluation/training.py,
 #: registers its builder under the same version); a shipped copy of another version is not used
-SHIPPED_VERSIONS: Dict[str, str] = {"llava/trained": "1"}
+SHIPPED_VERSIONS: Dict[str, str] = {"llava/trained": "2"}
 
 
 def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: str = "1",
@@ -367,8 +367,9 @@ LLAVA_SIZES = {
     "bench": dict(t_hidden=512, t_layers=10, t_heads=8, t_kv=8, t_mlp=1536,
                   v_hidden=384, v_layers=6, v_heads=6, v_mlp=1536, image=112, patch=14, vocab=2000),
     # the known-skill model (evaluation.training): 64-pixel frames in 16-pixel patches (16 tokens
-    # per frame, 2x2 per iWISDM quadrant), a vocabulary trained on the prompts it reads
-    "trained": dict(t_hidden=128, t_layers=2, t_heads=4, t_kv=2, t_mlp=256,
+    # per frame, 2x2 per iWISDM quadrant), a vocabulary trained on the prompts it reads; three
+    # layers (operands, their match, the answer) of 4 heads of 32 (vLLM's CPU attention needs 32 or 64)
+    "trained": dict(t_hidden=128, t_layers=3, t_heads=4, t_kv=2, t_mlp=256,
                     v_hidden=96, v_layers=3, v_heads=4, v_mlp=192, image=64, patch=16, vocab=1200),
 }
 
