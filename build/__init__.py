@@ -9,8 +9,6 @@ import importlib
 import logging
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from torch.utils.data import Dataset
-
 from build.reformulation import Reformulator
 from build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
                             register_builder, resolve_config)
@@ -51,8 +49,11 @@ def _load_image(image: Any, record: Any = None) -> Any:
     return image
 
 
-class ReformDataset(Dataset):
+class ReformDataset:
     """A list of unified samples; loads image paths lazily unless ``lazy_images``.
+
+    A map-style dataset (``__len__``, ``__getitem__``), which torch's DataLoader takes as it is;
+    it does not derive from torch's ``Dataset`` so that building samples never imports torch.
 
     With a ``preprocessor``, each item also carries ``prompt`` (the model's input text).
     """

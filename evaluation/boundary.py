@@ -16,8 +16,6 @@ import time
 import traceback
 from typing import Callable
 
-import torch.distributed as dist
-
 from evaluation.runinfo import log_file_handler
 from utils.errors import ReformError, current_stage
 from utils.secrets import redact_text
@@ -45,7 +43,7 @@ def run_cli(body: Callable[[], int], tool: str) -> int:
         return report_error(ReformError(f"interrupted while {current_stage(e)}; re-running the same command "
                                         "resumes from the samples already saved"), tool, code=130)
     except Exception as e:  # noqa: BLE001  (the boundary: everything unexpected ends here)
-        if not single and isinstance(e, (dist.DistError, RuntimeError)):
+        if not single and isinstance(e, RuntimeError):  # (torch's DistError is a RuntimeError)
             # another rank failed and printed its one-line error; this rank stops quietly
             logger.debug("stopped after a peer failed: %s", e)
             return 1

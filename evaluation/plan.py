@@ -41,9 +41,29 @@ class RunPlan:
     cache_stats: Dict[str, int] = field(default_factory=dict)
     #: per-sample digests of the item without how it is asked (``utils.fingerprint.item_fields``)
     item_digests: List[str] = field(default_factory=list)
+    #: what the model reported about itself and its prompts (``BaseInterface.provenance``)
+    provenance: Dict[str, Any] = field(default_factory=dict)
+    _index: Dict[Key, int] = field(default_factory=dict, repr=False)
 
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
+
+    def index_of(self, key: Key) -> Optional[int]:
+        if not self._index:
+            self._index = {self.key(s): i for i, s in enumerate(self.samples)}
+        return self._index.get(key)
+
+    def digest_of(self, key: Key) -> str:
+        i = self.index_of(key)
+        return self.digests[i] if i is not None else ""
+
+    def sample_sha_of(self, key: Key) -> Optional[str]:
+        i = self.index_of(key)
+        return self.digests[i][:16] if i is not None else None
+
+    def item_sha_of(self, key: Key) -> Optional[str]:
+        i = self.index_of(key)
+        return self.item_digests[i][:16] if i is not None and i < len(self.item_digests) else None
 
     @property
     def sample_sha(self) -> Dict[Key, str]:

@@ -125,7 +125,9 @@ class HFInputsMixin:
         kwargs: Dict[str, Any] = {"text": texts, "return_tensors": self.processor_tensors, "padding": True}
         if images:
             kwargs["images"] = images
-        return self.to_model_inputs(self.processor(**kwargs))
+        enc = self.processor(**kwargs)
+        self.trace_encoded(texts, enc)  # what the model is given, per row (models.hf_provenance)
+        return self.to_model_inputs(enc)
 
     def to_model_inputs(self, enc: Any) -> Dict[str, Any]:
         """Processor outputs as a dict on the model's device, floating tensors in its dtype."""
@@ -153,12 +155,17 @@ class HFInputsMixin:
         if len(groups) == 1:
             return run(groups[0])
         out: List[Any] = [None] * sum(len(g) for g in groups)
+        traces: List[Any] = [None] * len(out)
         ids = self._sample_ids
         try:
             for g in groups:
                 self._sample_ids = [ids[i] if ids is not None and i < len(ids) else f"#{i}" for i in g]
+                before = len(self._traces or [])
                 for i, r in zip(g, run(g)):
                     out[i] = r
+                for i, t in zip(g, (self._traces or [])[before:]):
+                    traces[i] = t
         finally:
             self._sample_ids = ids
+        self._traces = traces if any(t is not None for t in traces) else None
         return out

@@ -18,13 +18,10 @@ import torch
 
 from models.checkpoint_files import check_checkpoint_dir
 from models.hf_compat import allow_video_processors_without_torchvision
-from models.tiny import has_tiny_size, tiny_model_path
+from models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
 from utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
-
-#: ``--model_name`` of the known-skill checkpoint (a tiny model trained here; docs/models.md)
-TRAINED_NAME = "tiny-trained"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -116,24 +113,6 @@ def weight_loading_bars(show: bool) -> Iterator[None]:
     finally:
         if was and not show:
             hf_logging.enable_progress_bar()
-
-
-def builtin_checkpoint(family: str, name: Optional[str], options: Dict[str, Any]) -> Optional[str]:
-    """The directory of a built-in checkpoint name (``tiny``: built on first use; ``tiny-trained``:
-    the shipped known-skill checkpoint, or trained on first use), or None for any other name.
-    The run identity fingerprints this directory's files (evaluation.plan), so new weights
-    under the same name are a new run."""
-    if name == "tiny":
-        return tiny_model_path(family, size=str(options.get("tiny_size", "tiny")))
-    if name == TRAINED_NAME:
-        if options.get("tiny_size") not in (None, "trained"):
-            raise ReformError(f"--model_option tiny_size applies to --model_name tiny, not {TRAINED_NAME} "
-                              "(one size, trained here)")
-        if not has_tiny_size(family, "trained"):
-            raise ReformError(f"--model_name {TRAINED_NAME} is the known-skill LLaVA: it exists for --model llava "
-                              f"only, not --model {family} (use --model_name tiny for a random {family})")
-        return tiny_model_path(family, size="trained")
-    return None
 
 
 class HFLoadingMixin:

@@ -159,7 +159,15 @@ class Commit:
 
     def write_json(self, target: str, obj: Any, indent: Optional[int] = 1, last: bool = False) -> str:
         def write(f: Any) -> None:
-            json.dump(obj, f, ensure_ascii=False, indent=indent)
+            if isinstance(obj, list) and indent is not None:
+                # records: one per line, each by the C encoder (json.dump with an indent runs the
+                # pure-Python encoder: a minute for 50,000 records, against a second)
+                f.write("[")
+                for i, item in enumerate(obj):
+                    f.write(("\n" if i == 0 else ",\n") + json.dumps(item, ensure_ascii=False))
+                f.write("\n]\n")
+                return
+            f.write(json.dumps(obj, ensure_ascii=False, indent=indent))
             f.write("\n")
         return self.write(target, write, last)
 
