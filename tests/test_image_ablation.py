@@ -281,3 +281,46 @@ def test_known_skill_model_falls_to_chance_under_every_ablation(tmp_path):
             assert r["with_images"]["value"] >= 0.8, (d["mode"], g)  # the intact control, far above chance
             margin = 3 * math.sqrt(chance * (1 - chance) / n)  # three binomial standard errors at chance
             assert abs(r["ablated"]["value"] - chance) <= margin, (d["mode"], g, r["ablated"]["value"], chance)
+
+
+def test_mmmt_if_chats_keep_their_image_mapping_and_pair_by_turn(tmp_path):
+    """MMMT-IF chats share pictures (chat c shows p{c%4} and p{c+1%4}): a shuffled chat holds none of
+    its own pictures in any turn, the same replacement in every turn; without images no turn keeps
+    a placeholder; the comparison pairs the turns (PIF, the reference baseline: no difference)."""
+    from tests.test_mmmt_if_run import write_mmdu
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    intact, _ = build(cfg, None, dataset="MMMT-IF", formulation="Generation")
+    shuffled, _ = build(cfg, "shuffle", dataset="MMMT-IF", formulation="Generation")
+    chat_map = {}
+    for a, b in zip(intact, shuffled):
+        chat = a["meta"]["chat_id"]
+        assert set(b["images"]).isdisjoint(a["images"]) and len(b["images"]) == len(a["images"])
+        for own, got in zip(a["images"], b["images"]):
+            assert chat_map.setdefault((chat, own), got) == got
+    blind, _ = build(cfg, "none", dataset="MMMT-IF", formulation="Generation")
+    assert all(s["images"] == [] and IMAGE_TOKEN not in ConvProcessor()(s) for s in blind)
+    out = tmp_path / "out"
+    for mode in (None, "none"):
+        _run(out, model="reference", ablation=mode, dataset="MMMT-IF", config=cfg, options={},
+             formulation="Generation")
+    comp = score([str(out)], output_dir=str(tmp_path / "report"), quiet=True).comparison
+    (dep,) = comp["image_dependence"]
+    assert dep["statistic"] == "pif" and dep["n_pairs"] == 30 and dep["mode"] == "none"
+    assert dep["rows"][0]["difference"]["value"] == 0.0
+
+
+@pytest.mark.slow
+def test_blip2_runs_blank_when_asked_for_no_images(tmp_path, capsys):
+    """End to end: the engine tells the build the family needs an image; the run completes on
+    blanks and its results and records say what was done."""
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=3)
+    res = _run(tmp_path / "out", model="blip2", name="tiny", ablation="none", dataset="custom", config=cfg,
+               options={}, method="likelihood")
+    summary = json.load(open(res.results_files["json"]))
+    assert summary["build_info"]["image_ablation"] == {"requested": "none", "applied": "blank", "samples": 3,
+                                                       "images_replaced": 3,
+                                                       "reason": "the model cannot run without an image"}
+    records = json.load(open(res.prediction_file))
+    assert all(r["image_ablation"]["mode"] == "blank" and r["image_ablation"]["requested"] == "none"
+               and r["prompt"].count(IMAGE_TOKEN) == 1 for r in records)
