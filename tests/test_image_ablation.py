@@ -207,28 +207,29 @@ def test_a_family_that_needs_an_image_gets_the_blank(tmp_path, caplog):
 
 # -- runs and the comparison ----------------------------------------------------------------------
 def _run(out, model="random", name=None, ablation=None, dataset="iWISDM", config="iwisdm_low", options=None,
-         formulation="SingleChoice", method="generation"):
+         formulation="SingleChoice", method="generation", do_eval=True):
     cfg = RunConfig(model=ModelConfig(model, name),
                     dataset=DatasetConfig(dataset, formulation=formulation, config=config,
                                           options=options if options is not None else {"n_trials": 20},
                                           image_ablation=ablation),
                     generation=GenerationConfig(infer_method=method, batch_size=8, max_new_tokens=4),
-                    scoring=ScoringConfig(do_eval=True), output=OutputConfig(output_dir=str(out), use_cache=False))
+                    scoring=ScoringConfig(do_eval=do_eval), output=OutputConfig(output_dir=str(out), use_cache=False))
     return evaluate(cfg)
 
 
 def test_random_baseline_shows_no_difference_and_pairs_only_its_own_items(tmp_path):
     out = tmp_path / "out"
-    intact = _run(out)
-    _run(out, ablation="shuffle")
-    _run(out, options={"n_trials": 20, "seed": 9})  # other trials under the same ids: never paired
+    intact = _run(out, do_eval=False)  # (scored once, together, below)
+    _run(out, ablation="shuffle", do_eval=False)
+    _run(out, options={"n_trials": 20, "seed": 9}, do_eval=False)  # other trials under the same ids: never paired
     comp = score([str(out)], output_dir=str(tmp_path / "report"), quiet=True).comparison
     (dep,) = comp["image_dependence"]
     assert os.path.basename(intact.prediction_file)[:-len(".json")] in dep["with_images"]  # the seed-0 trials
     assert dep["ablated"].startswith("random (images: shuffle)")
     assert dep["n_pairs"] == 20 and dep["n_unpaired"] == 0
     (row,) = dep["rows"]  # one complexity: no group rows beside "all"
-    assert row["with_images"]["value"] == row["ablated"]["value"] == intact.metrics["accuracy"]
+    headline = {m["name"]: m["headline"]["accuracy"]["value"] for m in comp["models"]}
+    assert row["with_images"]["value"] == row["ablated"]["value"] == headline[dep["with_images"]]
     diff = row["difference"]
     assert diff["value"] == 0.0 and diff["low"] < 0.0 < diff["high"]
     assert diff["high"] == pytest.approx(1 - 0.025 ** (1 / 20))  # no item changed: the exact bound
@@ -266,7 +267,7 @@ def test_known_skill_model_falls_to_chance_under_every_ablation(tmp_path):
     opts = {"preset": ["identify_category", "identify_location"], "n_trials": TRIALS}
     for mode in (None,) + IMAGE_ABLATIONS:
         _run(out, model="llava", name="tiny-trained", ablation=mode, config="iwisdm_identify_category",
-             options=opts, method="likelihood")
+             options=opts, method="likelihood", do_eval=False)
     comp = score([str(out)], output_dir=str(tmp_path / "report"), quiet=True).comparison
     deps = comp["image_dependence"]
     assert [d["mode"] for d in deps] == list(IMAGE_ABLATIONS)
@@ -302,7 +303,7 @@ def test_mmmt_if_chats_keep_their_image_mapping_and_pair_by_turn(tmp_path):
     out = tmp_path / "out"
     for mode in (None, "none"):
         _run(out, model="reference", ablation=mode, dataset="MMMT-IF", config=cfg, options={},
-             formulation="Generation")
+             formulation="Generation", do_eval=False)
     comp = score([str(out)], output_dir=str(tmp_path / "report"), quiet=True).comparison
     (dep,) = comp["image_dependence"]
     assert dep["statistic"] == "pif" and dep["n_pairs"] == 30 and dep["mode"] == "none"
