@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import build  # noqa: F401  (registers the builders)
 import yaml
-from build import LOAD_DEFAULTS
+from build import IMAGE_ABLATIONS, LOAD_DEFAULTS
 from build.registry import BUILDERS, caller_paths_absolute, get_builder_class, shipped_configs
 from metrics import check_metric_options, metric_for
 from models import available_models, check_model_options, check_run_flags
@@ -74,6 +74,7 @@ class DatasetConfig:
     skip_corrupt: bool = False
     save_images: bool = False
     context_policy: str = "error"
+    image_ablation: Optional[str] = None       # none | blank | noise | shuffle (build.ablation)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ class RunConfig:
             dataset=DatasetConfig(a.dataset_name, a.formulation, a.dataset_config, dataset_options,
                                   a.dataset_duplication, a.in_context_sample, a.random_instruct, a.shuffle_options,
                                   a.option_mark, a.dataset_subsample, a.history, a.instructions_at_end,
-                                  a.skip_corrupt, a.save_images, a.context_policy),
+                                  a.skip_corrupt, a.save_images, a.context_policy,
+                                  image_ablation=a.image_ablation),
             generation=GenerationConfig(a.infer_method, a.per_gpu_eval_batch_size, a.num_workers, a.temperature,
                                         a.max_new_tokens, a.num_samples, a.seed),
             scoring=ScoringConfig(a.do_eval, a.eval_stability, a.likelihood_reduction, metric_options,
@@ -192,6 +194,8 @@ class RunConfig:
         _choice("--option_mark", d.option_mark, OPTION_MARKS)
         _choice("--history", d.history, HISTORY_MODES)
         _choice("--context_policy", d.context_policy, CONTEXT_POLICIES)
+        if d.image_ablation is not None:
+            _choice("--image_ablation", d.image_ablation, IMAGE_ABLATIONS)
         _choice("--likelihood_reduction", s.likelihood_reduction, REDUCTIONS)
         for flag, value in (("--dataset_duplication", d.duplication), ("--per_gpu_eval_batch_size", g.batch_size),
                             ("--num_samples", g.num_samples), ("--dataset_subsample", d.subsample),
@@ -269,7 +273,7 @@ class RunConfig:
             "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
             "dataset_subsample": d.subsample, "history": d.history, "instructions_at_end": d.instructions_at_end,
             "skip_corrupt": d.skip_corrupt, "save_images": d.save_images, "context_policy": d.context_policy,
-            "infer_method": g.infer_method, "per_gpu_eval_batch_size": g.batch_size, "num_workers": g.num_workers,
+            "image_ablation": d.image_ablation, "infer_method": g.infer_method, "per_gpu_eval_batch_size": g.batch_size, "num_workers": g.num_workers,
             "temperature": g.temperature, "max_new_tokens": g.max_new_tokens, "num_samples": g.num_samples,
             "seed": g.seed, "output_dir": o.output_dir, "overwrite": o.overwrite, "do_eval": sc.do_eval,
             "eval_stability": sc.eval_stability, "likelihood_reduction": sc.likelihood_reduction,
@@ -380,6 +384,7 @@ def to_argv(cfg: RunConfig) -> List[str]:
                                  ("--dataset_duplication", d.duplication, 1), ("--option_mark", d.option_mark, "upper"),
                                  ("--dataset_subsample", d.subsample, None), ("--history", d.history, "model"),
                                  ("--context_policy", d.context_policy, "error"),
+                                 ("--image_ablation", d.image_ablation, None),
                                  ("--infer_method", g.infer_method, "generation"),
                                  ("--per_gpu_eval_batch_size", g.batch_size, 1), ("--num_workers", g.num_workers, 0),
                                  ("--temperature", g.temperature, 0.0), ("--max_new_tokens", g.max_new_tokens, None),
@@ -530,6 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context_policy", default="error", choices=list(CONTEXT_POLICIES),
                    help="a prompt longer than the model context: fail naming the sample, drop the oldest "
                         "turns (images and instructions kept), or skip the sample (counted in results)")
+    g.add_argument("--image_ablation", default=None, choices=list(IMAGE_ABLATIONS),
+                   help="what the image adds: remove the images and their placeholders (none), replace each by a "
+                        "black (blank) or seeded noise image of its size, or by another sample's image (shuffle, "
+                        "seeded by --seed); part of the run identity; a model that needs an image gets the blank "
+                        "for none (default: images as given)")
     g = p.add_argument_group("inference")
     g.add_argument("--infer_method", default="generation", choices=list(INFER_METHODS),
                    help="generation (parse the text) or likelihood (score the candidates)")

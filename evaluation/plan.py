@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from build import build_dataset
 from build.registry import Builder, get_builder_class, load_config, resolve_config
-from models import builtin_checkpoint_dir, identity_env
+from models import builtin_checkpoint_dir, identity_env, needs_image
 from models.tiny import sha256_file
 from evaluation.config import ModelConfig, RunConfig
 from utils.errors import ReformError
@@ -90,7 +90,8 @@ def build_samples(cfg: RunConfig, config_path: Optional[str]) -> Tuple[List[Dict
                          in_context_sample=d.in_context_sample, random_instruct=d.random_instruct,
                          data_duplication=d.duplication, shuffle_options=d.shuffle_options,
                          option_mark=d.option_mark, seed=g.seed, subsample=d.subsample,
-                         extra_options=dict(d.options))
+                         extra_options=dict(d.options), image_ablation=d.image_ablation,
+                         image_required=needs_image(cfg.model.family))
 
 
 def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: str) -> Tuple[str, Dict[str, Any]]:
@@ -109,6 +110,7 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
         "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
         "history": d.history, "save_images": d.save_images,  # (--dataset_subsample: data_fingerprint)
         "context_policy": d.context_policy,
+        **({"image_ablation": d.image_ablation} if d.image_ablation else {}),  # (absent: older identities kept)
         "infer_method": g.infer_method, "temperature": g.temperature, "max_new_tokens": g.max_new_tokens,
         "num_samples": g.num_samples, "seed": g.seed,
         "dataset_config_content": config_content, "data_fingerprint": data_fingerprint,

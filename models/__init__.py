@@ -178,6 +178,15 @@ def builtin_checkpoint_dir(name: str, model_name: Optional[str], options: Dict[s
     return builtin_checkpoint(family, model_name, options)
 
 
+def needs_image(name: str) -> bool:
+    """Whether family ``name`` cannot run without an image (``--image_ablation none`` then
+    gives it a blank image: ``build.ablation``)."""
+    _load(name)
+    if name not in MODELS:
+        raise unknown_name("model", name, available_models())
+    return bool(getattr(MODELS[name], "needs_image", False))
+
+
 #: the run_eval flag of each run-level model setting
 RUN_FLAG_NAMES = {"model_name": "--model_name", "model_type": "--model_type", "half_evaluation": "--half_evaluation"}
 

@@ -18,6 +18,7 @@ from metrics.single_choice import instability
 from utils.errors import ReformError
 from utils.report import markdown_table, md_text
 from evaluation.reporting.bootstrap import bootstrap, family_of
+from evaluation.reporting.image_dependence import dependence_notes, dependence_table, image_dependence
 
 #: headline metrics shown per family, in order, with their labels
 HEADLINE_LABELS: Dict[str, Sequence[Tuple[str, str]]] = {
@@ -72,11 +73,16 @@ Content = Tuple[Optional[str], Optional[str]]
 
 def sample_shas(run: Dict[str, Any]) -> Dict[Key, Content]:
     """(sample_id, dup_index) -> (``item_sha``, ``sample_sha``) of what the model was asked, from
-    the run's records and per_sample entries (entries without either are absent)."""
+    the run's records and per_sample entries (entries without either are absent). A record made
+    with ``--image_ablation`` counts as the item it was made from (``image_ablation.intact_item_sha``):
+    it pairs with that item asked with its images, and with nothing else."""
     out: Dict[Key, Content] = {}
     for src in (run.get("records") or [], run["result"].get("per_sample") or []):
         for r in src:
             item, sample = r.get("item_sha"), r.get("sample_sha")
+            ablation = r.get("image_ablation")
+            if isinstance(ablation, dict) and ablation.get("intact_item_sha") is not None:
+                item = ablation["intact_item_sha"]
             if item is None and sample is None:
                 continue
             key = (str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))
@@ -211,9 +217,17 @@ def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int 
                        "headline": boot["headline"], "extra": extra, "breakdowns": boot["breakdowns"],
                        "chance_by": {name: {g: row.get("chance") for g, row in rows.items()}
                                      for name, rows in _chance_rows(res).items()}})
+    shas = {r["name"]: sample_shas(r) for r in runs}
+
+    def pair_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Tuple[List[Key], int]:
+        keys_a = [(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)) for p in a["result"]["per_sample"]]
+        keys_b = [(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)) for p in b["result"]["per_sample"]]
+        return pair_keys(keys_a, keys_b, shas[a["name"]], shas[b["name"]])
+
     return {"benchmark": benchmark, "metric": metric, "family": family, "seed": seed, "n_boot": n_boot,
             "ci": f"95% percentile interval, {n_boot} cluster-bootstrap resamples (seed {seed})",
-            "models": models, "paired_tests": paired_tests(runs, family)}
+            "models": models, "paired_tests": paired_tests(runs, family),
+            "image_dependence": image_dependence(runs, family, benchmark, metric, pair_runs, seed=seed, n_boot=n_boot)}
 
 
 def operations(run: Dict[str, Any]) -> Dict[str, Any]:
@@ -349,6 +363,9 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                          "-" if t["statistic"] is None else f"{t['statistic']:g}",
                          "-" if t["p_value"] is None else f"{t['p_value']:.4g}"])
         out.append(("Paired tests (samples both models scored, paired by content)", header, rows))
+    dependence = dependence_table(comp.get("image_dependence") or [])
+    if dependence:
+        out.append(dependence)
     return out
 
 
@@ -367,7 +384,8 @@ def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
              md_text(f"Models: {models}."), ""]
     for title, header, rows in tables(comp):
         lines += [f"## {md_text(title)}", "", markdown_table(header, rows), ""]
-        notes = pairing_notes(comp) if title.startswith("Paired tests") else []
+        notes = pairing_notes(comp) if title.startswith("Paired tests") else (
+            dependence_notes(comp.get("image_dependence") or []) if title.startswith("Image dependence") else [])
         lines += [f"- Note: {md_text(n)}" for n in notes] + ([""] if notes else [])
     if plots:
         lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]

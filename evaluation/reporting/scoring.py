@@ -26,6 +26,7 @@ import build  # noqa: F401  (registers the builders, for dataset-name lookups)
 import metrics  # noqa: F401  (metric modules register readers and exporters)
 from build.registry import get_builder_class
 from evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
+from evaluation.reporting.image_dependence import ablation_mode
 from evaluation.reporting.report import compare_runs
 from metrics import evaluate
 from metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
@@ -443,10 +444,13 @@ def export_results(records: List[Dict[str, Any]], benchmark: str, directory: str
 
 
 def run_name(records: List[Dict[str, Any]], prediction_file: str) -> str:
-    """The label of a run in comparisons: the model named in its records, else the file stem."""
+    """The label of a run in comparisons: the model named in its records, else the file stem; a run
+    made with ``--image_ablation`` says which (``llava:tiny (images: blank)``)."""
     models = sorted({str(r["model"]) for r in records if r.get("model")})
     stem = results_paths(prediction_file)["stem"]
-    return models[0] if len(models) == 1 else stem
+    name = models[0] if len(models) == 1 else stem
+    mode = ablation_mode(records)
+    return f"{name} (images: {mode})" if mode else name
 
 
 def clean_output_temps(*directories: Optional[str]) -> None:

@@ -39,6 +39,9 @@ class BaseInterface:
     #: False for a family that computes nothing on a torch device (baselines, APIs): the engine
     #: then picks no device and never imports torch for it
     runs_on_device: bool = True
+    #: True for a family that cannot run without an image (BLIP-2 always encodes pixels; PaliGemma's
+    #: processor requires images): ``--image_ablation none`` gives it a blank image instead
+    needs_image: bool = False
     #: ``--model_option`` keys this class reads (a subclass adds its own; ``models.model_option_names``
     #: collects them over the class hierarchy, and any other key is an error listing them)
     #: (prompt options that only some families read, ``preprocessor`` and ``roles``, are declared by those)

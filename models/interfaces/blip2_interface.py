@@ -64,6 +64,7 @@ class Blip2Interface(HFBaseInterface):
     """BLIP-2: ViT + Q-Former (``num_query_tokens`` queries per image) + OPT or Flan-T5."""
 
     family = "blip2"
+    needs_image = True  # every prompt encodes pixel values (``_encode``)
     model_types = ("blip-2",)
     #: OPT derives its (learned, absolute) positions from the attention mask itself
     position_source = "model"
