@@ -116,6 +116,61 @@ def pair_keys(keys_a: Sequence[Key], keys_b: Sequence[Key], sha_a: Dict[Key, Con
     return paired, len(shared) - len(paired)
 
 
+def item_keys(run: Dict[str, Any]) -> Dict[Key, str]:
+    """(sample_id, dup_index) -> the benchmark's ``item_key`` (what was asked, in a form another
+    harness's output has too: for MME subtask, image file name and question), where the scorer
+    gives one."""
+    return {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): str(p["item_key"])
+            for p in run["result"].get("per_sample") or [] if p.get("item_key")}
+
+
+def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key]], int]:
+    """(pairs of entry keys (a's, b's) made from the same item, the number refused): the one
+    pairing of compare, paired tests and ``explain``.
+
+    First by (sample_id, dup_index) under ``pair_keys``' content rule (our runs: unchanged).
+    Then, for the entries left, by (``item_key``, dup_index) where at least one of the two has no
+    content hash (``item_sha``/``sample_sha``): a row of another harness's log (lmms-eval,
+    VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
+    answered. Two of our runs never pair by item key alone: their hashes decide."""
+    ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
+    kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
+    sha_a, sha_b = sample_shas(run_a), sample_shas(run_b)
+    same, _ = pair_keys(ka, kb, sha_a, sha_b)
+    pairs: List[Tuple[Key, Key]] = [(k, k) for k in same]
+    done_a, done_b = set(same), set(same)
+    ik_a, ik_b = item_keys(run_a), item_keys(run_b)
+    by_item_b = {(ik_b[k], k[1]): k for k in kb if k in ik_b and k not in done_b}
+    for k in ka:
+        if k in done_a or k not in ik_a:
+            continue
+        other = by_item_b.get((ik_a[k], k[1]))
+        if other is None or other in done_b:
+            continue
+        if card_key(sha_a.get(k)) and card_key(sha_b.get(other)):
+            continue  # both ours: their content hashes decided above
+        pairs.append((k, other))
+        done_a.add(k)
+        done_b.add(other)
+    refused = len([k for k in set(ka) & set(kb) if k not in done_a or k not in done_b])
+    return sorted(pairs), refused
+
+
+def flips(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Dict[str, Any]:
+    """What changed between two runs on the items both answered (``pair_runs``): ``flips``, the
+    pairs whose verdict differs, and ``answer_changes``, those whose parsed answer differs
+    (MME's yes/no/other, else the extracted answer), each as (a's key, b's key)."""
+    pairs, refused = pair_runs(run_a, run_b)
+    ea = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_a["result"]["per_sample"]}
+    eb = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_b["result"]["per_sample"]}
+
+    def answer(p: Dict[str, Any]) -> Any:
+        return p.get("parsed", p.get("extracted"))
+    return {"n_pairs": len(pairs), "n_refused": refused,
+            "flips": [(a, b) for a, b in pairs if bool(ea[a].get("correct")) != bool(eb[b].get("correct"))],
+            "answer_changes": [(a, b) for a, b in pairs if answer(ea[a]) != answer(eb[b])]}
+
+
 def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> Dict[str, Any]:
     """Exact McNemar test: a two-sided binomial test on the discordant pairs."""
     from scipy.stats import binomtest
@@ -142,12 +197,11 @@ def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, 
     ``n_refused`` counts the shared keys whose content differs or cannot be compared."""
     field = "pif" if family == "pif" else "correct"
     values = {r["name"]: _paired_values(r["result"]["per_sample"], field) for r in runs}
-    shas = {r["name"]: sample_shas(r) for r in runs}
     out = []
     for ra, rb in combinations(runs, 2):
         va, vb = values[ra["name"]], values[rb["name"]]
-        keys, refused = pair_keys(list(va), list(vb), shas[ra["name"]], shas[rb["name"]])
-        a, b = [va[k] for k in keys], [vb[k] for k in keys]
+        keys, refused = pair_runs(ra, rb)
+        a, b = [va[k] for k, _ in keys], [vb[k] for _, k in keys]
         row: Dict[str, Any] = {"a": ra["name"], "b": rb["name"], "metric": field, "n_pairs": len(keys),
                                "n_refused": refused,
                                "mean_a": float(np.mean(a)) if keys else None,
