@@ -17,7 +17,7 @@ PYTHON="${PYTHON:-python3}"
 MARK="$VENV/.lmms-eval-ok"
 LOG="$VENV.install.log"
 
-if [ -f "$MARK" ] && "$VENV/bin/python" -c "import lmms_eval, decord" >/dev/null 2>&1; then
+if [ -f "$MARK" ] && "$VENV/bin/python" -c "import lmms_eval, decord, filelock._api" >/dev/null 2>&1; then
   echo "$VENV/bin/python"
   exit 0
 fi
@@ -35,9 +35,16 @@ TRANSFORMERS="$("$ROOT/.venv/bin/python" -c 'import transformers; print(transfor
 TORCH="${TORCH_VERSION:-2.13.0}"
 "${PIP[@]}" "torch==$TORCH" >>"$LOG" 2>&1 || fail "installing torch==$TORCH"
 # decord: llava_hf imports it at module top (video frames) although lmms-eval does not require it
-"${PIP[@]}" "lmms-eval==$VERSION" "torch==$TORCH" "transformers==$TRANSFORMERS" decord >>"$LOG" 2>&1 \
+# filelock<4: lmms-eval 0.7.3 imports filelock._api (gone in filelock 4)
+"${PIP[@]}" "lmms-eval==$VERSION" "torch==$TORCH" "transformers==$TRANSFORMERS" decord "filelock<4" >>"$LOG" 2>&1 \
   || fail "installing lmms-eval==$VERSION with transformers==$TRANSFORMERS"
-"$VENV/bin/python" -c "import lmms_eval, decord; from lmms_eval.models.simple.llava_hf import LlavaHf" >>"$LOG" 2>&1 \
+# PyPI's torchvision wheels are CUDA builds: next to the CPU torch wheel they fail to load
+# ("operator torchvision::nms does not exist") and take transformers' AutoProcessor down with them.
+# Without torchvision, transformers uses the PIL image processors, as the project's .venv does.
+if [ "${LMMS_EVAL_KEEP_TORCHVISION:-0}" != 1 ]; then
+  "$VENV/bin/python" -m pip uninstall -y torchvision >>"$LOG" 2>&1 || fail "removing torchvision"
+fi
+"$VENV/bin/python" -c "import lmms_eval, decord, filelock._api; from lmms_eval.models.simple.llava_hf import LlavaHf" >>"$LOG" 2>&1 \
   || fail "importing lmms_eval and its llava_hf model"
 "$VENV/bin/python" -m pip freeze >"$VENV/.freeze.txt" 2>>"$LOG"
 echo "lmms-eval==$VERSION torch==$TORCH transformers==$TRANSFORMERS" >"$MARK"

@@ -18,6 +18,7 @@ position. lmms-eval parses answers with its own rule (our ``stripped``), the def
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ from build.mme import canonical_subtask, normalize_gt
 from metrics.mme import check_unique_items, foreign_record
 from utils.errors import input_error
 from utils.inputs import iter_jsonl, read_json
-from utils.predictions import ForeignRecords, head_text, register_foreign_reader
+from utils.predictions import ForeignRecords, head_text, register_foreign_companion, register_foreign_reader
 
 HARNESS = "lmms-eval"
 METRIC_KEYS = ("mme_perception_score", "mme_cognition_score")
@@ -221,6 +222,26 @@ def _trace(obj: Dict[str, Any], question: str, template: Optional[str]) -> Dict[
             "user_text": question}
 
 
+def _version(text: Any) -> Optional[str]:
+    """lmms-eval's ``branch@commit`` version string; None where it says it does not know
+    ("unknown@unknown": a pip install, whose package version the log does not hold)."""
+    return text if isinstance(text, str) and text.strip() and not text.startswith("unknown@unknown") else None
+
+
+def _template_rule(model: Optional[str], backend: Optional[str], template: Optional[str],
+                   given: Optional[str]) -> Optional[str]:
+    """What decided the prompt's template, in words, where the log itself does not hold it."""
+    if template:
+        return "the chat_template model argument (llava_hf simple class)"
+    if model != "llava_hf" or backend is None:
+        return None
+    if ".chat." in backend:
+        return ("the checkpoint's own chat template on one user turn (image, question) without a system message"
+                + ("; the chat_template argument is ignored by this class" if given else "") + " (not in the log)")
+    return ("the tokenizer's chat template, else lmms-eval's Vicuna template with its system line "
+            "(which one is not in the log)")
+
+
 def provenance(results: Optional[Dict[str, Any]], results_path: Optional[str] = None) -> Dict[str, Any]:
     """The run-level provenance in the agreed shape, from lmms-eval's results JSON: model and
     model arguments, the chat template and the system line it implies where the arguments give
@@ -229,7 +250,12 @@ def provenance(results: Optional[Dict[str, Any]], results_path: Optional[str] = 
     config = res.get("config") or {}
     args = model_args(results)
     model = config.get("model") if isinstance(config.get("model"), str) else None
-    template = args.get("chat_template") if isinstance(args.get("chat_template"), str) else None
+    backend = config.get("model_backend") if isinstance(config.get("model_backend"), str) else None
+    # llava_hf's chat class (0.7's default) applies the checkpoint's own template to the task's
+    # messages and ignores a chat_template argument; only the simple class (--force_simple) uses it
+    simple = backend is not None and ".simple." in backend
+    given = args.get("chat_template") if isinstance(args.get("chat_template"), str) else None
+    template = given if simple else None
     task_cfgs = res.get("configs") or {}
     task = next(iter(task_cfgs), None) if isinstance(task_cfgs, dict) else None
     task_cfg = task_cfgs.get(task) or {} if task else {}
@@ -245,20 +271,31 @@ def provenance(results: Optional[Dict[str, Any]], results_path: Optional[str] = 
         "attn_implementation": args.get("attn_implementation"),
         "chat_template_sha": _sha(template) if template else None,
         "system_line": system_line(template) if template else None,
-        "preprocessor": "chat_template" if template else None, "bos_token": None, "adds_bos": None,
+        "preprocessor": "chat_template" if template or (backend and ".chat." in backend) else None,
+        "bos_token": None, "adds_bos": None,
         "image_processor": {"class": None, "backend": None, "output_size": None},
         "versions": {"torch": None, "transformers": res.get("transformers_version"), "accelerate": None,
                      "vllm": None},
         "generation": generation, "parse_mode": PARSE_RULE,
-        "harness": {"name": HARNESS, "version": res.get("lmms_eval_version"), "model": model,
+        "harness": {"name": HARNESS, "version": _version(res.get("lmms_eval_version")), "model": model,
                     "model_args": args or None, "pretrained": pretrained, "model_label": label,
                     "task": task, "task_version": (res.get("versions") or {}).get(task) if task else None,
                     "post_prompt": (specific.get("default") or {}).get("post_prompt") if isinstance(specific, dict)
                     else None, "chat_template": template, "results_file": results_path,
-                    "template_rule": None if template else (
-                        "not recorded: llava_hf applies the tokenizer's chat template, else lmms-eval's "
-                        "Vicuna template with its system line" if model == "llava_hf" else None)},
+                    "backend": backend, "template_rule": _template_rule(model, backend, template, given)},
     }
 
 
+def is_results_companion(path: str) -> bool:
+    """lmms-eval's ``<date>_results.json`` with a ``<date>_samples_*.jsonl`` beside it: part of its
+    output, read with the samples (as their provenance), not a prediction file."""
+    name = os.path.basename(path)
+    if not name.endswith("_results.json"):
+        return False
+    date = name[: -len("_results.json")]
+    return bool(glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))),
+                                       glob.escape(date) + "_samples_*.jsonl")))
+
+
 register_foreign_reader("lmms-eval-mme", accepts, read_lmms_eval_samples)
+register_foreign_companion(is_results_companion)

@@ -71,6 +71,19 @@ def register_foreign_reader(name: str, accepts: Callable[[str], bool],
     FOREIGN_READERS[:] = [r for r in FOREIGN_READERS if r[0] != name] + [(name, accepts, reader)]
 
 
+#: predicates naming files that belong to another harness's output without being predictions
+#: (lmms-eval's ``<date>_results.json`` beside its samples): skipped when a folder is listed
+FOREIGN_COMPANIONS: List[Callable[[str], bool]] = []
+
+
+def register_foreign_companion(is_companion: Callable[[str], bool]) -> None:
+    FOREIGN_COMPANIONS.append(is_companion)
+
+
+def is_foreign_companion(path: str) -> bool:
+    return any(pred(path) for pred in FOREIGN_COMPANIONS)
+
+
 def foreign_reader(path: str) -> Optional[Tuple[str, Callable[[str], List[Dict[str, Any]]]]]:
     """(name, reader) of the first registered reader that accepts the file, else None."""
     if not os.path.isfile(path):

@@ -16,6 +16,7 @@ import numpy as np
 
 from metrics.single_choice import instability
 from utils.errors import ReformError
+from utils.references import beside, describe, load_references, match
 from utils.report import markdown_table, md_text
 from evaluation.reporting.bootstrap import bootstrap, family_of
 
@@ -242,6 +243,50 @@ def _chance_rows(result: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return (result.get("metrics") or {}).get("by") or {}
 
 
+#: per family, the metrics published references give (configs/reference_results.yaml)
+REFERENCE_METRICS: Dict[str, Tuple[str, ...]] = {"mme": ("perception_score", "cognition_score"), "pif": ("pif",)}
+
+
+def checkpoint_name(run: Dict[str, Any]) -> Optional[str]:
+    """The checkpoint a run evaluated: run_eval's ``--model_name``, another harness's
+    ``pretrained`` (its provenance), else the one model named in the records (``family:name``)."""
+    res = run["result"]
+    name = (res.get("config") or {}).get("model_name")
+    if name:
+        return str(name)
+    harness = (res.get("provenance") or {}).get("harness") or {}
+    if harness.get("pretrained"):
+        return str(harness["pretrained"])
+    models = {str(r["model"]) for r in run.get("records") or [] if r.get("model")}
+    if len(models) == 1:
+        model = models.pop()
+        return model.split(":", 1)[1] if ":" in model else model
+    return None
+
+
+def reference_rows(runs: Sequence[Dict[str, Any]], benchmark: str, family: str) -> List[Dict[str, Any]]:
+    """For each run whose checkpoint has a published result on this benchmark: the run's value
+    beside it, the difference and the difference in units of the known run-to-run spread
+    (``utils.references.beside``); ``note`` says when the run's total is not comparable (a subset)."""
+    metrics = REFERENCE_METRICS.get(family, ())
+    if not metrics:
+        return []
+    data = load_references()
+    out = []
+    for r in runs:
+        ref = match(checkpoint_name(r), benchmark, data)
+        if ref is None:
+            continue
+        for metric in metrics:
+            if metric not in (ref.get("results") or {}):
+                continue
+            row = beside((r["result"].get("metrics") or {}).get(metric), ref, metric, data)
+            if row is not None:
+                row.update(model=r["name"], note=(r["result"].get("notes") or {}).get(metric))
+                out.append(row)
+    return out
+
+
 def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int = 1000) -> Dict[str, Any]:
     """The comparison as data (what comparison.json holds)."""
     benchmark, metric = check_runs(runs)
@@ -267,7 +312,8 @@ def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int 
                                      for name, rows in _chance_rows(res).items()}})
     return {"benchmark": benchmark, "metric": metric, "family": family, "seed": seed, "n_boot": n_boot,
             "ci": f"95% percentile interval, {n_boot} cluster-bootstrap resamples (seed {seed})",
-            "models": models, "paired_tests": paired_tests(runs, family)}
+            "models": models, "paired_tests": paired_tests(runs, family),
+            "references": reference_rows(runs, benchmark, family)}
 
 
 def operations(run: Dict[str, Any]) -> Dict[str, Any]:
@@ -392,6 +438,14 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                          for g in groups]
                 out.append((f"{extra_stat} by subtask", ["subtask", "n"] + [m["name"] for m in comp["models"]],
                             rows2))
+    if comp.get("references"):
+        rows = [[r["model"], r["checkpoint"], r["metric"], f"{r['value']:.2f}", f"{r['reference']:g}",
+                 f"{r['diff']:+.2f}", "-" if r["spread"] is None else f"{r['spread']:.2f}",
+                 "-" if r["in_spreads"] is None else f"{r['in_spreads']:+.1f}",
+                 f"{r['source']} ({r['url']})", r.get("note") or ""] for r in comp["references"]]
+        out.append(("Published references (configs/reference_results.yaml)",
+                    ["model", "checkpoint", "metric", "run", "published", "run - published", "known spread",
+                     "in spreads", "source", "note"], rows))
     if comp["paired_tests"]:
         header = ["model A", "model B", "test", "pairs", "refused pairs", f"mean {comp['paired_tests'][0]['metric']} A",
                   "mean B", "statistic", "p-value"]
@@ -422,6 +476,9 @@ def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
     for title, header, rows in tables(comp):
         lines += [f"## {md_text(title)}", "", markdown_table(header, rows), ""]
         notes = pairing_notes(comp) if title.startswith("Paired tests") else []
+        if title.startswith("Published references"):
+            notes = [f"{r['model']}: " + describe(r) + (f" The run's total is not comparable ({r['note']})."
+                                                      if r.get("note") else "") for r in comp["references"]]
         lines += [f"- Note: {md_text(n)}" for n in notes] + ([""] if notes else [])
     if plots:
         lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]

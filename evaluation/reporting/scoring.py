@@ -35,7 +35,8 @@ from utils.errors import ReformError, input_error
 from utils.inputs import check_name, list_dir, read_json
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
 from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
-                               ensure_writable_dir, foreign_reader, read_predictions, record_key)
+                               ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
+                               record_key)
 from utils.report import markdown_table, metrics_report
 from utils.usage import usage_totals
 
@@ -321,7 +322,8 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
                 names = list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                found = [os.path.join(m, n) for n in names if not is_derived(os.path.join(m, n))]
+                found = [os.path.join(m, n) for n in names
+                         if not is_derived(os.path.join(m, n)) and not is_foreign_companion(os.path.join(m, n))]
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
