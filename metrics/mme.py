@@ -407,21 +407,24 @@ def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
 
 def foreign_record(harness: str, subtask: str, image: str, question: str, gt: str, prediction: str,
                    file: str, row: Any, model: Optional[str] = None, parse_rule: Optional[str] = None,
-                   trace: Optional[Dict[str, Any]] = None, meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                   trace: Optional[Dict[str, Any]] = None, meta: Optional[Dict[str, Any]] = None,
+                   key_question: Optional[str] = None) -> Dict[str, Any]:
     """One row of another harness's MME output as a prediction record of ours.
 
     The row is identified by what it asked (``item_key``: subtask, image file name, question),
     never by its position; its sample id is ``<subtask>/<image>/<key>``, and ``item_key`` pairs it
     with our records of the same question in compare. ``mme_parse`` is the answer rule the
-    harness itself scored with (the default when scoring it)."""
-    key = item_key(subtask, image, question)
+    harness itself scored with (the default when scoring it). ``key_question``: the question
+    without what the harness added around it, where the reader knows that (else ``question``)."""
+    key = item_key(subtask, image, question if key_question is None else key_question)
     rec: Dict[str, Any] = {
         "sample_id": f"{subtask}/{image}/{key[4:12]}", "dup_index": 0, "benchmark": "MME",
         "formulation": "Generation", "inference_method": "generation", "instruct": "", "question": question,
         "answer": gt, "prediction": prediction, "history": [], "candidates": ["Yes", "No"],
         "answer_index": 0 if gt == "Yes" else 1, "item_key": key,
         "meta": {"subtask": subtask, "category": category_of(subtask), "image": image, "image_key": [subtask, image],
-                 "question_index": None, "official_question": question, "gt": gt, "harness": harness,
+                 "question_index": None, "official_question": question if key_question is None else key_question,
+                 "gt": gt, "harness": harness,
                  "source_file": file, "source_row": row, **(meta or {})}}
     if model:
         rec["model"] = model

@@ -35,8 +35,9 @@ HARNESS = "lmms-eval"
 METRIC_KEYS = ("mme_perception_score", "mme_cognition_score")
 #: lmms-eval's MME answer rule (``parse_pred_ans`` in its tasks/mme/utils.py) is our ``stripped``
 PARSE_RULE = "stripped"
-#: lmms-eval model names whose model code is Hugging Face transformers
-TRANSFORMERS_MODELS = ("llava_hf", "llava_hf_chat", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics2")
+#: lmms-eval model names whose model code we read and know to run Hugging Face transformers
+#: (lmms_eval/models/{simple,chat}/llava_hf.py); other models' engine stays unknown
+TRANSFORMERS_MODELS = ("llava_hf", "llava_hf_chat")
 _SAMPLES_NAME = re.compile(r"^(?P<date>.+)_samples_(?P<task>.+)\.jsonl$")
 
 
@@ -105,8 +106,9 @@ def read_lmms_eval_samples(path: str) -> ForeignRecords:
     results_path = results_file(path)
     results = read_json(results_path, "lmms-eval results file") if results_path else None
     prov = provenance(results if isinstance(results, dict) else None, results_path)
-    template = (prov.get("harness") or {}).get("chat_template")
-    model = (prov.get("harness") or {}).get("model_label")
+    harness = prov.get("harness") or {}
+    template, model = harness.get("chat_template"), harness.get("model_label")
+    pre, post = harness.get("pre_prompt") or "", harness.get("post_prompt") or ""
     records: List[Dict[str, Any]] = []
     for line, obj in iter_jsonl(path, "lmms-eval samples file"):
         if not isinstance(obj, dict):
@@ -136,8 +138,11 @@ def read_lmms_eval_samples(path: str) -> ForeignRecords:
             meta["harness_correct"] = bool(entry["score"])  # lmms-eval's own verdict, for cross-checks
         if "resps" in obj and field == "filtered_resps":
             meta["raw_response"] = obj["resps"]
+        bare = question[len(pre):] if pre and question.startswith(pre) else question  # the task's own wrapping
+        bare = bare[: -len(post)] if post and bare.endswith(post) else bare
         records.append(foreign_record(HARNESS, sub, image, question, gt, response, path, line, model=model,
-                                      parse_rule=PARSE_RULE, trace=_trace(obj, question, template), meta=meta))
+                                      parse_rule=PARSE_RULE, trace=_trace(obj, question, template), meta=meta,
+                                      key_question=bare))
     if not records:
         raise input_error("holds no samples", file=path)
     check_unique_items(records, path)
@@ -222,6 +227,12 @@ def _trace(obj: Dict[str, Any], question: str, template: Optional[str]) -> Dict[
             "user_text": question}
 
 
+def _prompt_kwarg(specific: Any, name: str) -> Optional[str]:
+    """The task's ``lmms_eval_specific_kwargs.default.<name>`` (what it wraps the question in)."""
+    value = (specific.get("default") or {}).get(name) if isinstance(specific, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _version(text: Any) -> Optional[str]:
     """lmms-eval's ``branch@commit`` version string; None where it says it does not know
     ("unknown@unknown": a pip install, whose package version the log does not hold)."""
@@ -280,8 +291,9 @@ def provenance(results: Optional[Dict[str, Any]], results_path: Optional[str] = 
         "harness": {"name": HARNESS, "version": _version(res.get("lmms_eval_version")), "model": model,
                     "model_args": args or None, "pretrained": pretrained, "model_label": label,
                     "task": task, "task_version": (res.get("versions") or {}).get(task) if task else None,
-                    "post_prompt": (specific.get("default") or {}).get("post_prompt") if isinstance(specific, dict)
-                    else None, "chat_template": template, "results_file": results_path,
+                    "pre_prompt": _prompt_kwarg(specific, "pre_prompt"),
+                    "post_prompt": _prompt_kwarg(specific, "post_prompt"), "chat_template": template,
+                    "results_file": results_path,
                     "backend": backend, "template_rule": _template_rule(model, backend, template, given)},
     }
 
