@@ -318,7 +318,10 @@ class OpenAIAPIInterface(BaseInterface):
                 raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
             finally:
                 self.limiter.release(sent, outcome, retry_after)
-                self.budget.settle(need, usage if outcome == "ok" else {"prompt_tokens": 0})
+                # a reply that does not say both counts is charged its worst case (issue 25: a server's
+                # numbers never switch the budget off)
+                counted = usage if usage and {"prompt_tokens", "completion_tokens"} <= set(usage) else None
+                self.budget.settle(need, counted if outcome == "ok" else {"prompt_tokens": 0})
             if attempt == self.max_retries:
                 break
             delay = min(self.backoff_max, self.backoff_base * (2 ** attempt))
