@@ -74,6 +74,7 @@ from PIL import Image
 from utils.schema import IMAGE_TOKEN
 from models import register_model
 from models.interfaces.base_interface import BaseInterface, CandidateScore
+from models.openai_likelihood import score_candidates
 from models.outputs import GenText, finish_text
 from utils.secrets import (REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep,
                            secret_options)
@@ -401,7 +402,8 @@ class OpenAIAPIInterface(BaseInterface):
     #: the served model id (``--model_name``) and a variant label; precision is the server's
     run_flags = ("model_name", "model_type")
 
-    supports_likelihood = False
+    #: where the endpoint returns prompt log-probabilities (vLLM): models.openai_likelihood probes it
+    supports_likelihood = True
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -595,9 +597,10 @@ class OpenAIAPIInterface(BaseInterface):
         """A reply, short, for an error message: credentials scrubbed before it is cut."""
         return redact_text(self.scrub(json.dumps(reply, default=str)))[:200]
 
-    def request(self, body: Dict[str, Any], tag: str = "") -> GenText:
+    def request(self, body: Dict[str, Any], tag: str = "", parse: Optional[Any] = None) -> GenText:
         """POST with retries and backoff (through the adaptive limit and the token budget);
-        returns the reply text with its usage, or raises ReformError naming ``tag``."""
+        returns the reply text with its usage (``parse(reply)`` instead, when given: an object
+        with ``usage``), or raises ReformError naming ``tag``."""
         payload = json.dumps(reveal_deep(body)).encode("utf-8")
         label = f" {tag}" if tag else ""
         last = ""
@@ -607,7 +610,7 @@ class OpenAIAPIInterface(BaseInterface):
             sent = self.limiter.acquire()
             outcome, retry_after, usage = "other", None, None
             try:
-                out = self._parse(self._post_once(payload))
+                out = (parse or self._parse)(self._post_once(payload))
                 outcome, usage = "ok", out.usage
                 return out
             except _Retryable as e:
@@ -693,15 +696,12 @@ class OpenAIAPIInterface(BaseInterface):
                 results.append(fut.result())
         return results
 
-    def raw_predict(self, images: Sequence[Any], prompt: Any,
-                    candidates: Sequence[str]) -> List[CandidateScore]:
-        raise ReformError(f"model 'openai_api' ({self.model}) is black-box: likelihood needs a white-box "
-                          "model; use --infer_method generation")
-
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
-        raise ReformError(f"model 'openai_api' ({self.model}) is black-box: likelihood needs a white-box "
-                          "model; use --infer_method generation")
+        """Candidate scores from the endpoint's prompt log-probabilities (``models.openai_likelihood``);
+        an endpoint without them is refused in one line."""
+        n = len(prompts)
+        return score_candidates(self, images_list, prompts, candidates_list, [self._tag(i, n) for i in range(n)])
 
 
 def _secrets_in(obj: Any) -> List[Secret]:
