@@ -11,7 +11,7 @@ The engines run from the vLLM venv (``commands/vllm_env.sh``); the offline runs 
 (``tests/vllm_runs.py``), the server is started once, on 127.0.0.1, and stopped by its PID.
 
 Usage: python bench/vllm_throughput.py [--trials 16] [--smoke]
-(``--smoke``: 2 trials per preset, every engine still started once: about 3 minutes here.)
+(``--smoke``: 2 trials per preset, every engine still started once: about 4 minutes here.)
 Last line: ``samples=... hf_c1_sps=... hf_c8_sps=... vllm_c1_sps=... vllm_c8_sps=... served_c1_sps=...
 served_c8_sps=... vllm_vs_hf_c8=... served_vs_hf_c8=... vllm_start_s=... served_start_s=...``
 """
