@@ -141,7 +141,7 @@ def _is_hf_stack(mod: str) -> bool:
     if mod.startswith("models.hf_") or mod in ("models.sampling", "evaluation.training"):
         return True
     return mod.startswith("models.interfaces.") and leaf not in (
-        "base_interface", "baseline_interface", "openai_api_interface", "vllm_interface", "__init__")
+        "base_interface", "baseline_interface", "openai_api_interface", "__init__")
 
 
 def heavy_imports() -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
