@@ -57,7 +57,8 @@ import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from models import MODELS, available_models, register_model
+from models import MODELS, load_all, register_model
+from models.hf_provenance import pixel_rows
 from models.hf_base import HFBaseInterface
 from models.hf_loading import _is_path_like, _one_line, builtin_checkpoint
 from models.interfaces.base_interface import BaseInterface, CandidateScore
@@ -92,7 +93,7 @@ def _version(dist: str) -> Optional[str]:
 def family_of(model_type: str, wanted: Optional[str] = None) -> type:
     """The harness family interface for a checkpoint's ``model_type`` (``wanted``: a family name
     that must accept it)."""
-    available_models()
+    load_all()
     families = {n: c for n, c in MODELS.items()
                 if isinstance(c, type) and issubclass(c, HFBaseInterface) and model_type in c.model_types}
     if wanted:
@@ -298,17 +299,16 @@ class VLLMInterface(BaseInterface):
                 "pixel_sha": self._pixel_sha(images)}
 
     def _pixel_sha(self, images: List[Any]) -> Optional[str]:
-        """sha256[:16] of the pixel values the family's image processor (the backend vLLM is given)
-        makes of these images, in order; None without images."""
+        """The hash of the pixel values the family's image processor (the backend vLLM is given)
+        makes of these images, defined as the in-process path defines it
+        (``models.hf_provenance.pixel_rows``), so a vLLM run and an in-process run compare; None
+        without images."""
         if not images:
             return None
-        import numpy as np  # numpy: only for the bytes of the pixel tensors
-
         proc = getattr(self.renderer.processor, "image_processor", None)
         if proc is None:
             return None
-        values = proc(images=list(images), return_tensors="np")["pixel_values"]
-        return hashlib.sha256(np.ascontiguousarray(np.asarray(values, dtype=np.float32)).tobytes()).hexdigest()[:16]
+        return pixel_rows(proc(images=list(images), return_tensors="np"), [len(images)])[0]
 
     def _generate(self, requests: List[Dict[str, Any]], params: Any) -> List[Any]:
         try:
