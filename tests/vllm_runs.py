@@ -7,7 +7,7 @@ Usage, with the vLLM venv's python (``commands/vllm_env.sh``)::
 ``SPEC.json``: ``{"runs": [[run_eval argument, ...], ...]}``. Each run goes through
 ``run_eval.main`` (the command line a user runs); prints one JSON line per run, ``{"rc": exit code,
 "seconds": wall time}``, then one ``{"provenance": ..., "traces": ...}`` line per engine (its
-``provenance()`` and the ``take_traces()`` of its last forward). Why: starting vLLM costs about a minute on this machine, and the engine
+``provenance()``, and the traces the last run recorded in its prediction file). Why: starting vLLM costs about a minute on this machine, and the engine
 tests and ``bench/vllm_throughput.py`` need several runs; so the model factory is memoised for
 ``--model vllm``: a later run with the same model options reuses the first run's interface (its
 engine), everything else is the user's path. Runs of other families are not touched.
@@ -55,9 +55,15 @@ def main(spec_path: str) -> int:
         rc = run_eval.main([str(a) for a in argv])
         print(json.dumps({"rc": rc, "seconds": round(time.perf_counter() - t0, 3)}), flush=True)
         worst = worst or rc
+    last = [str(a) for a in runs[-1]]
+    out = last[last.index("--output_dir") + 1]
+    traces = []
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".json") and name.count(".") == 1:  # the prediction file (not results, run info)
+            with open(os.path.join(out, name), encoding="utf-8") as f:
+                traces += [r.get("trace") for r in json.load(f)]
     for interface in _engines.values():
-        print(json.dumps({"provenance": interface.provenance(), "traces": interface.take_traces()}, default=str),
-              flush=True)
+        print(json.dumps({"provenance": interface.provenance(), "traces": traces}, default=str), flush=True)
     return worst
 
 
