@@ -52,14 +52,17 @@ class EncodedImages:
     multi-turn chat go out again with every turn, and a benchmark may show one image to many
     questions (or the same picture under many names). Keyed by a file's content hash
     (``utils.file_hashes``: its stat-keyed memo reads each file once) or, for an in-memory
-    image, by its pixels; at most ``max_bytes`` of
-    URLs are kept (least recently used go first). Thread-safe: the request workers share it."""
+    image, by its pixels; at most ``max_bytes`` of URLs are kept (the oldest go first).
+    Thread-safe: the request workers share it."""
 
     def __init__(self, fmt: str, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.fmt = image_format(fmt)
         self.max_bytes = max_bytes
         self._urls: "OrderedDict[Any, str]" = OrderedDict()
         self._digests: Dict[str, str] = {}  # url -> hash of its bytes, for the cached urls
+        # path -> its key for this run: the run fingerprinted every file when it started, so a
+        # path is looked up without a system call after its first request
+        self._by_path: Dict[str, Any] = {}
         self._size = 0
         self._lock = threading.Lock()
 
@@ -75,13 +78,16 @@ class EncodedImages:
         return None
 
     def url(self, image: Any) -> str:
-        key = self._key(image)
+        is_path = isinstance(image, str)
+        key = self._by_path.get(image) if is_path else None
+        if key is None:
+            key = self._key(image)
+            if is_path and key is not None:
+                self._by_path[image] = key
         if key is not None:
-            with self._lock:
-                found = self._urls.get(key)
-                if found is not None:
-                    self._urls.move_to_end(key)
-                    return found
+            found = self._urls.get(key)
+            if found is not None:
+                return found
         url = encode_image(image, self.fmt)
         if key is not None and len(url) <= self.max_bytes:
             with self._lock:
@@ -89,7 +95,7 @@ class EncodedImages:
                     self._urls[key] = url
                     self._digests[url] = _digest(url)
                     self._size += len(url)
-                    while self._size > self.max_bytes:
+                    while self._size > self.max_bytes:  # the oldest go first
                         _, old = self._urls.popitem(last=False)
                         self._digests.pop(old, None)
                         self._size -= len(old)

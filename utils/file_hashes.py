@@ -6,9 +6,12 @@ on every request). Reading 100k image files on every start would be slow, so a f
 remembered under its stat key (device, inode, size, modification and change times): a moved,
 copied or touched file gets a new stat key, is read once more, and hashes to the same content.
 
-Store: append-only JSONL segments under ``$REFORM_CACHE/file_hashes/``, one per writing process
-(no locks; safe for ranks and concurrent runs), read once per process on first use. A torn or
-foreign line is skipped. Segments of finished processes are merged into one when there are many.
+Store: one folder per data directory under ``$REFORM_CACHE/file_hashes/`` (named by a hash of
+the directory's path), so a run reads the memos of the directories it uses and no others.
+In it, append-only JSONL segments, one per writing process (no locks: safe for ranks and
+concurrent runs), read once per process on first use; a torn or foreign line is skipped. When a
+directory's memo has many segments, those of finished processes are merged into one, keeping
+only entries whose file still has that stat key (a memo never grows without bound).
 """
 from __future__ import annotations
 
@@ -26,14 +29,11 @@ from utils.runlock import pid_alive
 
 logger = logging.getLogger(__name__)
 
-#: merge the segments of finished processes once there are more than this many
-MAX_SEGMENTS = 32
+#: merge the segments of finished processes once a directory has more than this many
+MAX_SEGMENTS = 16
 
-StatKey = Tuple[int, int, int, int, int]
-
-
-def stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def stat_key(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def hash_bytes_of(path: str) -> str:
@@ -45,95 +45,113 @@ def hash_bytes_of(path: str) -> str:
     return h.hexdigest()
 
 
-class FileHashes:
-    """The memo: ``digest(path)`` reads the file only when its stat key is new."""
+class _DirMemo:
+    """The memo of one data directory: file name -> (stat key, hash)."""
 
-    def __init__(self, directory: Optional[str] = None) -> None:
-        self.directory = directory
-        self.known: Dict[str, str] = {}
-        self._loaded = False
+    def __init__(self, folder: str, data_dir: str) -> None:
+        self.folder, self.data_dir = folder, data_dir
+        self.known: Dict[Tuple[str, str], str] = {}
         self._fd: Optional[int] = None
-        self._lock = threading.Lock()
-        self.read_files = 0
-
-    def _dir(self) -> str:
-        return self.directory or os.path.join(cache_root(), "file_hashes")
-
-    def _load(self) -> None:
-        self._loaded = True
-        d = self._dir()
+        names = []
         try:
-            names = sorted(n for n in os.listdir(d) if n.startswith("seg-") and n.endswith(".jsonl"))
+            names = sorted(n for n in os.listdir(folder) if n.startswith("seg-") and n.endswith(".jsonl"))
         except OSError:
-            return
+            pass
         for name in names:
             try:
-                with open(os.path.join(d, name), "rb") as f:
+                with open(os.path.join(folder, name), "rb") as f:
                     for line in f:
                         self._parse(line)
             except OSError:
                 continue
         if len(names) > MAX_SEGMENTS:
-            self._compact(d, names)
+            self._compact(names)
 
     def _parse(self, line: bytes) -> None:
         if not line.endswith(b"\n"):
             return
         try:
             entry = json.loads(line)
-            key, value = entry["k"], entry["h"]
+            name, key, value = entry["f"], entry["k"], entry["h"]
         except (ValueError, KeyError, TypeError):
             return
-        if isinstance(key, str) and isinstance(value, str) and len(value) == 32:
-            self.known[key] = value
+        if isinstance(name, str) and isinstance(key, str) and isinstance(value, str) and len(value) == 32:
+            self.known[(name, key)] = value
 
-    def _compact(self, d: str, names: list) -> None:
-        """One segment holding every entry; the segments of processes that are gone are removed
-        (a live process may still append to its own)."""
+    def _compact(self, names: list) -> None:
+        """One segment holding the entries that are still true; the segments of processes that
+        are gone are removed (a live process may still append to its own)."""
         dead = [n for n in names if _owner_gone(n)]
         if len(dead) < 2:
             return
-        merged = os.path.join(d, f"seg-{socket.gethostname()}-0-{secrets.token_hex(4)}.jsonl")
+        merged = os.path.join(self.folder, f"seg-{socket.gethostname()}-0-{secrets.token_hex(4)}.jsonl")
         tmp = merged + ".tmp"
         try:
-            with open(tmp, "w", encoding="ascii") as f:
-                for k, v in self.known.items():
-                    f.write(json.dumps({"k": k, "h": v}, ensure_ascii=True) + "\n")
+            with open(tmp, "w", encoding="utf-8") as f:
+                for (name, key), value in self.known.items():
+                    try:
+                        current = stat_key(os.stat(os.path.join(self.data_dir, name)))
+                    except OSError:
+                        continue
+                    if current == key:
+                        f.write(_line(name, key, value))
             os.replace(tmp, merged)
             for n in dead:
-                os.unlink(os.path.join(d, n))
+                os.unlink(os.path.join(self.folder, n))
         except OSError as e:  # a memo that cannot be tidied is still a correct memo
             logger.debug("file hashes: compaction skipped (%s)", e)
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
+    def append(self, name: str, key: str, value: str) -> None:
+        try:
+            if self._fd is None:
+                os.makedirs(self.folder, exist_ok=True)
+                seg = f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+                self._fd = os.open(os.path.join(self.folder, seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, _line(name, key, value).encode("utf-8"))
+        except OSError as e:  # no memo on a read-only or full disk: hashes are still right, only slower
+            logger.debug("file hashes: memo not written (%s)", e)
+
+
+def _line(name: str, key: str, value: str) -> str:
+    return json.dumps({"f": name, "k": key, "h": value}, ensure_ascii=False) + "\n"
+
+
+class FileHashes:
+    """The memo: ``digest(path)`` reads the file only when its stat key is new."""
+
+    def __init__(self, directory: Optional[str] = None) -> None:
+        self.directory = directory
+        self._dirs: Dict[str, _DirMemo] = {}
+        self._lock = threading.Lock()
+        self.read_files = 0
+
+    def _memo(self, data_dir: str) -> _DirMemo:
+        memo = self._dirs.get(data_dir)
+        if memo is None:
+            root = self.directory or os.path.join(cache_root(), "file_hashes")
+            tag = hashlib.sha256(data_dir.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+            memo = self._dirs[data_dir] = _DirMemo(os.path.join(root, tag), data_dir)
+        return memo
+
     def digest(self, path: str, st: Optional[os.stat_result] = None) -> str:
         """The content hash of ``path`` (``OSError`` if it cannot be read)."""
         st = st or os.stat(path)
-        key = ":".join(str(x) for x in stat_key(st))
+        key = stat_key(st)
+        full = os.path.abspath(path)
+        data_dir, name = os.path.split(full)
         with self._lock:
-            if not self._loaded:
-                self._load()
-            found = self.known.get(key)
+            memo = self._memo(data_dir)
+            found = memo.known.get((name, key))
         if found is not None:
             return found
         value = hash_bytes_of(path)
         with self._lock:
             self.read_files += 1
-            self.known[key] = value
-            self._append(key, value)
+            memo.known[(name, key)] = value
+            memo.append(name, key, value)
         return value
-
-    def _append(self, key: str, value: str) -> None:
-        try:
-            if self._fd is None:
-                d = self._dir()
-                os.makedirs(d, exist_ok=True)
-                name = f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
-                self._fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.write(self._fd, (json.dumps({"k": key, "h": value}, ensure_ascii=True) + "\n").encode("ascii"))
-        except OSError as e:  # no memo on a read-only or full disk: hashes are still right, only slower
-            logger.debug("file hashes: memo not written (%s)", e)
 
 
 def _owner_gone(name: str) -> bool:
