@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -25,11 +26,12 @@ from evaluation.plan import Key, RunPlan, dependencies, directory_fingerprint, m
 from metrics.single_choice import argmax, reduce_scores
 from models import get_model
 from models.interfaces.base_interface import CandidateScore
-from models.outputs import GenText, generation_stats
+from models.outputs import GenText, checked_outputs, generation_stats, model_label
 from utils.distributed import DistInfo, barrier, configure_cpu_threads, default_device, sample_sharding
 from utils.errors import Interrupted, ReformError
 from utils.predictions import ShardWriter, make_record, read_shard_dir, temp_prefix, trim_torn_line
 from utils.seeding import derive_seed
+from utils.world import interrupt_of
 
 logger = logging.getLogger("evaluation.execute")
 
@@ -93,6 +95,18 @@ def die_with_parent(_worker_id: int = 0) -> None:
             pass
         if os.getppid() == 1:  # the parent is already gone
             os._exit(1)
+
+
+def stop_workers(batches: Any) -> None:
+    """Stop a DataLoader iterator's workers here, not at garbage collection: when a scheduler's
+    SIGTERM reached the workers too, torch's "worker is killed by signal" would otherwise be
+    printed after our one line (or replace the interrupt); the interrupt is already being reported."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # multi-process iterators only
+    if shutdown is not None:
+        try:
+            shutdown()
+        except (RuntimeError, KeyboardInterrupt):
+            pass
 
 
 def save_sample_images(sample: Dict[str, Any], output_dir: str) -> List[str]:
@@ -183,20 +197,28 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     n_mine = sum(len(b) for b in batches)
     bar = tqdm(total=n_mine, disable=not show, desc=f"{cfg.dataset.name}", unit="sample", leave=False)
     writer = ShardWriter(os.path.join(plan.shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), plan.run_id)
+    batches_in = iter(loader)
     try:
-        for batch in loader:
+        for batch in batches_in:
             for item in batch:
                 if isinstance(item, _ItemError):
                     raise ReformError(item.message)
             records = loop.run(batch)
             writer.write(records)
+            if cache is not None:  # the cache's full disk stops the run after the answers are saved
+                cache.raise_failure()
             for r in records:
                 done[(r["sample_id"], r["dup_index"])] = r
             bar.update(len(batch))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: {len(done)} of {len(plan.samples)} samples are saved; re-running the "
-                          "same command resumes from there") from None
+    except BaseException as e:
+        sig = interrupt_of(e)  # also torch's worker-death error when the whole process group got SIGTERM
+        if sig is None:
+            raise
+        how = "" if sig == "SIGINT" else f" ({sig})"
+        raise Interrupted(f"interrupted{how}: {len(done)} of {len(plan.samples)} samples are saved; re-running "
+                          "the same command resumes from there") from None
     finally:
+        stop_workers(batches_in)
         writer.close()
         bar.close()
         if cache is not None:
@@ -312,8 +334,11 @@ class _BatchLoop:
                  seeds: Optional[List[int]]) -> List[Any]:
         with torch.inference_mode():
             if method == "generation":
-                return self.interface.forward("generation", batch, prompts, seeds=seeds, **self.gen_kwargs)
-            return self.interface.forward("likelihood", batch, prompts)
+                outs = self.interface.forward("generation", batch, prompts, seeds=seeds, **self.gen_kwargs)
+            else:
+                outs = self.interface.forward("likelihood", batch, prompts)
+        # refused where it leaves the model, naming model and sample (not later, blaming a file)
+        return checked_outputs(model_label(self.interface), method, batch, outs)
 
 
 def _to_cache(method: str, out: Any) -> Any:
@@ -332,7 +357,7 @@ def _cached_ok(method: str, value: Any, sample: Dict[str, Any]) -> bool:
     n = len(sample.get("candidates") or sample.get("answer_options") or [])
     return isinstance(value, list) and len(value) == n and all(
         isinstance(x, list) and len(x) == 2 and isinstance(x[0], (int, float)) and not isinstance(x[0], bool)
-        and isinstance(x[1], int) and not isinstance(x[1], bool) for x in value)
+        and math.isfinite(x[0]) and isinstance(x[1], int) and not isinstance(x[1], bool) for x in value)
 
 
 def _from_cache(method: str, value: Any, hit: bool = False) -> Any:

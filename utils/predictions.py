@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -18,6 +19,9 @@ from utils.commit import TMP_PREFIX, Commit, owner_prefix
 from utils.errors import ReformError, input_error
 from utils.inputs import check_name, check_record, read_records
 from utils.schema import HEAVY_KEYS
+from utils.surrogates import clean_surrogates
+
+logger = logging.getLogger(__name__)
 
 RecordKey = Tuple[str, int]
 
@@ -101,6 +105,26 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
+def shard_line(rec: Dict[str, Any], path: str) -> bytes:
+    """One record as a UTF-8 JSONL line. Text UTF-8 cannot hold (lone surrogates, from a reply's
+    ``"\\ud800"``) is stored as U+FFFD and counted in the record's ``replaced_chars``
+    (``utils.surrogates``); a number JSON cannot hold (NaN, infinity) is refused naming the sample,
+    since our own reader would refuse the line later, blaming the shard."""
+    where = f"{path}: sample {rec.get('sample_id')!r} (duplicate {rec.get('dup_index', 0)})"
+    try:
+        text = json.dumps(rec, ensure_ascii=False, allow_nan=False)
+    except ValueError as e:
+        raise ReformError(f"{where}: the record holds a number JSON cannot store ({e}); nothing of it was "
+                          "written") from None
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        clean, n = clean_surrogates(rec)
+        clean["replaced_chars"] = int(rec.get("replaced_chars", 0) or 0) + n
+        logger.warning("%s: %d lone surrogate(s) stored as U+FFFD", where, n)
+        return (json.dumps(clean, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
 def ensure_writable_dir(path: str, flag: str = "output directory") -> None:
     """Create ``path`` (a directory results go to) and check it is writable: one line otherwise."""
     check_name(path, flag)
@@ -179,14 +203,16 @@ class ShardWriter:
         self._f: Optional[Any] = None
 
     def write(self, records: Iterable[Dict[str, Any]]) -> None:
-        lines = "".join(dumps({**r, "run_id": self.run_id} if self.run_id else r) + "\n" for r in records)
-        if not lines:
+        """Append the records as whole lines; every line is encoded before the file is touched, so
+        a record that cannot be stored leaves the shard as it was (never a created, empty one)."""
+        data = b"".join(shard_line({**r, "run_id": self.run_id} if self.run_id else r, self.path) for r in records)
+        if not data:
             return
         try:
             if self._f is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                self._f = open(self.path, "a", encoding="utf-8")
-            self._f.write(lines)
+                self._f = open(self.path, "ab")
+            self._f.write(data)
             self._f.flush()
         except OSError as e:
             raise ReformError(f"{self.path}: cannot write predictions ({e.strerror or e}); the records "
