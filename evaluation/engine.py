@@ -205,6 +205,8 @@ def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:
              "prediction_file": os.path.abspath(plan.prediction_file), "build_log": list(plan.builder.build_log),
              "build_info": dict(getattr(plan.builder, "build_info", {}) or {}),
              "timing": plan.timing, "world_size": dinfo.world_size, **environment_info()}
+    if plan.checkpoint_source:  # a hub id: the snapshot (commit) the run's identity fingerprinted
+        extra["checkpoint_source"] = plan.checkpoint_source
     if plan.cache_stats:
         extra["response_cache"] = dict(plan.cache_stats, directory=cfg.output.cache_dir)
     tokens, seconds = plan.timing.get("generated_tokens"), plan.timing.get("generation_s")

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import models.interfaces as interfaces_package
 from models.hf_loading import builtin_checkpoint
+from models.hub_cache import HubSnapshot, hub_snapshot
 from utils.errors import ReformError, unknown_name
 from utils.secrets import split_url_secrets
 
@@ -151,6 +152,16 @@ def builtin_checkpoint_dir(name: str, model_name: Optional[str], options: Dict[s
     if not family:
         return None
     return builtin_checkpoint(family, model_name, options)
+
+
+def checkpoint_source(name: str, model_name: Optional[str]) -> Optional[HubSnapshot]:
+    """The hub snapshot that ``model_name`` (an ``org/model`` id of a Hugging Face family, not a
+    local folder) resolves to in the offline cache, or None (``models.hub_cache``): the run
+    identity fingerprints its folder and the run info records its commit."""
+    _load_all()
+    if not getattr(MODELS.get(name), "family", None) or not model_name:
+        return None
+    return hub_snapshot(str(model_name))
 
 
 #: the run_eval flag of each run-level model setting

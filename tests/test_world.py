@@ -270,3 +270,93 @@ def test_7_bad_model_output_names_the_model_and_the_sample(tmp_path, monkeypatch
     line = one_line(capsys.readouterr().err, 2, rc, "model 'random'", "sample 'q0' (duplicate 0)", needle)
     assert ".jsonl" not in line and "shard" not in line
     assert shard_records(out) == []
+
+
+# ------------------------------------------------------------------ 1. a checkpoint named by hub id
+def _hub_snapshot(hub, repo_id: str, commit: str, files: dict) -> str:
+    """A snapshot in the Hugging Face cache layout (blobs, snapshots/<commit>/ of symbolic links,
+    refs/main naming the commit), as ``huggingface_hub`` downloads one. ``files``: name -> bytes."""
+    import hashlib
+    repo = os.path.join(str(hub), "models--" + repo_id.replace("/", "--"))
+    snap = os.path.join(repo, "snapshots", commit)
+    os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
+    os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+    for name, data in files.items():
+        blob = os.path.join(repo, "blobs", hashlib.sha256(data).hexdigest())
+        with open(blob, "wb") as f:
+            f.write(data)
+        link = os.path.join(snap, name)
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(commit)
+    return snap
+
+
+C1, C2 = "1" * 40, "2" * 40
+
+
+def test_1_a_hub_id_is_fingerprinted_by_its_snapshot(tmp_path, monkeypatch):
+    """``--model_name org/model`` resolves (offline, refs/main -> snapshots/<commit>) to the
+    snapshot the cache holds; the run identity fingerprints its files like a local folder's, so
+    new weights under the same id are a new identity (before: no fingerprint at all)."""
+    from evaluation.config import ModelConfig
+    from evaluation.plan import checkpoint_fingerprint
+    from models import checkpoint_source
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    _hub_snapshot(tmp_path / "hub", "org/model", C1, {"config.json": b'{"a": 1}', "model.safetensors": b"w1"})
+    first = checkpoint_fingerprint(ModelConfig("llava", name="org/model"))
+    assert first and sorted(n for n, *_ in first) == ["config.json", "model.safetensors"]
+    assert checkpoint_source("llava", "org/model").commit == C1
+    _hub_snapshot(tmp_path / "hub", "org/model", C2, {"config.json": b'{"a": 1}', "model.safetensors": b"w2-new"})
+    second = checkpoint_fingerprint(ModelConfig("llava", name="org/model"))
+    assert second and second != first and checkpoint_source("llava", "org/model").commit == C2
+    assert checkpoint_source("random", "org/model") is None  # not a Hugging Face family: no lookup
+    assert checkpoint_source("llava", "org/not-cached") is None
+
+
+@pytest.mark.slow
+def test_1_new_snapshot_under_one_hub_id_is_a_new_run_and_a_cache_miss(tmp_path):
+    """The issue's example end to end: a tiny LLaVA in a fake HF cache under ``org/tiny-llava``;
+    after a second snapshot arrives under the same id, the same command is a new run (a new
+    prediction file, not the old predictions) and every model call a response-cache miss (not
+    old answers); the run info records the commit each run loaded."""
+    from models.tiny import tiny_model_path
+    src = tiny_model_path("llava")
+    files = {}
+    for root, _, names in os.walk(src):
+        for n in names:
+            rel = os.path.relpath(os.path.join(root, n), src)
+            files[rel] = open(os.path.join(root, n), "rb").read()
+    hub = tmp_path / "hub"
+    _hub_snapshot(hub, "org/tiny-llava", C1, files)
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=4)
+    out = tmp_path / "out"
+    argv = ["--model", "llava", "--model_name", "org/tiny-llava", "--dataset_name", "custom", "--dataset_config", cfg,
+            "--infer_method", "likelihood", "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
+    env = {k: v for k, v in os.environ.items() if k != "REFORM_NO_CACHE"}
+    env.update(HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")  # as a user sets it: before anything is imported
+
+    def run() -> None:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    def run_info(pred):
+        return json.load(open(pred[:-5] + ".run.json"))
+    run()
+    (first,) = prediction_files(out)
+    assert run_info(first)["response_cache"]["misses"] == 4
+    config = json.loads(files["config.json"])
+    config["reform_test_revision"] = 2  # new files under the same id (any file counts)
+    _hub_snapshot(hub, "org/tiny-llava", C2, dict(files, **{"config.json": json.dumps(config).encode()}))
+    run()
+    files_now = prediction_files(out)
+    assert len(files_now) == 2, files_now  # a new run identity, not the old predictions
+    (second,) = [f for f in files_now if f != first]
+    info = run_info(second)
+    assert info["response_cache"]["misses"] == 4 and info["response_cache"].get("hits", 0) == 0
+    assert info["checkpoint_source"]["commit"] == C2
+    assert run_info(first)["checkpoint_source"] == {"hub_id": "org/tiny-llava", "revision": "main", "commit": C1,
+                                                    "snapshot": os.path.join(str(hub), "models--org--tiny-llava",
+                                                                             "snapshots", C1)}
