@@ -249,8 +249,8 @@ class RunConfig:
         name_setting("--output_dir", self.output.output_dir)
         if self.output.use_cache:  # last: the pure checks above leave nothing behind when they fail
             probe_folder(self.output.cache_dir, cache_setting(self.output.cache_dir))
-        if s.log_to is not None:  # the tracker's store, opened as logging will open it, before any work
-            check_tracker_store(s.log_to)
+        if s.log_to is not None and os.environ.get("RANK", "0") == "0":  # rank 0 logs: it alone opens the store
+            check_tracker_store(s.log_to)  # the tracker's store, opened as logging will open it, before any work
         return dataclasses.replace(self, model=m, dataset=d, scoring=s)
 
     # -- views -------------------------------------------------------------------------------

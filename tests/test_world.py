@@ -360,3 +360,107 @@ def test_1_new_snapshot_under_one_hub_id_is_a_new_run_and_a_cache_miss(tmp_path)
     assert run_info(first)["checkpoint_source"] == {"hub_id": "org/tiny-llava", "revision": "main", "commit": C1,
                                                     "snapshot": os.path.join(str(hub), "models--org--tiny-llava",
                                                                              "snapshots", C1)}
+
+
+# ------------------------------------------------------------------ 5. windows between two writes
+_MUTATIONS = ("rename", "replace", "unlink", "rmdir")
+
+
+def _crash_after(k: int, under: str, argv: list) -> int:
+    """In a forked child: run ``run_eval`` with the process killed (``os._exit``, no clean-up of
+    any kind) right after its k-th file-system step under ``under`` (a rename, replace, unlink,
+    rmdir or rmtree); returns the child's exit status (77: killed there; 0: the run had fewer steps)."""
+    import shutil
+    pid = os.fork()
+    if pid == 0:
+        try:
+            count = [0]
+
+            def counted(fn):
+                def step(path, *a, **kw):
+                    out = fn(path, *a, **kw)
+                    if isinstance(path, str) and os.path.abspath(path).startswith(under):
+                        count[0] += 1
+                        if count[0] == k:
+                            os._exit(77)
+                    return out
+                return step
+            for name in _MUTATIONS:
+                setattr(os, name, counted(getattr(os, name)))
+            shutil.rmtree = counted(shutil.rmtree)
+            sys.stdout = sys.stderr = open(os.devnull, "w")
+            os._exit(run_eval.main(argv))
+        except BaseException:  # noqa: BLE001
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _leftovers(out) -> list:
+    found = []
+    for root, dirs, files in os.walk(str(out)):
+        found += [os.path.join(root, n) for n in dirs + files if n.startswith((".tmp-", ".commit~", ".shards_"))]
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_5_a_kill_at_every_step_of_the_commit_is_completed_or_rolled_back(tmp_path):
+    """run_eval --do_eval killed right after each of its file-system steps after the model ran
+    (the prediction file written, the shards removed, every staged output renamed, the index line,
+    the journal): the start-up clean-up leaves no mix of one unit's outputs (all of them or none),
+    and the next start of the same command ends with exactly the outputs of a clean run: no shard,
+    temporary or journal left, the results equal, each index line once."""
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=4)
+    ref = tmp_path / "ref"
+    assert run_eval.main(args(cfg, ref, "--do_eval")) == 0
+    (ref_pred,) = prediction_files(ref)
+    want = json.load(open(ref_pred[:-5] + ".results.json"))["metrics"]
+    stem = os.path.basename(ref_pred)[:-5]
+    unit = [f"{stem}.results.json", f"{stem}.results.md", f"{stem}.per_sample.json",
+            f"{stem}.report/report.html", f"{stem}.report/comparison.json", f"{stem}.report/plots"]
+    from utils.commit import clean_stale_temps
+    k = 0
+    while True:
+        k += 1
+        assert k < 60, "the run never finished without a kill"
+        out = tmp_path / f"out{k}"
+        under = os.path.abspath(str(out))
+        status = _crash_after(k, under, args(cfg, out, "--do_eval"))
+        if status == 0:
+            break
+        assert status == 77, status
+        clean_stale_temps(str(out), depth=2)  # what any command does first in this folder
+        present = [u for u in unit if os.path.lexists(out / u)]
+        assert present in ([], unit), (k, present)  # never half of a unit
+        assert run_eval.main(args(cfg, out, "--do_eval")) == 0, k
+        assert _leftovers(out) == [], (k, _leftovers(out))
+        assert [u for u in unit if not os.path.lexists(out / u)] == [], k
+        assert json.load(open(out / f"{stem}.results.json"))["metrics"] == want, k
+        index = [json.loads(ln) for ln in open(out / "runs.jsonl", encoding="utf-8")]
+        ids = [e["commit"] for e in index if "commit" in e]
+        assert len(ids) == len(set(ids)) == len(index), (k, index)
+    assert k > 8  # every step was tried: merge, shard removal, journal, each rename, index, journal removal
+
+
+# ------------------------------------------------------------------ 6. long responses
+def test_6_every_response_is_whole_in_per_sample(tmp_path):
+    """A 1 MB response stays whole in ``per_sample.json``: where scoring reads less of it
+    (``--strip_reasoning`` on a reasoning block that ran to the end: nothing is left to score)
+    the entry keeps the whole text as ``raw_prediction``; several responses per sample are kept
+    whole as ``predictions``."""
+    long = "<think>" + "step " * 200_000  # 1 MB of reasoning, cut off before any answer
+    records = [
+        {"sample_id": "a", "answer": "red", "prediction": long, "predictions": [long, "red"]},
+        {"sample_id": "b", "answer": "blue", "prediction": "blue " + "x" * 1_000_000},
+    ]
+    for r in records:
+        r.update(formulation="Generation", inference_method="generation", benchmark="custom")
+    pred = tmp_path / "preds.json"
+    pred.write_text(json.dumps(records), encoding="utf-8")
+    assert run_loader_eval.main(["--prediction_file", str(pred), "--strip_reasoning"]) == 0
+    (per_sample,) = glob.glob(str(tmp_path / "*.per_sample.json"))
+    entries = {e["sample_id"]: e for e in json.load(open(per_sample, encoding="utf-8"))}
+    a, b = entries["a"], entries["b"]
+    assert a["prediction"] == "" and a["raw_prediction"] == long  # scored: nothing; kept: all of it
+    assert a["predictions"] == [long, "red"]
+    assert b["prediction"] == records[1]["prediction"] and "raw_prediction" not in b
