@@ -20,6 +20,7 @@ from utils.errors import ReformError, input_error
 from utils.inputs import check_name, check_record, read_records
 from utils.schema import HEAVY_KEYS
 from utils.surrogates import clean_surrogates
+from utils.world import WORLD_ERRNOS, os_error_line
 
 logger = logging.getLogger(__name__)
 
@@ -200,33 +201,47 @@ class ShardWriter:
     def __init__(self, path: str, run_id: Optional[str] = None) -> None:
         self.path = path
         self.run_id = run_id
-        self._f: Optional[Any] = None
+        self._fd: Optional[int] = None
 
     def write(self, records: Iterable[Dict[str, Any]]) -> None:
         """Append the records as whole lines; every line is encoded before the file is touched, so
-        a record that cannot be stored leaves the shard as it was (never a created, empty one)."""
+        a record that cannot be stored leaves the shard as it was (never a created, empty one), and
+        a write that fails (a full disk) is cut back: the shard keeps whole lines only."""
         data = b"".join(shard_line({**r, "run_id": self.run_id} if self.run_id else r, self.path) for r in records)
         if not data:
             return
         try:
-            if self._f is None:
+            if self._fd is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                self._f = open(self.path, "ab")
-            self._f.write(data)
-            self._f.flush()
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError:
+                try:
+                    os.ftruncate(self._fd, start)  # this rank's own file: no torn line stays
+                except OSError:
+                    pass
+                raise
         except OSError as e:
-            raise ReformError(f"{self.path}: cannot write predictions ({e.strerror or e}); the records "
-                              "written before are kept, re-run the same command to continue") from None
+            if e.filename is None:
+                e.filename = self.path
+            reason = os_error_line(e) if e.errno in WORLD_ERRNOS else f"{self.path}: {e.strerror or e}"
+            if "re-running the same command resumes" not in reason:
+                reason += "; the records written before are kept, re-running the same command resumes"
+            raise ReformError(reason) from None
 
     def close(self) -> None:
         """Close the shard; a failure here (disk full while the error is already being reported)
         loses nothing that was not already reported."""
-        if self._f is not None:
+        if self._fd is not None:
             try:
-                self._f.close()
+                os.close(self._fd)
             except OSError:
                 pass
-            self._f = None
+            self._fd = None
 
     def __enter__(self) -> "ShardWriter":
         return self

@@ -30,9 +30,9 @@ WORLD_ERRNOS: Dict[int, str] = {
     errno.EFBIG: "the file is larger than this file system or your limits allow: choose another disk",
     errno.ENOTDIR: "a part of this path is a regular file, not a folder: point the setting named here at a folder",
     errno.EISDIR: "a folder is where a file must go: remove or rename it",
-    errno.EACCES: "permission denied: make it writable, or point the setting named here elsewhere",
-    errno.EPERM: "operation not permitted: make it writable, or point the setting named here elsewhere",
-    errno.EROFS: "the file system is read-only: point the setting named here at a writable folder",
+    errno.EACCES: "make it writable for this user, or point the setting named here elsewhere",
+    errno.EPERM: "make it writable for this user, or point the setting named here elsewhere",
+    errno.EROFS: "point the setting named here at a writable folder",
     errno.ENAMETOOLONG: "a name in this path is too long for the file system: choose a shorter folder",
     errno.ELOOP: "too many symbolic links in this path: fix the links or choose another folder",
     errno.EMFILE: "too many open files: raise the limit (ulimit -n) or lower --num_workers",
@@ -171,7 +171,10 @@ def os_error_line(e: OSError, what: Optional[str] = None) -> str:
     """One line for an OSError of the world: the file, the setting that chose it, what it is and
     the way out (``what``: the file's role when the error carries no file name)."""
     name = e.filename if e.filename is not None else what
-    where = str(os.fsdecode(name)) if name is not None else "a file we write"
+    if name is None:
+        where = "a file we write"
+    else:
+        where = os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(name)
     setting = setting_for(where) if name is not None else None
     code = errno.errorcode.get(e.errno or 0, str(e.errno))
     reason = WORLD_ERRNOS.get(e.errno or -1, "")
@@ -182,6 +185,8 @@ def os_error_line(e: OSError, what: Optional[str] = None) -> str:
             parts.append(f"({blocker} is a regular file)")
     if setting:
         parts.append(f"(set by {setting})")
+    if not setting:
+        reason = reason.replace("the setting named here", "the flag or variable that names this folder")
     return " ".join(parts) + (f"; {reason}" if reason else "")
 
 
