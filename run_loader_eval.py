@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from evaluation.boundary import run_cli
 from evaluation.config import MAX_N_BOOT, HelpFormatter, OneLineParser, add_scoring_flags
 from evaluation.engine import score
-from evaluation.trackers import check_installed as check_tracker_installed
+from evaluation.trackers import check_store as check_tracker_store
 from evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
 from utils.errors import ReformError
 from utils.options import metric_options
@@ -53,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not 1 <= args.n_boot <= MAX_N_BOOT:
             raise ReformError(f"--n_boot must be a whole number from 1 to {MAX_N_BOOT}, got {args.n_boot}")
         if args.log_to:
-            check_tracker_installed(args.log_to)
+            check_tracker_store(args.log_to)  # the store opened as logging will, before any scoring
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         score(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,
               eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,

@@ -85,6 +85,9 @@ class ResponseCache:
         self.misses = 0
         self.skipped_lines = 0
         self._fd: Optional[int] = None
+        self._path = ""
+        #: the store's write error (a full disk), raised by ``raise_failure`` after the shard write
+        self.failure: Optional[OSError] = None
         self._load()
 
     def _load(self) -> None:
@@ -117,21 +120,45 @@ class ResponseCache:
         """Append entries as whole lines in one write (O_APPEND), then flush them to the file."""
         if not items:
             return
-        if self._fd is None:
-            os.makedirs(self.directory, exist_ok=True)
-            name = f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
-            self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        data = b"".join(_line(k, v) for k, v in items)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
         for k, v in items:
             self.entries[k] = v
+        if self.failure is not None:
+            return
+        path = self.directory
+        try:
+            if self._fd is None:
+                os.makedirs(self.directory, exist_ok=True)
+                path = os.path.join(self.directory, f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl")
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._path = path
+            path = self._path
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(b"".join(_line(k, v) for k, v in items))
+            try:
+                while view:
+                    n = os.write(self._fd, view)
+                    view = view[n:]
+            except OSError:
+                try:
+                    os.ftruncate(self._fd, start)  # our own segment: no torn line stays behind
+                except OSError:
+                    pass
+                raise
+        except OSError as e:  # a full disk: the batch's answers are saved first (``raise_failure``)
+            self.failure = OSError(e.errno, e.strerror, path)
+
+    def raise_failure(self) -> None:
+        """Raise the write error of the store (a full disk), once the caller has saved what the
+        failed write held elsewhere (the run's shard): the answers are never lost with the cache."""
+        if self.failure is not None:
+            raise self.failure
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
             self._fd = None
 
     def stats(self) -> Dict[str, int]:

@@ -8,6 +8,7 @@ both must build the same prompts, keys and records, so both call ``Runner``.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from concurrent.futures import Future
@@ -18,7 +19,7 @@ from evaluation.context import fit_sample
 from evaluation.plan import Key, RunPlan
 from metrics.single_choice import argmax, reduce_scores
 from models.interfaces.base_interface import CandidateScore
-from models.outputs import GenText, generation_stats
+from models.outputs import GenText, checked_outputs, generation_stats, model_label
 from utils.errors import ReformError
 from utils.predictions import make_record, temp_prefix
 from utils.seeding import derive_seed
@@ -144,9 +145,13 @@ class Runner:
         return call_key(self.cache.model_key, digest, prompt, self.method, s.get("candidates"),
                         self.settings, self.seed(s, j), j)
 
-    def store(self, pending: Pending, j: int, result: Result) -> None:
-        """An arrived answer: kept for the record and written to the cache at once (a paid reply
+    def store(self, pending: Pending, j: int, result: Result, checked: bool = False) -> None:
+        """An arrived answer, checked where it leaves the model (naming model and sample, not
+        later blaming a file), kept for the record and written to the cache at once (a paid reply
         is never lost, even when another call of the same sample fails)."""
+        if not checked:
+            out = checked_outputs(model_label(self.interface), self.method, [pending.sample], [result[0]])[0]
+            result = (out, result[1])
         pending.results[j] = result
         if self.cache is not None and pending.keys[j] is not None:
             self.cache.put_many([(pending.keys[j], _to_cache(self.method, *result))])
@@ -218,9 +223,11 @@ class Runner:
                                               seeds=[self.seed(s, j) for s in samples], **self.gen_kwargs)
             else:
                 outs = self.interface.forward("likelihood", samples, prompts)
+            # refused where it leaves the model, naming model and sample (not later, blaming a file)
+            outs = checked_outputs(model_label(self.interface), self.method, samples, outs)
             traces = self.interface.take_traces() or [None] * len(outs)
             for p, out, trace in zip(todo, outs, traces):
-                self.store(p, j, (out, trace))
+                self.store(p, j, (out, trace), checked=True)
         elapsed = time.perf_counter() - t1
         timing["forward_s"] += elapsed
         if self.method == "generation":
@@ -255,7 +262,7 @@ def _cached_ok(method: str, value: Any, sample: Dict[str, Any]) -> bool:
     n = len(sample.get("candidates") or sample.get("answer_options") or [])
     return isinstance(scores, list) and len(scores) == n and all(
         isinstance(x, list) and len(x) == 2 and isinstance(x[0], (int, float)) and not isinstance(x[0], bool)
-        and isinstance(x[1], int) and not isinstance(x[1], bool) for x in scores)
+        and math.isfinite(x[0]) and isinstance(x[1], int) and not isinstance(x[1], bool) for x in scores)
 
 
 def _from_cache(method: str, value: Any, hit: bool = False) -> Result:

@@ -34,7 +34,9 @@ from utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
 from evaluation.cache import default_cache_dir
 from evaluation.trackers import BACKENDS as TRACKERS
 from evaluation.trackers import check_installed as check_tracker_installed
+from evaluation.trackers import check_store as check_tracker_store
 from utils.secrets import REDACTED, Secret, secret_options
+from utils.world import name_setting, probe_folder
 
 #: model options that decide where and how fast a model runs, never what it outputs: left out of
 #: the run identity, so moving a run to other devices (or a faster endpoint) resumes it
@@ -236,7 +238,7 @@ class RunConfig:
         check_run_flags(m.family, {"model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
                                    "inference_method": g.infer_method})
         if self.output.use_cache:
-            check_writable_dir(self.output.cache_dir, "--cache_dir")
+            check_writable_dir(self.output.cache_dir, cache_setting(self.output.cache_dir))
         gpus = m.options.get("gpus_per_rank", 1)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus!r}")
@@ -248,6 +250,11 @@ class RunConfig:
             if not s.do_eval:
                 raise ReformError("--log_to needs --do_eval (a tracker logs the scored results)")
             check_tracker_installed(s.log_to)
+        name_setting("--output_dir", self.output.output_dir)
+        if self.output.use_cache:  # last: the pure checks above leave nothing behind when they fail
+            probe_folder(self.output.cache_dir, cache_setting(self.output.cache_dir))
+        if s.log_to is not None and os.environ.get("RANK", "0") == "0":  # rank 0 logs: it alone opens the store
+            check_tracker_store(s.log_to)  # the tracker's store, opened as logging will open it, before any work
         return dataclasses.replace(self, model=m, dataset=d, scoring=s)
 
     # -- views -------------------------------------------------------------------------------
@@ -345,6 +352,12 @@ def _whole(flag: str, value: Any, minimum: int) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ReformError(f"{flag} must be a whole number >= {minimum}, got {value}")
+
+
+def cache_setting(path: str) -> str:
+    """The setting that chose the response cache folder: ``REFORM_CACHE`` for its default, else
+    ``--cache_dir``."""
+    return "REFORM_CACHE" if os.environ.get("REFORM_CACHE") and path == default_cache_dir() else "--cache_dir"
 
 
 def check_writable_dir(path: str, flag: str) -> None:

@@ -25,6 +25,7 @@ from models import get_model, runs_on_device
 from utils.distributed import DistInfo, barrier, configure_cpu_threads, default_device, sample_sharding
 from utils.errors import Interrupted, ReformError
 from utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
+from utils.world import interrupt_of
 
 logger = logging.getLogger("evaluation.execute")
 
@@ -69,6 +70,18 @@ def die_with_parent(_worker_id: int = 0) -> None:
             pass
         if os.getppid() == 1:  # the parent is already gone
             os._exit(1)
+
+
+def stop_workers(batches: Any) -> None:
+    """Stop a DataLoader iterator's workers here, not at garbage collection: when a scheduler's
+    SIGTERM reached the workers too, torch's "worker is killed by signal" would otherwise be
+    printed after our one line (or replace the interrupt); the interrupt is already being reported."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # multi-process iterators only
+    if shutdown is not None:
+        try:
+            shutdown()
+        except (RuntimeError, KeyboardInterrupt):
+            pass
 
 
 def batch_loader(items: Any, batches: List[List[int]], num_workers: int) -> Iterable[List[Any]]:
@@ -152,6 +165,8 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
 
     def emit(records: List[Dict[str, Any]]) -> None:
         writer.write(records)
+        if cache is not None:  # the cache's full disk stops the run after the answers are saved
+            cache.raise_failure()
         for r in records:
             key = (r["sample_id"], r["dup_index"])
             done.add(key)
@@ -161,6 +176,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
 
     window = int(interface.max_in_flight())
     t1 = time.perf_counter()
+    batches_in: Any = None
     try:
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
@@ -169,14 +185,20 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         else:
             batches = plan_batches(order, {i: deps[i] for i in order}, keys, set(done), cfg.generation.batch_size)
             # a family that computes nothing from pixels (a baseline) is handed paths, never decoded images
-            loader = batch_loader(_SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=not on_device)),
-                                  batches, cfg.generation.num_workers)
-            for batch in loader:
+            batches_in = iter(batch_loader(_SafeItems(ReformDataset(plan.samples, plan.builder,
+                                                                    lazy_images=not on_device)),
+                                           batches, cfg.generation.num_workers))
+            for batch in batches_in:
                 emit(runner.run([_checked(item) for item in batch]))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: {len(done)} of {len(plan.samples)} samples are saved; re-running the "
-                          "same command resumes from there") from None
+    except BaseException as e:
+        sig = interrupt_of(e)  # also torch's worker-death error when the whole process group got SIGTERM
+        if sig is None:
+            raise
+        how = "" if sig == "SIGINT" else f" ({sig})"
+        raise Interrupted(f"interrupted{how}: {len(done)} of {len(plan.samples)} samples are saved; re-running "
+                          "the same command resumes from there") from None
     finally:
+        stop_workers(batches_in)
         plan.timing["inference_s"] = plan.timing.get("inference_s", 0.0) + time.perf_counter() - t1
         if window > 1:
             plan.timing["forward_s"] += time.perf_counter() - t1

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from build import build_dataset
 from build.registry import Builder, get_builder_class, load_config, resolve_config
-from models import builtin_checkpoint_dir, identity_env, needs_image
+from models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
 from models.tiny import sha256_file
 from evaluation.config import ModelConfig, RunConfig
 from utils.errors import ReformError
@@ -44,6 +44,8 @@ class RunPlan:
     #: what the model reported about itself and its prompts (``BaseInterface.provenance``)
     provenance: Dict[str, Any] = field(default_factory=dict)
     _index: Dict[Key, int] = field(default_factory=dict, repr=False)
+    #: a hub id's resolved snapshot (id, revision, commit, folder), recorded in the run info
+    checkpoint_source: Optional[Dict[str, Any]] = None
 
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
@@ -150,7 +152,8 @@ def checkpoint_fingerprint(model: ModelConfig) -> Optional[List[Tuple[str, int, 
     if builtin is not None:
         return sorted((n, os.path.getsize(os.path.join(builtin, n)), sha256_file(os.path.join(builtin, n)))
                       for n in os.listdir(builtin) if os.path.isfile(os.path.join(builtin, n)))
-    return directory_fingerprint(name)
+    hub = checkpoint_source(model.family, name)  # a hub id: the snapshot folder it resolves to now
+    return directory_fingerprint(hub.path if hub is not None else name)
 
 
 def directory_fingerprint(path: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
@@ -196,8 +199,10 @@ def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any
     fingerprint, digests, item_digests = samples_fingerprint(samples)
     run_id, ident = identity(cfg, content, fingerprint)
     pred = prediction_path(cfg, run_id)
+    hub = checkpoint_source(cfg.model.family, cfg.model.name)
     return RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
-                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests)
+                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests,
+                   checkpoint_source=hub.record() if hub is not None else None)
 
 
 # -- the batch plan ---------------------------------------------------------------------------

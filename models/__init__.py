@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import models.interfaces as interfaces_package
+from models.hub_cache import HubSnapshot, hub_snapshot
 from models.tiny import builtin_checkpoint
 from utils.errors import ReformError, unknown_name
 from utils.secrets import split_url_secrets
@@ -189,6 +190,16 @@ def needs_image(name: str) -> bool:
     if name not in MODELS:
         raise unknown_name("model", name, available_models())
     return bool(getattr(MODELS[name], "needs_image", False))
+
+
+def checkpoint_source(name: str, model_name: Optional[str]) -> Optional[HubSnapshot]:
+    """The hub snapshot that ``model_name`` (an ``org/model`` id of a Hugging Face family, not a
+    local folder) resolves to in the offline cache, or None (``models.hub_cache``): the run
+    identity fingerprints its folder and the run info records its commit."""
+    _load(name)
+    if not getattr(MODELS.get(name), "family", None) or not model_name:
+        return None
+    return hub_snapshot(str(model_name))
 
 
 #: the run_eval flag of each run-level model setting

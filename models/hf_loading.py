@@ -18,6 +18,7 @@ import torch
 
 from models.checkpoint_files import check_checkpoint_dir
 from models.hf_compat import allow_video_processors_without_torchvision
+from models.hub_cache import HubSnapshot, hub_snapshot, is_path_like
 from models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
 from utils.errors import ReformError
 
@@ -33,10 +34,8 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _is_path_like(name: str) -> bool:
-    """A name the user meant as a filesystem path (not an ``org/model`` hub id)."""
-    return (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\"))
-            or name.count("/") > 1 or os.path.exists(name))
+#: a name the user meant as a filesystem path (not an ``org/model`` hub id)
+_is_path_like = is_path_like
 
 
 #: accelerate's automatic placement strategies
@@ -148,7 +147,11 @@ class HFLoadingMixin:
     def _resolve_path(self, name: str) -> str:
         """``tiny`` => the built tiny checkpoint; ``tiny-trained`` => the known-skill checkpoint
         (shipped, or trained by ``evaluation.training``); a path must exist with a config.json; any
-        other name is an HF id looked up in the offline cache by ``from_pretrained``."""
+        other name is an HF id resolved in the offline cache to its snapshot folder
+        (``models.hub_cache``), loaded from there and fingerprinted like a local folder, its
+        commit kept in ``self.hub_snapshot``; an id not in the cache is left to ``from_pretrained``
+        to report."""
+        self.hub_snapshot: Optional[HubSnapshot] = None
         builtin = builtin_checkpoint(self.family, name, self.config)
         if builtin is not None:
             return builtin
@@ -162,6 +165,11 @@ class HFLoadingMixin:
                 raise ReformError(f"model '{self.name or self.family}': model path '{name}' has no config.json "
                                   f"(files: {present}); is it a Hugging Face checkpoint directory?")
             return path
+        self.hub_snapshot = hub_snapshot(name)
+        if self.hub_snapshot is not None:
+            logger.info("%s: snapshot %s of the local HF cache (%s)", name, self.hub_snapshot.commit,
+                        self.hub_snapshot.path)
+            return self.hub_snapshot.path
         return name
 
     def _load(self) -> None:

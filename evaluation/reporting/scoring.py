@@ -181,15 +181,10 @@ def run_eval_tag(likelihood_reduction: str = "sum", eval_stability: bool = False
                        metric_options=metric_options or {})
 
 
-def append_run_index(directory: str, entry: Dict[str, Any]) -> None:
-    """Append one line to the directory's run index (O_APPEND: concurrent writers never interleave)."""
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **entry}
-    line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-    fd = os.open(os.path.join(directory, RUN_INDEX), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+def index_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """One line of the run index (appended by ``Commit.append_line``, journaled with the outputs
+    it names): the time, then ``entry``."""
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **entry}
 
 
 def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
@@ -276,7 +271,7 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         except BaseException:
             c.abort()
             raise
-        c.on_commit(lambda: append_run_index(paths["dir"], {
+        c.append_line(os.path.join(paths["dir"], RUN_INDEX), index_entry({
             "tool": tool, "prediction_file": summary["prediction_file"], "results": paths["json"],
             "run_id": summary.get("run_id"), "metric": result["metric"], "headline": headline(result["metrics"])}))
         if own:
