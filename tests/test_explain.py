@@ -20,7 +20,8 @@ import run_loader_eval
 from build.mme_synthetic import write_yesno_release
 from evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
                         evaluate, score)
-from evaluation.reporting.explain import explain_runs, factor_of, format_explanation, run_facts
+from evaluation.reporting.explain import explain_runs, format_explanation
+from evaluation.reporting.explain_factors import factor_of, run_facts
 from evaluation.reporting.explain_files import explain_files
 from metrics import evaluate as score_metrics
 from utils.errors import ReformError
@@ -106,7 +107,10 @@ def test_a_foreign_run_without_traces_is_explained_by_what_it_records():
     with no hash to compare is 'unknown', never 'only settings'."""
     ours = _run("ours", [_rec(0, "A"), _rec(1, "A")], INFO_A)
     theirs = [_rec(0, "B", prompt="other", trace=False), _rec(1, "B", trace=False)]
-    del theirs[1]["prompt_sha"]
+    del theirs[1]["prompt_sha"]  # and a trace whose every field is unknown (null): never read as equal or not
+    theirs[1]["trace"] = {"prompt_sha": None, "prompt_tokens": None, "bos": None, "pixel_sha": None}
+    for r in ours["records"] + theirs:
+        r["image_ids"] = [f"{r['sample_id']}.png"]
     exp = explain_runs(ours, _run("lmms-eval", theirs, {"provenance": {"engine": "lmms-eval", "system_line": "Hi."}}))
     assert [d["factor"] for d in exp["differences"]] == ["system line"]
     assert {d["factor"] for d in exp["recorded_by_one_run"]} >= {"dtype", "image processor", "model family"}
@@ -132,6 +136,7 @@ def _write_results(path, **info):
 
 
 @pytest.mark.parametrize("field,value,shown", [("metric_options", "word", "metric_options"),
+                                               ("infer_method", 3, "infer_method"),
                                                ("config", {"model_option": "dtype=x"}, "config.model_option"),
                                                ("provenance", [1], "provenance")])
 def test_a_malformed_results_file_is_refused_in_one_line(tmp_path, capsys, field, value, shown):
@@ -322,3 +327,10 @@ def test_a_comparison_of_two_runs_has_the_explanation_as_a_section(tmp_path):
     c = _run("C", [_rec(0, "A"), _rec(1, "A")], INFO_A)
     three = compare_runs([a, b, c], str(tmp_path / "three"), n_boot=20, plots=False)
     assert "explain" not in three and "Explanation" not in open(str(tmp_path / "three" / "comparison.md")).read()
+
+
+def test_runs_of_two_benchmarks_are_refused():
+    a = _run("A", [_rec(0, "A")], INFO_A)
+    other = [dict(_rec(0, "A"), benchmark="iWISDM")]
+    with pytest.raises(ReformError, match="different benchmarks"):
+        explain_runs(a, _run("B", other, INFO_A))

@@ -30,7 +30,7 @@ builds it from our files):
 The explanation pairs the runs by item (``compare``'s rule; a pair of the same question asked
 another way, e.g. with other option marks or the same images at another resolution, pairs by
 ``question_key``; never by position), lists every difference of the run-level records (named as
-a researcher knows them: ``FACTORS``; paths, run ids, timings and output folders are left out,
+a researcher knows them: ``explain_factors.FACTORS``; paths, run ids, timings and output folders are left out,
 ``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other;
 for generation also a changed extracted answer; for PIF a changed per-turn PIF) says which
 differences touch it: its prompt (text or tokens differ), its pixels (the image tensor or the
@@ -43,266 +43,23 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from evaluation.reporting.bootstrap import family_of
 from evaluation.reporting.compare import Key, same_content, sample_shas
+from evaluation.reporting.explain_factors import (ALSO_PROMPT, PIXELS, PROMPT, SETTINGS, run_differences, run_facts,
+                                                  shown_value)
 from utils.errors import ReformError, input_error
 from utils.inputs import read_json
 
-# -- what the recorded keys are called ------------------------------------------------------------
+# -- how one item was asked --------------------------------------------------------------------------
 
-#: kinds of factor: what a difference acts on (a sample's prompt, its pixels, or every sample)
-PROMPT, PIXELS, SETTINGS = "prompt", "pixels", "settings"
-
-#: recorded key (dotted, as ``run_facts`` flattens it; a trailing ``.*`` matches every key below)
-#: -> (the name a researcher knows, what it acts on). Keys not listed are shown by their own name
-#: (acting on every sample), so no recorded difference is ever dropped unseen.
-FACTORS: Tuple[Tuple[str, str, str], ...] = (
-    ("config.model_option.system_msg", "system line", PROMPT),
-    ("provenance.system_line", "system line", PROMPT),
-    ("config.model_option.preprocessor", "prompt format", PROMPT),
-    ("provenance.preprocessor", "prompt format", PROMPT),
-    ("provenance.chat_template_sha", "chat template", PROMPT),
-    ("config.model_option.response_prefix", "response prefix", PROMPT),
-    ("config.model_option.add_bos", "BOS", PROMPT),
-    ("provenance.adds_bos", "BOS", PROMPT),
-    ("provenance.bos_token", "BOS", PROMPT),
-    ("config.model_option.max_context_tokens", "context limit", PROMPT),
-    ("config.option_mark", "option marks", PROMPT),
-    ("config.shuffle_options", "option order", PROMPT),
-    ("config.random_instruct", "instruction", PROMPT),
-    ("config.instructions_at_end", "instruction position", PROMPT),
-    ("config.in_context_sample", "in-context examples", PROMPT),
-    ("config.history", "history turns", PROMPT),
-    ("config.context_policy", "context policy", PROMPT),
-    ("config.formulation", "formulation", PROMPT),
-    ("config.image_ablation", "image ablation", PIXELS),
-    ("build_info.image_ablation.applied", "image ablation", PIXELS),
-    ("provenance.image_processor.class", "image processor", PIXELS),
-    ("provenance.image_processor.backend", "image processor backend", PIXELS),
-    ("provenance.image_processor.output_size.*", "image size", PIXELS),
-    ("provenance.image_processor.resample", "image resampling", PIXELS),
-    ("provenance.image_format", "image encoding", PIXELS),
-    ("config.model_option.dtype", "dtype", SETTINGS),
-    ("config.half_evaluation", "dtype", SETTINGS),
-    ("provenance.dtype", "dtype", SETTINGS),
-    ("provenance.device", "device", SETTINGS),
-    ("config.model_option.attn_implementation", "attention implementation", SETTINGS),
-    ("provenance.attn_implementation", "attention implementation", SETTINGS),
-    ("config.model", "model family", SETTINGS),
-    ("config.model_name", "checkpoint", SETTINGS),
-    ("config.model_type", "model type", SETTINGS),
-    ("config.model_option.tiny_size", "checkpoint", SETTINGS),
-    ("provenance.model_class", "model class", SETTINGS),
-    ("provenance.engine", "engine", SETTINGS),
-    ("config.model_option.base_url", "endpoint", SETTINGS),
-    ("provenance.endpoint.url", "endpoint", SETTINGS),
-    ("provenance.endpoint.requested_model", "requested model", SETTINGS),
-    ("provenance.endpoint.served_model", "served model", SETTINGS),
-    ("provenance.endpoint.server_version", "server version", SETTINGS),
-    ("provenance.extra_body_keys", "request options", SETTINGS),
-    ("config.infer_method", "inference method", SETTINGS),
-    ("config.per_gpu_eval_batch_size", "batch size", SETTINGS),
-    ("config.temperature", "temperature", SETTINGS),
-    ("config.max_new_tokens", "max new tokens", SETTINGS),
-    ("config.model_option.max_new_tokens", "max new tokens", SETTINGS),
-    ("config.num_samples", "responses per sample", SETTINGS),
-    ("config.seed", "seed", SETTINGS),
-    ("config.dataset_duplication", "duplication", SETTINGS),
-    ("config.dataset_name", "benchmark", SETTINGS),
-    ("config.dataset_config", "dataset config", SETTINGS),
-    ("scoring.metric_options.mme_parse", "parse mode", SETTINGS),
-    ("scoring.metric_options.strip_reasoning", "reasoning stripped before scoring", SETTINGS),
-    ("scoring.metric_options.number_words", "number words (PIF checkers)", SETTINGS),
-    ("scoring.likelihood_reduction", "likelihood reduction", SETTINGS),
-    ("git_revision", "code version", SETTINGS),
-)
-
-#: keys that cannot change an answer: where files went, names and ids, timing, bookkeeping, and
-#: a sample prompt (each sample's own prompt is compared instead). The scoring flags of the
-#: run's command are left out too: the scoring that made the verdicts is ``scoring.*``.
-IGNORED: Tuple[str, ...] = (
-    "config.output_dir", "config.overwrite", "config.do_eval", "config.eval_stability", "config.export_mme_results",
-    "config.log_to", "config.verbose", "config.no_cache", "config.cache_dir", "config.identity_hash",
-    "config.num_workers", "config.save_images", "config.skip_corrupt", "config.dataset_subsample",
-    "config.likelihood_reduction", "config.metric_option.*",
-    "config.model_option.api_key", "config.model_option.timeout", "config.model_option.max_retries",
-    "config.model_option.max_concurrency", "config.model_option.backoff_base", "config.model_option.prompt_price",
-    "config.model_option.completion_price", "config.model_option.offload_folder", "config.model_option.gpus_per_rank",
-    "provenance.prompt_example", "provenance.versions.*",  # (the run's own "versions" are compared)
-)
-
-#: pixel factors that change the prompt too (``--image_ablation none`` drops the image placeholders)
-ALSO_PROMPT = ("image ablation",)
-
-#: settings that only act on one inference method
-GENERATION_ONLY = ("config.temperature", "config.max_new_tokens", "config.model_option.max_new_tokens",
-                   "config.num_samples")
-LIKELIHOOD_ONLY = ("scoring.likelihood_reduction",)
-
-#: scoring defaults: a run that did not name one was scored with it
-SCORING_DEFAULTS = {"scoring.likelihood_reduction": "sum", "scoring.metric_options.mme_parse": "official"}
-
-#: record fields that say how one item was asked (a pair of the same question asked two ways)
+#: the fields of a sample (docs: the unified sample) that say how one question was asked; with the
+#: fields ``question_key`` holds equal, what else can differ in an item is its images' content
 ITEM_FIELDS: Tuple[Tuple[str, str, str], ...] = (
     ("option_marks", "option marks", PROMPT), ("answer_options", "option order", PROMPT),
     ("question", "question text", PROMPT), ("instruct", "instruction", PROMPT), ("history", "history turns", PROMPT),
-    ("image_ablation", "image ablation", PIXELS))
-
-
-def _match(key: str, pattern: str) -> bool:
-    return key.startswith(pattern[:-1]) if pattern.endswith(".*") else key == pattern
-
-
-def factor_of(key: str) -> Optional[Tuple[str, str]]:
-    """(name, kind) of a recorded key; None for a key that cannot change an answer."""
-    if any(_match(key, p) for p in IGNORED):
-        return None
-    for pattern, name, kind in FACTORS:
-        if _match(key, pattern):
-            return name, kind
-    if key.startswith("versions."):
-        return f"{key.split('.', 1)[1]} version", SETTINGS
-    for prefix, label in (("config.model_option.", "model option"), ("config.dataset_option.", "dataset option"),
-                          ("scoring.metric_options.", "metric option")):
-        if key.startswith(prefix):
-            return f"{label} {key[len(prefix):]}", SETTINGS
-    return key.replace("provenance.", "").replace("config.", "").replace(".", " ").replace("_", " "), SETTINGS
-
-
-# -- the run-level facts -----------------------------------------------------------------------------
-
-def _flatten(value: Any, prefix: str, out: Dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    else:
-        out[prefix] = value
-
-
-def _options(items: Any, file: str, field: str) -> Dict[str, str]:
-    """``["k=v", ...]`` (the config's option lists) -> {k: v}."""
-    if items is None:
-        return {}
-    if not isinstance(items, list) or not all(isinstance(i, str) and "=" in i for i in items):
-        raise input_error("must be a list of KEY=VALUE texts", file=file, field=field)
-    return dict(i.split("=", 1) for i in items)
-
-
-def _looks_like_path(value: Any) -> bool:
-    return isinstance(value, str) and ("/" in value or os.sep in value or value.endswith((".yaml", ".yml")))
-
-
-def run_facts(info: Dict[str, Any], source: str = "run") -> Tuple[Dict[str, Any], set]:
-    """(every run-level fact of ``info`` as ``{dotted key: value}``, the prefixes the run records).
-
-    ``info`` is a results file (or ``.run.json``, or a foreign reader's dict): ``config``,
-    ``provenance``, ``versions``, ``git_revision``, ``build_info``, and the scoring settings
-    (``likelihood_reduction``, ``metric_options``) as ``scoring.*``. A block that is absent is
-    not recorded (its keys read as unknown); inside a recorded ``config`` an option not given is
-    its default."""
-    if not isinstance(info, dict):
-        raise input_error("run information must be a JSON object", file=source)
-    facts: Dict[str, Any] = {}
-    recorded = set()
-    for block in ("config", "provenance", "versions", "build_info"):
-        value = info.get(block)
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            raise input_error(f"must be an object, got {type(value).__name__}", file=source, field=block)
-        recorded.add(block)
-        if block == "config":
-            value = dict(value)
-            for name in ("model_option", "dataset_option"):
-                opts = _options(value.pop(name, None), source, f"config.{name}")
-                for k, v in opts.items():
-                    value[f"{name}.{k}"] = v
-            value.pop("metric_option", None)
-            for k, v in value.items():
-                facts[f"config.{k}"] = v
-        elif block == "build_info":
-            ablation = value.get("image_ablation")
-            if isinstance(ablation, dict) and "applied" in ablation:
-                facts["build_info.image_ablation.applied"] = ablation["applied"]
-        else:
-            _flatten(value, block, facts)
-    if "git_revision" in info:
-        recorded.add("git_revision")
-        facts["git_revision"] = info["git_revision"]
-    options = info.get("metric_options")
-    if options is not None and not isinstance(options, dict):
-        raise input_error(f"must be an object, got {type(options).__name__}", file=source, field="metric_options")
-    reduction = info.get("likelihood_reduction")
-    if reduction is not None and not isinstance(reduction, str):
-        raise input_error(f"must be text, got {reduction!r}", file=source, field="likelihood_reduction")
-    recorded.add("scoring")  # scored with what it names, else the defaults (as run_loader_eval does)
-    facts["scoring.likelihood_reduction"] = reduction or "sum"
-    for k, v in (options or {}).items():
-        facts[f"scoring.metric_options.{k}"] = v
-    return facts, recorded
-
-
-def _recorded(key: str, recorded: set) -> bool:
-    return key.split(".", 1)[0] in recorded
-
-
-def _value(key: str, facts: Dict[str, Any], recorded: set) -> Tuple[bool, Any]:
-    """(known, value): a recorded block's missing option is its default; an unrecorded block's
-    key, or a null provenance value, is unknown."""
-    if key in facts and facts[key] is not None:
-        return True, facts[key]
-    if key in SCORING_DEFAULTS:
-        return True, SCORING_DEFAULTS[key]
-    if key.startswith("config.") and "config" in recorded:
-        return True, "(default)" if key.startswith(("config.model_option.", "config.dataset_option.")) else None
-    return False, None
-
-
-def _applies(key: str, methods: set) -> bool:
-    if key in GENERATION_ONLY and methods == {"likelihood"}:
-        return False
-    if key in LIKELIHOOD_ONLY and methods == {"generation"}:
-        return False
-    return True
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    text = repr(text) if isinstance(value, str) else text
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def run_differences(facts_a: Dict[str, Any], rec_a: set, facts_b: Dict[str, Any], rec_b: set,
-                    methods: set) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """(differences, facts recorded by one run only), one entry per factor name: ``{factor,
-    kind, a, b, keys}`` (values shown from the first differing key, provenance first: what the
-    model really had)."""
-    diffs: Dict[str, Dict[str, Any]] = {}
-    one_sided: Dict[str, Dict[str, Any]] = {}
-    keys = sorted(set(facts_a) | set(facts_b), key=lambda k: (not k.startswith("provenance."), k))
-    for key in keys:
-        named = factor_of(key)
-        if named is None or not _applies(key, methods):
-            continue
-        if key.startswith("config.") and (_looks_like_path(facts_a.get(key)) or _looks_like_path(facts_b.get(key))):
-            continue  # a path cannot change an answer; what it holds is compared item by item
-        name, kind = named
-        known_a, va = _value(key, facts_a, rec_a)
-        known_b, vb = _value(key, facts_b, rec_b)
-        if known_a and known_b:
-            if va != vb:
-                entry = diffs.setdefault(name, {"factor": name, "kind": kind, "a": _shown(va), "b": _shown(vb),
-                                                "keys": []})
-                entry["keys"].append(key)
-        elif known_a != known_b:
-            entry = one_sided.setdefault(name, {"factor": name, "kind": kind, "recorded_by": "A" if known_a else "B",
-                                                "value": _shown(va if known_a else vb), "keys": []})
-            entry["keys"].append(key)
-    for name in diffs:
-        one_sided.pop(name, None)  # known to differ: no need to say one run left a part unrecorded
-    return list(diffs.values()), list(one_sided.values())
+    ("formulation", "formulation", PROMPT), ("image_ablation", "image ablation", PIXELS))
 
 
 # -- pairing -------------------------------------------------------------------------------------------
@@ -358,27 +115,43 @@ def _trace(r: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return t if isinstance(t, dict) else None
 
 
+def _both(ta: Optional[Dict[str, Any]], tb: Optional[Dict[str, Any]], field: str) -> bool:
+    return bool(ta and tb) and ta.get(field) is not None and tb.get(field) is not None  # type: ignore[union-attr]
+
+
 def prompt_differs(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[bool]:
     """Did the model get another prompt: the rendered text (trace ``prompt_sha``) or its tokens
-    (``bos``, ``prompt_tokens``); without a trace on both, the preprocessor's output (the
-    record's ``prompt_sha``); None when neither is known for both."""
+    (``bos``, ``prompt_tokens``, where both traces know them); without the rendered text's hash
+    on both, the preprocessor's output (the record's ``prompt_sha``); None when neither is known
+    for both (a trace field that is null is unknown, never equal)."""
     ta, tb = _trace(ra), _trace(rb)
-    if ta and tb and ta.get("prompt_sha") and tb.get("prompt_sha"):
-        return any(ta.get(f) != tb.get(f) for f in ("prompt_sha", "bos", "prompt_tokens"))
+    if _both(ta, tb, "prompt_sha"):
+        return any(ta[f] != tb[f] for f in ("prompt_sha", "bos", "prompt_tokens")  # type: ignore[index]
+                   if _both(ta, tb, f))
     if ra.get("prompt_sha") and rb.get("prompt_sha"):
         return ra["prompt_sha"] != rb["prompt_sha"]
     return None
 
 
+def _pixels(r: Dict[str, Any]) -> Optional[str]:
+    """The trace's pixel hash; "no images" for a record without images; None when unknown (no
+    trace, or a null hash beside images: a foreign log, a layout the trace cannot split)."""
+    t = _trace(r)
+    if t and t.get("pixel_sha") is not None:
+        return str(t["pixel_sha"])
+    return "no images" if t is not None and not r.get("image_ids") else None
+
+
 def pixels_differ(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[bool]:
     """Did the model get other pixels: the pixel tensor's hash or the images' sizes (trace);
-    None without a trace on both."""
-    ta, tb = _trace(ra), _trace(rb)
-    if not (ta and tb) or "pixel_sha" not in ta or "pixel_sha" not in tb:
+    None when either is unknown."""
+    pa, pb = _pixels(ra), _pixels(rb)
+    if pa is None or pb is None:
         return None
-    if ta.get("pixel_sha") != tb.get("pixel_sha"):
+    if pa != pb:
         return True
-    return bool(ta.get("image_sizes") and tb.get("image_sizes") and ta["image_sizes"] != tb["image_sizes"])
+    ta, tb = _trace(ra), _trace(rb)
+    return bool(_both(ta, tb, "image_sizes") and ta["image_sizes"] != tb["image_sizes"])  # type: ignore[index]
 
 
 def item_differences(ra: Dict[str, Any], rb: Dict[str, Any], how: str) -> List[Tuple[str, str]]:
@@ -443,6 +216,10 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
     for run in (a, b):
         if not (run.get("result") or {}).get("per_sample"):
             raise ReformError(f"run '{run.get('name')}': no scored samples to explain")
+    benches = [sorted({str(r.get("benchmark")) for r in run["records"] if r.get("benchmark")}) for run in (a, b)]
+    if benches[0] and benches[1] and benches[0] != benches[1]:
+        raise ReformError(f"explain: the runs are of different benchmarks ({', '.join(benches[0])}; "
+                          f"{', '.join(benches[1])}); explain two runs of one benchmark")
     metric_a, metric_b = a["result"].get("metric"), b["result"].get("metric")
     if metric_a != metric_b:
         raise ReformError(f"explain: the runs were scored by different metrics ({metric_a!r}, {metric_b!r}); "
@@ -548,7 +325,7 @@ def explanation_tables(exp: Dict[str, Any], max_rows: int = 200) -> List[Tuple[s
             f", first {max_rows} shown)" if len(exp["flips"]) > max_rows else ")")
         out.append((title, ["sample", "A", "B", "A answer", "B answer", "differences touching it"],
                     [[f"{f['sample_id']}" + (f" #{f['dup_index']}" if f["dup_index"] else ""), f["a"], f["b"],
-                      _shown(f["answer_a"], 40), _shown(f["answer_b"], 40), ", ".join(f["touched_by"]) or "none recorded"]
+                      shown_value(f["answer_a"], 40), shown_value(f["answer_b"], 40), ", ".join(f["touched_by"]) or "none recorded"]
                      for f in flips]))
     return out
 
@@ -595,6 +372,16 @@ def format_explanation(exp: Dict[str, Any], max_rows: int = 50) -> str:
 SCORING_FIELDS = ("likelihood_reduction", "metric_options")
 
 
+def scoring_of(result: Dict[str, Any]) -> Dict[str, Any]:
+    """What made a scored result's verdicts: its scoring settings, and the parse rule its metric
+    says it applied (MME: the option, a foreign log's own rule, or the likelihood reduction)."""
+    out = {k: result[k] for k in SCORING_FIELDS if k in result}
+    rule = (result.get("metrics") or {}).get("parse_rule") if isinstance(result.get("metrics"), dict) else None
+    if rule is not None:
+        out["parse_rule"] = rule
+    return out
+
+
 def info_of(run: Dict[str, Any]) -> Dict[str, Any]:
     """A run's run-level record: its ``info`` when given, else its result when that holds the
     run's record (``run_eval --do_eval``), else the run's own results or run file beside its
@@ -604,7 +391,7 @@ def info_of(run: Dict[str, Any]) -> Dict[str, Any]:
     if info is None:
         info = result if (result.get("provenance") is not None or result.get("config") is not None) \
             else recorded_info(result.get("prediction_file"))[0]
-    return {**info, **{k: result[k] for k in SCORING_FIELDS if k in result}}
+    return {**info, **scoring_of(result)}
 
 
 #: results and run files whose run-level record a comparison's runs are explained with

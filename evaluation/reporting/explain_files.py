@@ -16,7 +16,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from evaluation.reporting.explain import (SCORING_FIELDS, explain_runs, explanation_notes, explanation_tables,
-                                          format_explanation, recorded_info, run_facts)
+                                          format_explanation, recorded_info, run_facts, scoring_of)
 from evaluation.reporting.scoring import expand_prediction_files, load_records, results_paths, run_name, score_records
 from utils.commit import Commit
 from utils.errors import ReformError, input_error
@@ -100,6 +100,9 @@ def load_run(path: str, dataset_name: Optional[str] = None, formulation: Optiona
     reduction = info.get("likelihood_reduction") or "sum"
     if reduction not in ("sum", "mean"):
         raise input_error(f"must be sum or mean, got {reduction!r}", file=source, field="likelihood_reduction")
+    for field, valid in (("formulation", ("SingleChoice", "Generation")), ("infer_method", ("generation", "likelihood"))):
+        if info.get(field) is not None and info[field] not in valid:
+            raise input_error(f"must be {' or '.join(valid)}, got {info[field]!r}", file=source, field=field)
     records = load_records(pred, dataset_name)
     if not records:
         raise ReformError(f"{pred}: holds no prediction records")
@@ -108,8 +111,10 @@ def load_run(path: str, dataset_name: Optional[str] = None, formulation: Optiona
                            write=False, quiet=True)
     if info.get("provenance") is None and info.get("config") is None:  # scored by run_loader_eval, or not at all
         own, own_file = recorded_info(pred)
+        if not own and isinstance(getattr(records, "provenance", None), dict):
+            own = {"provenance": records.provenance}  # another harness's log: what its reader tells of the run
         info, source = {**own, **{k: info[k] for k in SCORING_FIELDS if k in info}}, own_file or source
-    run_info = {**info, **{k: result[k] for k in SCORING_FIELDS}}
+    run_info = {**info, **scoring_of(result)}
     run_facts(run_info, source)  # a malformed record is refused now, naming its file
     return {"name": run_name(records, pred), "records": records, "result": result, "info": run_info,
             "source": source}
