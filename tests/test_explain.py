@@ -334,3 +334,28 @@ def test_runs_of_two_benchmarks_are_refused():
     other = [dict(_rec(0, "A"), benchmark="iWISDM")]
     with pytest.raises(ReformError, match="different benchmarks"):
         explain_runs(a, _run("B", other, INFO_A))
+
+
+def test_a_run_rescored_by_run_loader_eval_is_explained_against_its_own_scoring(tmp_path, capsys):
+    """The prediction file (scored as its run recorded: sum) against its run_loader_eval results
+    (mean): the one difference is the reduction, the run-level record comes from the run's own
+    results file for both, and the flip is 'only different settings'."""
+    rec = {**_rec(0, 0), "inference_method": "likelihood", "candidate_logprobs": [-2.0, -1.5],
+           "candidate_num_tokens": [4, 1]}  # sum picks blue (wrong), mean picks red (right)
+    rec["trace"]["pixel_sha"] = None
+    pred = tmp_path / "run.json"
+    pred.write_text(json.dumps([rec]))
+    _write_results(tmp_path / "run.results.json", prediction_file=str(pred), likelihood_reduction="sum",
+                   metric_options={}, **{k: INFO_A[k] for k in ("config", "provenance", "versions")})
+    _write_results(tmp_path / "run.scored-0123abcd.results.json", prediction_file=str(pred),
+                   likelihood_reduction="mean", metric_options={})
+    exp = explain_files(str(pred), str(tmp_path / "run.scored-0123abcd.results.json"), quiet=True)
+    assert [d["factor"] for d in exp["differences"]] == ["likelihood reduction"] and not exp["recorded_by_one_run"]
+    assert exp["summary"] == ("accuracy moved by +1.0000: 1 samples flipped; 0 of them have different prompts, "
+                              "0 different pixels, 1 only different settings")
+    assert run_loader_eval.main(["--explain", str(pred), str(tmp_path / "run.scored-0123abcd.results.json"),
+                                 "--output_dir", str(tmp_path / "why")]) == 0
+    out = capsys.readouterr().out
+    assert "scored as" in out and out.strip().splitlines()[-1] == exp["summary"]
+    assert json.load(open(tmp_path / "why" / "explain.json"))["summary"] == exp["summary"]
+    assert open(tmp_path / "why" / "explain.md").read().rstrip().endswith(exp["summary"])

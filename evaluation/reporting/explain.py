@@ -354,8 +354,12 @@ def _path(path: Optional[str]) -> str:
 
 def format_explanation(exp: Dict[str, Any], max_rows: int = 50) -> str:
     """The explanation as console text, ending with the summary line."""
-    lines = ["explain B against A"] + [f"  {x}: {exp[x.lower()]['name']} ({_path(exp[x.lower()]['prediction_file'])})"
-                                       for x in ("A", "B")] + [""]
+    lines = ["explain B against A"]
+    for x in ("A", "B"):
+        run = exp[x.lower()]
+        scored = f", scored as {_path(run['scored_with'])} says" if run.get("scored_with") else ""
+        lines.append(f"  {x}: {run['name']} ({_path(run['prediction_file'])}{scored})")
+    lines.append("")
     for title, header, rows in explanation_tables(exp, max_rows):
         lines.append(title)
         widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)]

@@ -246,6 +246,8 @@ def _applies(key: str, methods: set) -> bool:
 
 
 def shown_value(value: Any, limit: int = 60) -> str:
+    if value is None:
+        return "(none)"
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     text = repr(text) if isinstance(value, str) else text
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -117,7 +117,7 @@ def load_run(path: str, dataset_name: Optional[str] = None, formulation: Optiona
     run_info = {**info, **scoring_of(result)}
     run_facts(run_info, source)  # a malformed record is refused now, naming its file
     return {"name": run_name(records, pred), "records": records, "result": result, "info": run_info,
-            "source": source}
+            "source": source, "scored_with": results}
 
 
 def markdown(exp: Dict[str, Any]) -> str:
@@ -137,9 +137,11 @@ def explain_files(a: str, b: str, dataset_name: Optional[str] = None, output_dir
     Both runs are read and checked before anything is written."""
     runs: List[Dict[str, Any]] = [load_run(p, dataset_name, formulation, infer_method) for p in (a, b)]
     if os.path.realpath(runs[0]["result"]["prediction_file"]) == os.path.realpath(runs[1]["result"]["prediction_file"]) \
-            and runs[0]["source"] == runs[1]["source"]:
+            and runs[0]["scored_with"] == runs[1]["scored_with"]:
         raise ReformError(f"--explain: {a} and {b} are the same run scored the same way; nothing to explain")
     exp = explain_runs(runs[0], runs[1])
+    for side, run in zip(("a", "b"), runs):
+        exp[side]["scored_with"] = run["scored_with"]
     if output_dir:
         ensure_writable_dir(output_dir, "--output_dir")
         with Commit(f"explanation in {output_dir}") as c:
