@@ -356,6 +356,6 @@ def test_a_run_rescored_by_run_loader_eval_is_explained_against_its_own_scoring(
     assert run_loader_eval.main(["--explain", str(pred), str(tmp_path / "run.scored-0123abcd.results.json"),
                                  "--output_dir", str(tmp_path / "why")]) == 0
     out = capsys.readouterr().out
-    assert "scored as" in out and out.strip().splitlines()[-1] == exp["summary"]
+    assert "; scoring from run.scored-0123abcd.results.json)" in out and out.strip().splitlines()[-1] == exp["summary"]
     assert json.load(open(tmp_path / "why" / "explain.json"))["summary"] == exp["summary"]
     assert open(tmp_path / "why" / "explain.md").read().rstrip().endswith(exp["summary"])

@@ -357,7 +357,7 @@ def format_explanation(exp: Dict[str, Any], max_rows: int = 50) -> str:
     lines = ["explain B against A"]
     for x in ("A", "B"):
         run = exp[x.lower()]
-        scored = f", scored as {_path(run['scored_with'])} says" if run.get("scored_with") else ""
+        scored = f"; scoring from {os.path.basename(run['scored_with'])}" if run.get("scored_with") else ""
         lines.append(f"  {x}: {run['name']} ({_path(run['prediction_file'])}{scored})")
     lines.append("")
     for title, header, rows in explanation_tables(exp, max_rows):
