@@ -181,6 +181,10 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
         if dinfo.is_main:
             logger.info("wrote %d records to %s", len(records), pred_file)
     plan.timing["total_s"] = time.perf_counter() - t_start
+    # the samples are done with: the records hold what scoring needs, and the two are never
+    # kept together (at 50,000 samples each is about 150 MB; issue 24, flat memory)
+    plan.release_samples()
+    prior = {}
     result = RunResult(prediction_file=pred_file, run_id=plan.run_id, reused=complete, num_records=len(records))
     if dinfo.is_main:
         with stage("scoring and writing the report"):

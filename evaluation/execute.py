@@ -168,8 +168,9 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
                        emit, window)
         else:
             batches = plan_batches(order, {i: deps[i] for i in order}, keys, set(done), cfg.generation.batch_size)
-            loader = batch_loader(_SafeItems(ReformDataset(plan.samples, plan.builder)), batches,
-                                  cfg.generation.num_workers)
+            # a family that computes nothing from pixels (a baseline) is handed paths, never decoded images
+            loader = batch_loader(_SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=not on_device)),
+                                  batches, cfg.generation.num_workers)
             for batch in loader:
                 emit(runner.run([_checked(item) for item in batch]))
     except KeyboardInterrupt:

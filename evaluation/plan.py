@@ -48,6 +48,10 @@ class RunPlan:
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
 
+    def release_samples(self) -> None:
+        """Drop the built samples (and what is indexed by them) once the records are merged."""
+        self.samples, self.digests, self.item_digests, self._index = [], [], [], {}
+
     def index_of(self, key: Key) -> Optional[int]:
         if not self._index:
             self._index = {self.key(s): i for i, s in enumerate(self.samples)}

@@ -23,7 +23,8 @@ BENCHMARK_METRICS: Dict[str, Dict[str, str]] = {}
 #: generic metric per formulation when a benchmark registers none
 DEFAULT_METRICS = {"SingleChoice": "single_choice", "Generation": "exact_match"}
 
-METRIC_MODULES = ("metrics.single_choice", "metrics.iwisdm", "metrics.mme", "metrics.pif")
+METRIC_MODULES = ("metrics.single_choice", "metrics.iwisdm", "metrics.mme", "metrics.pif",
+                  "metrics.mme_lmms_eval", "metrics.mme_vlmevalkit")  # the last two: other harnesses' MME files
 
 
 def register_metric(name: str, benchmarks: Optional[Dict[str, List[str]]] = None):

@@ -67,14 +67,18 @@ def _load(name: str) -> None:
         importlib.import_module(_family_modules()[name])
 
 
-def _load_all() -> None:
-    """Import every family's module (tests and tools that walk the whole zoo)."""
+def load_all() -> None:
+    """Import every family's module (tools that walk the whole zoo: tests, ``--model vllm``
+    finding the family that renders a checkpoint's prompts)."""
     global _loaded
     if _loaded:
         return
     for module in sorted(set(_family_modules().values())):
         importlib.import_module(module)
     _loaded = True
+
+
+_load_all = load_all  # (the name the tests use)
 
 
 def available_models() -> list:

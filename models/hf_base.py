@@ -52,7 +52,11 @@ class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikeli
     ``_placement_kwargs``); ``max_context_tokens`` (a context limit tighter than the model's).
     """
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, config: Optional[Dict[str, Any]] = None, load_weights: bool = True) -> None:
+        """``load_weights=False``: the checkpoint's processor and prompt rendering only (its
+        ``render``, ``make_preprocessor``, ``candidate_ids``), for an engine that runs the
+        weights itself (``models.interfaces.vllm_interface``): its prompts are then this
+        family's, not a copy."""
         super().__init__(config)
         cfg = self.config
         self.device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -64,7 +68,10 @@ class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikeli
         self.model_path = self._resolve_path(str(cfg["model_name"]))
         self.chat_response_prefix: Optional[str] = None
         self._sample_ids: Optional[List[Any]] = None
-        self._load()
+        if load_weights:
+            self._load()
+        else:
+            self._load_processor()
 
     # ---------------------------------------------------------------------------- dispatch
     def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],

@@ -166,25 +166,10 @@ class HFLoadingMixin:
 
     def _load(self) -> None:
         """Load config, processor and model, offline; check the checkpoint's family."""
-        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoModelForImageTextToText
 
-        allow_video_processors_without_torchvision()
+        self._load_processor()
         trust = bool(self.config.get("trust_remote_code", False))
-        try:
-            hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
-        except (OSError, ValueError) as e:
-            raise ReformError(f"model {self.label}: cannot load '{self.model_path}' offline "
-                              f"(not a local checkpoint and not in the HF cache): {_one_line(e)}") from None
-        if self.model_types and hf_config.model_type not in self.model_types:
-            raise ReformError(f"model {self.label}: checkpoint '{self.model_path}' is a '{hf_config.model_type}' "
-                              f"model, but interface '{self.name or self.family}' expects "
-                              f"{' or '.join(repr(t) for t in self.model_types)}")
-        try:
-            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True,
-                                                           trust_remote_code=trust)
-        except (OSError, ValueError, TypeError) as e:
-            raise ReformError(f"model {self.label}: cannot load the processor from '{self.model_path}' "
-                              f"(tokenizer / preprocessor files missing?): {_one_line(e)}") from None
         cls = self.model_class or AutoModelForImageTextToText
         kwargs: Dict[str, Any] = {"dtype": self.dtype, "local_files_only": True, "trust_remote_code": trust}
         if self.config.get("attn_implementation"):
@@ -208,16 +193,43 @@ class HFLoadingMixin:
         else:
             self.model.to(self.device)
         self.model.eval()
+        logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
+                    self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
+
+    def _load_processor(self) -> Any:
+        """Everything of a checkpoint but its weights, offline: its config (the family checked),
+        processor, tokenizer (left padding, a pad token) and context length; returns the config.
+        Why apart from ``_load``: an outside engine that runs the weights itself still renders
+        prompts with this (``HFBaseInterface(config, load_weights=False)``, used by the vLLM
+        interface)."""
+        from transformers import AutoConfig, AutoProcessor
+
+        allow_video_processors_without_torchvision()
+        trust = bool(self.config.get("trust_remote_code", False))
+        try:
+            hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
+        except (OSError, ValueError) as e:
+            raise ReformError(f"model {self.label}: cannot load '{self.model_path}' offline "
+                              f"(not a local checkpoint and not in the HF cache): {_one_line(e)}") from None
+        if self.model_types and hf_config.model_type not in self.model_types:
+            raise ReformError(f"model {self.label}: checkpoint '{self.model_path}' is a '{hf_config.model_type}' "
+                              f"model, but interface '{self.name or self.family}' expects "
+                              f"{' or '.join(repr(t) for t in self.model_types)}")
+        try:
+            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True,
+                                                           trust_remote_code=trust)
+        except (OSError, ValueError, TypeError) as e:
+            raise ReformError(f"model {self.label}: cannot load the processor from '{self.model_path}' "
+                              f"(tokenizer / preprocessor files missing?): {_one_line(e)}") from None
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        text_cfg = self.model.config.get_text_config()
+        text_cfg = hf_config.get_text_config()
         self.max_context: Optional[int] = getattr(text_cfg, "max_position_embeddings", None)
         if self.config.get("max_context_tokens"):  # a tighter limit (long-context quality, memory)
             self.max_context = int(self.config["max_context_tokens"])
-        logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
-                    self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
+        return hf_config
 
     def _placement_kwargs(self) -> Dict[str, Any]:
         """``from_pretrained`` arguments for big checkpoints (issue 12 section 1).

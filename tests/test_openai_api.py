@@ -249,14 +249,19 @@ def test_batch_with_a_failing_item_returns_nothing(server):
 
 
 def test_forward_generation_and_likelihood_refused(server):
+    """An endpoint without prompt log-probabilities (this one) is refused for likelihood in one
+    line after one probe request (models.openai_likelihood; a vLLM server is scored:
+    tests/test_openai_likelihood.py, tests/test_vllm_engine.py)."""
     model, prep = _model(server)
     sample = _sample(1)
     assert model.forward("generation", [sample], [prep(sample)]) == ["echo: What is shown?"]
-    assert model.supports_likelihood is False
-    with pytest.raises(ReformError, match="likelihood needs a white-box model"):
+    sent = len(server.requests)
+    with pytest.raises(ReformError, match="cannot score candidates .*prompt_logprobs.*use --infer_method generation"):
         model.raw_predict(sample["images"], prep(sample), ["yes", "no"])
-    with pytest.raises(ReformError, match="likelihood needs a white-box model"):
+    with pytest.raises(ReformError, match="cannot score candidates"):
         model.forward("likelihood", [dict(sample, candidates=["a"])], [prep(sample)])
+    assert len(server.requests) == sent + 2  # one probe per refused call, no candidate request
+    assert server.requests[-1]["prompt_logprobs"] == 0 and server.requests[-1]["max_tokens"] == 1
 
 
 def test_config_from_environment(server, monkeypatch):

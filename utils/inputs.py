@@ -292,16 +292,17 @@ def _parses(line: str) -> bool:
 
 
 # --------------------------------------------------------------------------- CSV
-def read_csv(path: str, what: str = "CSV file", required: Sequence[str] = ()) -> Tuple[List[str], List[Dict[str, str]]]:
-    """(header, rows as dicts) of a UTF-8 CSV file. Refused in one line: a field over
-    ``MAX_CSV_FIELD`` characters, a row of another width than the header, a missing
-    ``required`` column, malformed quoting."""
+def read_csv(path: str, what: str = "CSV file", required: Sequence[str] = (),
+             delimiter: str = ",") -> Tuple[List[str], List[Dict[str, str]]]:
+    """(header, rows as dicts) of a UTF-8 CSV file (``delimiter="\t"``: a TSV file). Refused in
+    one line: a field over ``MAX_CSV_FIELD`` characters, a row of another width than the header,
+    a missing ``required`` column, malformed quoting."""
     text = read_text(path, what)
     old = csv.field_size_limit()
     rows: List[Dict[str, str]] = []
     try:
         csv.field_size_limit(MAX_CSV_FIELD)
-        reader = csv.reader(io.StringIO(text, newline=""))
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
         try:
             header = next(reader, [])
             for row in reader:

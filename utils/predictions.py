@@ -49,6 +49,61 @@ def register_prediction_file_reader(benchmark: str, extension: str,
     PREDICTION_FILE_READERS[(benchmark, extension.lower())] = reader
 
 
+class ForeignRecords(list):
+    """Prediction records read from another harness's output, carrying what that output tells
+    of the run's settings (``provenance``, the agreed provenance shape, unknown values None).
+
+    Why a list: every consumer of records keeps working; scoring records the provenance."""
+
+    def __init__(self, records: Iterable[Dict[str, Any]], provenance: Dict[str, Any]) -> None:
+        super().__init__(records)
+        self.provenance = provenance
+
+
+#: readers of other harnesses' files, tried in order on any prediction file:
+#: (name, accepts(path) -> bool from the name and the first bytes, reader(path) -> records)
+FOREIGN_READERS: List[Tuple[str, Callable[[str], bool], Callable[[str], List[Dict[str, Any]]]]] = []
+
+
+def register_foreign_reader(name: str, accepts: Callable[[str], bool],
+                            reader: Callable[[str], List[Dict[str, Any]]]) -> None:
+    """Register a reader of another harness's output (e.g. lmms-eval's samples JSONL)."""
+    FOREIGN_READERS[:] = [r for r in FOREIGN_READERS if r[0] != name] + [(name, accepts, reader)]
+
+
+#: predicates naming files that belong to another harness's output without being predictions
+#: (lmms-eval's ``<date>_results.json`` beside its samples): skipped when a folder is listed
+FOREIGN_COMPANIONS: List[Callable[[str], bool]] = []
+
+
+def register_foreign_companion(is_companion: Callable[[str], bool]) -> None:
+    FOREIGN_COMPANIONS.append(is_companion)
+
+
+def is_foreign_companion(path: str) -> bool:
+    return any(pred(path) for pred in FOREIGN_COMPANIONS)
+
+
+def foreign_reader(path: str) -> Optional[Tuple[str, Callable[[str], List[Dict[str, Any]]]]]:
+    """(name, reader) of the first registered reader that accepts the file, else None."""
+    if not os.path.isfile(path):
+        return None
+    for name, accepts, reader in FOREIGN_READERS:
+        if accepts(path):
+            return name, reader
+    return None
+
+
+def head_text(path: str, size: int = 65536) -> str:
+    """The first ``size`` bytes of a file as text (undecodable bytes replaced): enough for a
+    reader to recognise a format by its first line without reading a large file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(size).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def record_key(rec: Dict[str, Any]) -> RecordKey:
     return (str(rec["sample_id"]), int(rec.get("dup_index", 0)))
 

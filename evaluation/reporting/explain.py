@@ -27,9 +27,10 @@ builds it from our files):
 * ``result`` (optional): the scored run (``scoring.score_records``: ``metric``, ``metrics``,
   ``per_sample``). Without it the records are scored here with the ``info``'s settings.
 
-The explanation pairs the runs by item (``compare``'s rule; a pair of the same question asked
-another way, e.g. with other option marks or the same images at another resolution, pairs by
-``question_key``; never by position), lists every difference of the run-level records (named as
+The explanation pairs the runs by item (``compare.pair_runs``, which also matches another
+harness's rows by the benchmark's item key; then the same question asked another way, e.g. with
+other option marks or the same images at another resolution, by ``question_key``; never by
+position), lists every difference of the run-level records (named as
 a researcher knows them: ``explain_factors.FACTORS``; paths, run ids, timings and output folders are left out,
 ``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other;
 for generation also a changed extracted answer; for PIF a changed per-turn PIF) says which
@@ -46,7 +47,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from evaluation.reporting.bootstrap import family_of
-from evaluation.reporting.compare import Key, same_content, sample_shas
+from evaluation.reporting.compare import Key, pair_runs, same_content, sample_shas
 from evaluation.reporting.explain_factors import (ALSO_PROMPT, PIXELS, PROMPT, SETTINGS, run_differences, run_facts,
                                                   shown_value)
 from utils.errors import ReformError, input_error
@@ -90,19 +91,25 @@ def question_key(rec: Dict[str, Any]) -> str:
     return json.dumps(body, sort_keys=True, default=str)
 
 
-def pair_records(a: Dict[str, Any], b: Dict[str, Any]) -> Tuple[List[Tuple[Key, str]], List[Key]]:
-    """([(key, how)], keys refused) over the keys both runs scored: ``how`` is ``item`` (compare's
-    rule: the same item content) or ``question`` (the same question asked another way,
-    ``question_key``); a shared key whose question differs is refused."""
+def pair_records(a: Dict[str, Any], b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key, str]], List[Key]]:
+    """([(a's key, b's key, how)], shared keys refused): first ``compare.pair_runs`` (the one
+    pairing of compare and the paired tests), whose pairs are ``item`` (the same item content
+    under one key) or ``item key`` (a row of another harness's log matched to our item by the
+    benchmark's item key); then, among the keys both runs hold and that rule left, ``question``:
+    the same question asked another way (``question_key``). A shared key whose question differs
+    is refused."""
     ra = {_key(r): r for r in a["records"]}
     rb = {_key(r): r for r in b["records"]}
     sa, sb = sample_shas(a), sample_shas(b)
-    pairs, refused = [], []
+    first, _ = pair_runs(a, b)
+    pairs = [(ka, kb, "item" if ka == kb and same_content(sa.get(ka), sb.get(kb)) else "item key") for ka, kb in first]
+    done_a, done_b = {ka for ka, _ in first}, {kb for _, kb in first}
+    refused = []
     for k in sorted(set(ra) & set(rb)):
-        if same_content(sa.get(k), sb.get(k)):
-            pairs.append((k, "item"))
-        elif question_key(ra[k]) == question_key(rb[k]):
-            pairs.append((k, "question"))
+        if k in done_a or k in done_b:
+            continue
+        if question_key(ra[k]) == question_key(rb[k]):
+            pairs.append((k, k, "question"))
         else:
             refused.append(k)
     return pairs, refused
@@ -240,19 +247,19 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
     flips: List[Dict[str, Any]] = []
     sums = [0.0, 0.0]
     n = 0
-    for key, how in pairs:
-        if key not in va or key not in vb:
+    for ka, kb, how in pairs:
+        if ka not in va or kb not in vb or ka not in ra or kb not in rb:
             continue
         n += 1
-        pa, pb = va[key], vb[key]
+        pa, pb = va[ka], vb[kb]
         sums[0] += float(pa.get(field) or 0.0)
         sums[1] += float(pb.get(field) or 0.0)
-        items = item_differences(ra[key], rb[key], how)
+        items = item_differences(ra[ka], rb[kb], how)
         for name, kind in items:
             item_factors.setdefault(name, {"factor": name, "kind": kind, "samples": 0})["samples"] += 1
         if not _changed(pa, pb, family, generation):
             continue
-        prompt, pixels = prompt_differs(ra[key], rb[key]), pixels_differ(ra[key], rb[key])
+        prompt, pixels = prompt_differs(ra[ka], rb[kb]), pixels_differ(ra[ka], rb[kb])
         if any(kind == PIXELS for _, kind in items):
             pixels = True
         if any(kind == PROMPT for _, kind in items) and prompt is None:
@@ -265,7 +272,8 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
             named = by_kind[PIXELS] + [nm for nm, kind in items if kind == PIXELS and nm not in by_kind[PIXELS]]
             touching += named or ["pixels (their cause is not recorded)"]
         touching += by_kind[SETTINGS]
-        flips.append({"sample_id": key[0], "dup_index": key[1], "paired_by": how,
+        flips.append({"sample_id": ka[0], "dup_index": ka[1], "paired_by": how,
+                      **({"sample_id_b": kb[0]} if kb != ka else {}),
                       "a": _verdict_text(pa, family), "b": _verdict_text(pb, family),
                       "answer_a": _answer(pa), "answer_b": _answer(pb),
                       "prompt_differs": prompt, "pixels_differ": pixels, "touched_by": touching})
@@ -297,9 +305,11 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
     return {"a": {"name": a["name"], "prediction_file": a["result"].get("prediction_file")},
             "b": {"name": b["name"], "prediction_file": b["result"].get("prediction_file")},
             "family": family, "statistic": stat, "n_pairs": n,
-            "paired_by_item": sum(1 for _, how in pairs if how == "item"),
-            "paired_by_question": sum(1 for _, how in pairs if how == "question"),
-            "refused": len(refused), "only_a": len(set(ra) - set(rb)), "only_b": len(set(rb) - set(ra)),
+            "paired_by_item": sum(1 for _, _, how in pairs if how == "item"),
+            "paired_by_item_key": sum(1 for _, _, how in pairs if how == "item key"),
+            "paired_by_question": sum(1 for _, _, how in pairs if how == "question"),
+            "refused": len(refused), "only_a": len(set(ra) - {ka for ka, _, _ in pairs} - set(refused)),
+            "only_b": len(set(rb) - {kb for _, kb, _ in pairs} - set(refused)),
             "differences": diffs, "recorded_by_one_run": one_sided, "no_difference": not diffs and not flips,
             "moved": moved, "score_moved": score_moved, "flips": flips, "counts": counts, "summary": summary}
 
@@ -332,7 +342,9 @@ def explanation_tables(exp: Dict[str, Any], max_rows: int = 200) -> List[Tuple[s
 
 def explanation_notes(exp: Dict[str, Any]) -> List[str]:
     """The pairing in one sentence, "no difference" when so, and the summary line (last)."""
-    notes = [f"Paired {exp['n_pairs']} samples by item ({exp['paired_by_item']} of the same content, "
+    by_key = f"{exp['paired_by_item_key']} by the benchmark's item key (another harness's rows), " \
+        if exp.get("paired_by_item_key") else ""
+    notes = [f"Paired {exp['n_pairs']} samples by item ({exp['paired_by_item']} of the same content, {by_key}"
              f"{exp['paired_by_question']} of the same question asked another way); "
              f"{exp['refused']} shared ids hold other questions and {exp['only_a'] + exp['only_b']} samples are "
              "in one run only (not compared)."]

@@ -36,7 +36,8 @@ from utils.errors import ReformError, input_error
 from utils.inputs import check_name, list_dir, read_json
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
 from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
-                               ensure_writable_dir, read_predictions, record_key)
+                               ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
+                               record_key)
 from utils.report import markdown_table, metrics_report
 from utils.usage import usage_totals
 
@@ -149,7 +150,7 @@ def _check_scores(rec: Dict[str, Any], i: int, file: Optional[str]) -> None:
 def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: Optional[str] = None) -> Dict[str, str]:
     """Where the results of ``prediction_file`` go (named after it, never shared)."""
     base = os.path.basename(os.path.normpath(prediction_file))
-    for ext in (".jsonl", ".json", ".csv"):
+    for ext in (".jsonl", ".json", ".csv", ".tsv", ".xlsx"):
         if base.endswith(ext):
             base = base[: -len(ext)]
             break
@@ -322,7 +323,8 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
                 names = list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                found = [os.path.join(m, n) for n in names if not is_derived(os.path.join(m, n))]
+                found = [os.path.join(m, n) for n in names
+                         if not is_derived(os.path.join(m, n)) and not is_foreign_companion(os.path.join(m, n))]
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
@@ -383,7 +385,17 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
         reader = PREDICTION_FILE_READERS.get((get_builder_class(dataset_name).name, ext))
         if reader is not None:
             return reader(prediction_file)
+    found = foreign_reader(prediction_file)  # another harness's output (lmms-eval, VLMEvalKit)
+    if found is not None:
+        return found[1](prediction_file)
     return read_predictions(prediction_file)
+
+
+def provenance_extra(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """``{"provenance": ...}`` for records read from another harness's output (what its files
+    tell of the run's settings), for the results file; None for our own prediction files."""
+    prov = getattr(records, "provenance", None)
+    return {"provenance": prov} if prov is not None else None
 
 
 #: the marker an export folder holds: which prediction file (and model) it was written from
@@ -492,7 +504,7 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
         result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
                                prediction_file=prediction_file, output_dir=output_dir,
                                metric_options=metric_options, write=write, quiet=quiet, tag=tag,
-                               tool="run_loader_eval", commit=c)
+                               tool="run_loader_eval", commit=c, extra=provenance_extra(records))
         if export_mme_results:
             export_results(records, "MME", export_mme_results, prediction_file=prediction_file, commit=c,
                            likelihood_reduction=likelihood_reduction)
@@ -555,7 +567,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
                                        prediction_file=path, output_dir=output_dir,
                                        metric_options=metric_options,
                                        quiet=quiet or len(files) > 1 or len(groups) > 1,
-                                       tag=sub_tag, tool="run_loader_eval", commit=c)
+                                       tag=sub_tag, tool="run_loader_eval", commit=c,
+                                       extra=provenance_extra(records))
                 runs.append({"name": model if len(groups) > 1 else run_name(recs, path), "records": recs,
                              "result": result})
             if export_mme_results:

@@ -1,4 +1,5 @@
-"""``openai_api``: any OpenAI-compatible chat-completions endpoint (black-box, generation only).
+"""``openai_api``: any OpenAI-compatible chat-completions endpoint (generation; likelihood where the
+endpoint returns prompt log-probabilities, as vLLM does: ``models.openai_likelihood``).
 
 This is how users reach GPT-4o / Claude / Gemini gateways and local vLLM or SGLang servers.
 The transport (``models.http_transport``: keep-alive connections per worker thread, one
@@ -80,6 +81,7 @@ from models.http_transport import retry_after as parse_retry_after
 from models.interfaces.base_interface import BaseInterface, CandidateScore
 from models.openai_messages import (IMAGE_FORMATS, EncodedImages, encode_image, image_format,  # noqa: F401
                                     to_openai_messages)
+from models.openai_likelihood import score_candidates
 from models.outputs import GenText, finish_text
 from models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
                                    spent_usage)
@@ -115,7 +117,8 @@ class OpenAIAPIInterface(BaseInterface):
     #: the served model id (``--model_name``) and a variant label; precision is the server's
     run_flags = ("model_name", "model_type")
 
-    supports_likelihood = False
+    #: where the endpoint returns prompt log-probabilities (vLLM): models.openai_likelihood probes it
+    supports_likelihood = True
     runs_on_device = False
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
@@ -294,10 +297,11 @@ class OpenAIAPIInterface(BaseInterface):
         """A reply, short, for an error message: credentials scrubbed before it is cut."""
         return redact_text(self.scrub(json.dumps(reply, default=str)))[:200]
 
-    def request(self, body: Dict[str, Any], tag: str = "", image_tokens: int = 0) -> GenText:
+    def request(self, body: Dict[str, Any], tag: str = "", image_tokens: int = 0, parse: Optional[Any] = None) -> GenText:
         """POST with retries and backoff (through the adaptive limit and the token budget);
-        returns the reply text with its usage, or raises ReformError naming ``tag``.
-        ``image_tokens``: the budget's estimate of the prompt tokens the body's images cost."""
+        returns the reply text with its usage (``parse(reply)`` instead, when given: an object
+        with ``usage``), or raises ReformError naming ``tag``. ``image_tokens``: the budget's
+        estimate of the prompt tokens the body's images cost."""
         payload = json.dumps(reveal_deep(body) if self.extra_body else body).encode("utf-8")
         label = f" {tag}" if tag else ""
         last = ""
@@ -307,7 +311,7 @@ class OpenAIAPIInterface(BaseInterface):
             sent = self.limiter.acquire()
             outcome, retry_after, usage = "other", None, None
             try:
-                out = self._parse(self._post_once(payload))
+                out = (parse or self._parse)(self._post_once(payload))
                 outcome, usage = "ok", out.usage
                 return out
             except Retryable as e:
@@ -318,7 +322,10 @@ class OpenAIAPIInterface(BaseInterface):
                 raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
             finally:
                 self.limiter.release(sent, outcome, retry_after)
-                self.budget.settle(need, usage if outcome == "ok" else {"prompt_tokens": 0})
+                # a reply that does not say both counts is charged its worst case (issue 25: a server's
+                # numbers never switch the budget off)
+                counted = usage if usage and {"prompt_tokens", "completion_tokens"} <= set(usage) else None
+                self.budget.settle(need, counted if outcome == "ok" else {"prompt_tokens": 0})
             if attempt == self.max_retries:
                 break
             delay = min(self.backoff_max, self.backoff_base * (2 ** attempt))
@@ -438,15 +445,12 @@ class OpenAIAPIInterface(BaseInterface):
                              "server_version": self.served.get("system_fingerprint") or self.served.get("server")},
                 "image_format": self.image_format, "extra_body_keys": sorted(self.extra_body)}
 
-    def raw_predict(self, images: Sequence[Any], prompt: Any,
-                    candidates: Sequence[str]) -> List[CandidateScore]:
-        raise ReformError(f"model 'openai_api' ({self.model}) is black-box: likelihood needs a white-box "
-                          "model; use --infer_method generation")
-
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
-        raise ReformError(f"model 'openai_api' ({self.model}) is black-box: likelihood needs a white-box "
-                          "model; use --infer_method generation")
+        """Candidate scores from the endpoint's prompt log-probabilities (``models.openai_likelihood``);
+        an endpoint without them is refused in one line."""
+        n = len(prompts)
+        return score_candidates(self, images_list, prompts, candidates_list, [self._tag(i, n) for i in range(n)])
 
 
 def _secrets_in(obj: Any) -> List[Secret]:
