@@ -342,7 +342,7 @@ def test_a_run_rescored_by_run_loader_eval_is_explained_against_its_own_scoring(
     results file for both, and the flip is 'only different settings'."""
     rec = {**_rec(0, 0), "inference_method": "likelihood", "candidate_logprobs": [-2.0, -1.5],
            "candidate_num_tokens": [4, 1]}  # sum picks blue (wrong), mean picks red (right)
-    rec["trace"]["pixel_sha"] = None
+    rec["trace"]["pixel_sha"], rec["image_ids"] = None, []  # a record that names no images
     pred = tmp_path / "run.json"
     pred.write_text(json.dumps([rec]))
     _write_results(tmp_path / "run.results.json", prediction_file=str(pred), likelihood_reduction="sum",
@@ -359,3 +359,29 @@ def test_a_run_rescored_by_run_loader_eval_is_explained_against_its_own_scoring(
     assert "; scoring from run.scored-0123abcd.results.json)" in out and out.strip().splitlines()[-1] == exp["summary"]
     assert json.load(open(tmp_path / "why" / "explain.json"))["summary"] == exp["summary"]
     assert open(tmp_path / "why" / "explain.md").read().rstrip().endswith(exp["summary"])
+
+
+@pytest.mark.slow
+def test_against_lmms_eval_with_its_vicuna_system_line(tmp_path):
+    """Our run (default settings: the checkpoint's template, no system line) against the real
+    lmms-eval 0.7.3 log of the same checkpoint and data with its Vicuna system line
+    (tests/data/lmms_eval_mme, docs/foreign_logs.md): its rows pair with our items by item key,
+    the system line is named, and every flip is one of different prompts. Both parsed by lmms-eval's
+    rule ('stripped': our run asks for it, the log's rows carry it), so parsing is no difference."""
+    import glob
+    from evaluation.reporting.compare import flips as compare_flips
+    from evaluation.reporting.explain_files import load_run
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lmms_eval_mme")
+    data = json.load(open(os.path.join(fixture, "MANIFEST.json")))["data"]
+    root = write_yesno_release(str(tmp_path / "release"), n_images=data["images"], seed=data["seed"])
+    ours = _evaluate(tmp_path / "ours", dataset="MME", config=None, formulation="Generation", method="generation",
+                     options={"root": root, "subtasks": data["subtasks"], "check_counts": False, "prompt": "official"},
+                     metric_options={"mme_parse": "stripped"})
+    log = glob.glob(os.path.join(fixture, "vicuna", "*_samples_mme_local.jsonl"))[0]
+    exp, factors = _explain(ours.prediction_file, log)
+    assert exp["n_pairs"] == exp["paired_by_item_key"] == 2 * 2 * data["images"]
+    assert "system line" in factors and set(factors) <= {"system line", "chat template"}
+    a, b = load_run(ours.prediction_file), load_run(log)
+    assert len(exp["flips"]) == len({x for x, _ in compare_flips(a, b)["answer_changes"]}
+                                    | {x for x, _ in compare_flips(a, b)["flips"]})
+    assert exp["flips"] and all(f["prompt_differs"] is True and "system line" in f["touched_by"] for f in exp["flips"])

@@ -146,7 +146,7 @@ def _pixels(r: Dict[str, Any]) -> Optional[str]:
     t = _trace(r)
     if t and t.get("pixel_sha") is not None:
         return str(t["pixel_sha"])
-    return "no images" if t is not None and not r.get("image_ids") else None
+    return "no images" if t is not None and r.get("image_ids") == [] else None  # (a record that names none)
 
 
 def pixels_differ(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[bool]:
@@ -324,9 +324,6 @@ def explanation_tables(exp: Dict[str, Any], max_rows: int = 200) -> List[Tuple[s
     """(title, header, rows) of the differences and the changed samples (at most ``max_rows``)."""
     out = []
     rows = [[d["factor"], d["a"], d["b"], KIND_TEXT[d["kind"]], ", ".join(d["keys"])] for d in exp["differences"]]
-    rows += [[d["factor"], d["value"] if d["recorded_by"] == "A" else "(not recorded)",
-              d["value"] if d["recorded_by"] == "B" else "(not recorded)", KIND_TEXT[d["kind"]],
-              ", ".join(d["keys"])] for d in exp["recorded_by_one_run"]]
     out.append((f"Explanation: differences between A ({exp['a']['name']}) and B ({exp['b']['name']})",
                 ["factor", "A", "B", "acts on", "recorded as"], rows or [["none", "-", "-", "-", "-"]]))
     if exp["flips"]:
@@ -348,6 +345,10 @@ def explanation_notes(exp: Dict[str, Any]) -> List[str]:
              f"{exp['paired_by_question']} of the same question asked another way); "
              f"{exp['refused']} shared ids hold other questions and {exp['only_a'] + exp['only_b']} samples are "
              "in one run only (not compared)."]
+    for side in ("A", "B"):
+        names = [d["factor"] for d in exp["recorded_by_one_run"] if d["recorded_by"] == side]
+        if names:
+            notes.append(f"Recorded by {side} only (not compared): {', '.join(names)}.")
     if exp["no_difference"]:
         notes.append("no difference: the runs agree on every setting both record, and no verdict changed.")
     elif not exp["differences"]:

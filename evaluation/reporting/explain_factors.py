@@ -109,6 +109,15 @@ IGNORED: Tuple[str, ...] = (
     "provenance.harness.model_label", "provenance.harness.template_rule", "provenance.harness.layout",
 )
 
+#: a setting asked for -> the record of what was applied, compared instead where both runs have it
+#: (a foreign log is parsed by its own rule when no --mme_parse is given)
+SUPERSEDED = {"scoring.metric_options.mme_parse": "scoring.parse_rule"}
+
+#: one value under two names: our interfaces record the preprocessor's class, a foreign reader
+#: (and ``--model_option preprocessor=``) its option name
+VALUE_ALIASES: Dict[str, Dict[str, str]] = {
+    "provenance.preprocessor": {"ChatTemplateProcessor": "chat_template", "ConvProcessor": "conv"}}
+
 #: pixel factors that change the prompt too (``--image_ablation none`` drops the image placeholders)
 ALSO_PROMPT = ("image ablation",)
 
@@ -214,8 +223,11 @@ def run_facts(info: Dict[str, Any], source: str = "run") -> Tuple[Dict[str, Any]
     facts["scoring.likelihood_reduction"] = reduction or "sum"
     rule = info.get("parse_rule", (info.get("metrics") or {}).get("parse_rule")
                     if isinstance(info.get("metrics"), dict) else None)
-    if rule is not None:  # the rule that really parsed the answers (MME: the option, a log's own rule, ...)
-        facts["scoring.parse_rule"] = rule
+    if rule is not None:  # the rule that really parsed the answers (MME: the option, a log's own rule, ...):
+        facts["scoring.parse_rule"] = rule  # it, not the option asked for, is compared (run_differences)
+    for key, aliases in VALUE_ALIASES.items():
+        if isinstance(facts.get(key), str):
+            facts[key] = aliases.get(facts[key], facts[key])
     for k, v in (options or {}).items():
         facts[f"scoring.metric_options.{k}"] = v
     return facts, recorded
@@ -266,6 +278,8 @@ def run_differences(facts_a: Dict[str, Any], rec_a: set, facts_b: Dict[str, Any]
         named = factor_of(key)
         if named is None or not _applies(key, methods):
             continue
+        if key in SUPERSEDED and SUPERSEDED[key] in facts_a and SUPERSEDED[key] in facts_b:
+            continue  # both record what was really applied
         if key.startswith("config.") and key not in PATH_FACTORS and (
                 _looks_like_path(facts_a.get(key)) or _looks_like_path(facts_b.get(key))):
             continue  # a path cannot change an answer; what it holds is compared item by item
