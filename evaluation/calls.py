@@ -25,7 +25,7 @@ from utils.predictions import make_record, temp_prefix
 from utils.seeding import derive_seed
 
 #: the trace fields a record keeps (``prompt_text`` goes to the run's provenance, once)
-TRACE_FIELDS = ("prompt_sha", "prompt_tokens", "bos", "pixel_sha")
+TRACE_FIELDS = ("prompt_sha", "prompt_tokens", "bos", "pixel_sha", "image_sizes")
 
 Result = Tuple[Any, Optional[Dict[str, Any]]]
 

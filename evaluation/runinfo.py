@@ -18,7 +18,8 @@ from utils.secrets import redact_text
 
 #: what describes how predictions were made (kept when a later command only re-scores them)
 RUN_INFO_KEYS = ("config", "command", "timing", "world_size", "versions", "git_revision", "git_dirty", "build_log",
-                 "build_info", "seed", "data_fingerprint", "response_cache", "throughput", "checkpoint_source")
+                 "build_info", "seed", "data_fingerprint", "response_cache", "throughput", "checkpoint_source",
+                 "provenance")
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -59,6 +59,18 @@ def pixel_rows(enc: Any, counts: Sequence[int]) -> List[Optional[str]]:
     return out
 
 
+def _sizes_by_row(images: Sequence[Any], counts: Sequence[int]) -> List[Optional[List[List[int]]]]:
+    """Each row's images' [width, height], in order; None for a row without images, or when the
+    images do not add up to the rows' placeholders (a layout this cannot split)."""
+    if not images or sum(counts) != len(images):
+        return [None] * len(counts)
+    out, k = [], 0
+    for c in counts:
+        out.append([[int(v) for v in getattr(im, "size", (0, 0))] for im in images[k:k + c]] if c else None)
+        k += c
+    return out
+
+
 def _hash(arrays: Sequence[np.ndarray]) -> str:
     h = hashlib.blake2b(digest_size=8)
     for a in arrays:
@@ -116,9 +128,11 @@ class HFProvenanceMixin:
     config: Dict[str, Any]
     _traces: Optional[List[Dict[str, Any]]] = None
 
-    def trace_encoded(self, texts: Sequence[str], enc: Any) -> None:
+    def trace_encoded(self, texts: Sequence[str], enc: Any, images: Sequence[Any] = ()) -> None:
         """Remember each row's trace (rows in ``texts`` order; ``_by_groups`` puts them back in
-        the batch's order)."""
+        the batch's order). ``images``: the batch's decoded images in row order, for each row's
+        ``image_sizes`` (width, height as given to the processor: a dataset at another
+        resolution differs here, while the processor's output size may not)."""
         ids = enc.get("input_ids")
         if ids is None:
             return
@@ -129,13 +143,14 @@ class HFProvenanceMixin:
         token = getattr(self, "image_token", None)
         counts = [t.count(token) if token else 0 for t in texts]
         pixels = pixel_rows(enc, counts)
+        sizes = _sizes_by_row(images, counts)
         rows = []
         for r, text in enumerate(texts):
             real = torch.nonzero(mask[r]).flatten()
             first = int(ids[r, int(real[0])]) if len(real) else None
             rows.append({"prompt_sha": text_sha(text), "prompt_text": text, "prompt_tokens": int(len(real)),
                          "bos": (first == bos) if bos is not None and first is not None else None,
-                         "pixel_sha": pixels[r]})
+                         "pixel_sha": pixels[r], "image_sizes": sizes[r]})
         if self._traces is None:
             self._traces = []
         self._traces.extend(rows)
@@ -150,8 +165,9 @@ class HFProvenanceMixin:
         if isinstance(template, dict):  # several named templates
             template = "\n".join(f"{k}:{v}" for k, v in sorted(template.items()))
         pre = getattr(self, "preprocessor", None)
-        try:
-            first = tok("a")["input_ids"][0]
+        adds = getattr(self, "adds_bos", None)
+        try:  # what the tokenizer adds to a rendered prompt, as the run's processor calls ask it
+            first = tok("a", add_special_tokens=adds() if adds else True)["input_ids"][0]
         except Exception:  # noqa: BLE001 - a tokenizer that cannot say is recorded as unknown
             first = None
         bos_id = getattr(tok, "bos_token_id", None)

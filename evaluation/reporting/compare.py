@@ -475,6 +475,8 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
     dependence = dependence_table(comp.get("image_dependence") or [])
     if dependence:
         out.append(dependence)
+    # two runs: the explanation's tables (evaluation.reporting.explain, laid out by report.compare_runs)
+    out += [tuple(t) for t in (comp.get("explain") or {}).get("tables") or []]
     return out
 
 
@@ -498,6 +500,8 @@ def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
         if title.startswith("Published references"):
             notes = [f"{r['model']}: " + describe(r) + (f" The run's total is not comparable ({r['note']})."
                                                       if r.get("note") else "") for r in comp["references"]]
+        if title.startswith("Explanation: differences"):  # the pairing, and the summary line
+            notes = (comp.get("explain") or {}).get("notes") or []
         lines += [f"- Note: {md_text(n)}" for n in notes] + ([""] if notes else [])
     if plots:
         lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]
