@@ -200,8 +200,10 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     finally:
         stop_workers(batches_in)
         plan.timing["inference_s"] = plan.timing.get("inference_s", 0.0) + time.perf_counter() - t1
-        if window > 1:
+        if window > 1:  # the window's calls overlap: its wall time is the forward time
             plan.timing["forward_s"] += time.perf_counter() - t1
+            if runner.method == "generation":
+                plan.timing["generation_s"] = plan.timing.get("generation_s", 0.0) + time.perf_counter() - t1
         writer.close()
         bar.close()
         interface.close()
