@@ -13,7 +13,9 @@ after 10 ms, 10% after 300 ms, as replies of different lengths are). The same N 
   (no response cache): requests/s of its inference phase (the run's ``timing.inference_s``),
   and the whole command's wall and CPU time (start-up, data, scoring included).
 
-At C = 32 and 128, in both modes. Targets (issue 24): ratio >= 0.8 at 32 and >= 0.7 at 128.
+At C = 32 and 128, in both modes; each pair is measured ``--repeats`` times, interleaved, and the
+best of each side is kept (on a shared machine a run can only be slowed, never sped up, by its
+neighbours). Targets (issue 24): ratio >= 0.8 at 32 and >= 0.7 at 128.
 
 Usage: python bench/api_ceiling.py [--requests 2000] [--concurrency 32 128] [--modes zero varied]
        python bench/api_ceiling.py --smoke      (tiny sizes, seconds)
@@ -189,6 +191,7 @@ def main(argv: List[str] = None) -> int:
                                 epilog="Last line: plain_rps harness_rps ratio whole_command_s cpu_ms_per_request "
                                        "min_ratio_c<C> (see the module docstring)")
     p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=3, help="measurements of each side (the best is kept)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
     p.add_argument("--modes", nargs="+", default=["zero", "varied"], choices=["zero", "varied"])
     p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks the bench runs")
@@ -199,7 +202,7 @@ def main(argv: List[str] = None) -> int:
         serve(args.serve, args.lifetime)
         return 0
     if args.smoke:
-        args.requests, args.concurrency = 60, [4, 8]
+        args.requests, args.concurrency, args.repeats = 60, [4, 8], 1
     n = args.requests
     results: Dict[Tuple[str, int], Dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -211,8 +214,12 @@ def main(argv: List[str] = None) -> int:
                 # a warm-up run (not timed): bytecode and the file-hash memo, as a second run of a user has
                 harness(server.url, cfg, os.path.join(tmp, f"warm-{mode}"), args.concurrency[0], n)
                 for c in args.concurrency:
-                    plain = plain_client(server.port, n, c)
-                    rps, whole, cpu_ms = harness(server.url, cfg, os.path.join(tmp, f"{mode}-{c}"), c, n)
+                    plain = rps = 0.0
+                    for rep in range(args.repeats):
+                        plain = max(plain, plain_client(server.port, n, c))
+                        got = harness(server.url, cfg, os.path.join(tmp, f"{mode}-{c}-{rep}"), c, n)
+                        if got[0] > rps:
+                            rps, whole, cpu_ms = got
                     results[(mode, c)] = {"plain": plain, "harness": rps, "ratio": rps / plain, "whole": whole,
                                           "cpu_ms": cpu_ms}
                     print(f"{mode:6s} c={c:<4d} plain {plain:8.1f} rps  run_eval {rps:8.1f} rps  ratio {rps / plain:.2f}"

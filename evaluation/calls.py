@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 import time
-from concurrent.futures import Future
 from typing import Any, Dict, List, Optional, Tuple
 
 from evaluation.cache import ResponseCache, call_key
@@ -107,6 +107,7 @@ class Runner:
         self.settings = dict(sorted(self.gen_kwargs.items())) if self.method == "generation" else {}
         self.label = cfg.model.label
         self.examples: Dict[str, str] = {}  # a rendered prompt, kept once for the run's provenance
+        self._lock = threading.Lock()
 
     # -- per sample ---------------------------------------------------------------------
     def seed(self, s: Dict[str, Any], j: int) -> int:
@@ -153,16 +154,17 @@ class Runner:
             out = checked_outputs(model_label(self.interface), self.method, [pending.sample], [result[0]])[0]
             result = (out, result[1])
         pending.results[j] = result
-        if self.cache is not None and pending.keys[j] is not None:
-            self.cache.put_many([(pending.keys[j], _to_cache(self.method, *result))])
-        self._count([result[0]])
+        with self._lock:  # window workers store side by side: one cache segment, one set of counts
+            if self.cache is not None and pending.keys[j] is not None:
+                self.cache.put_many([(pending.keys[j], _to_cache(self.method, *result))])
+            self._count([result[0]])
 
-    def submit(self, pending: Pending, j: int) -> Future:
-        """Start call ``j`` of a sample on an interface that takes calls one at a time."""
+    def call(self, pending: Pending, j: int) -> Result:
+        """Call ``j`` of a sample, in the calling thread (a window worker: ``evaluation.window``)."""
         s = pending.sample
         if self.method == "generation":
-            return self.interface.submit("generation", s, pending.prompt, seed=self.seed(s, j), **self.gen_kwargs)
-        return self.interface.submit("likelihood", s, pending.prompt)
+            return self.interface.call("generation", s, pending.prompt, seed=self.seed(s, j), **self.gen_kwargs)
+        return self.interface.call("likelihood", s, pending.prompt)
 
     def record(self, pending: Pending) -> Dict[str, Any]:
         """The prediction record of a sample whose calls have all been answered."""

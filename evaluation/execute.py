@@ -163,16 +163,22 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     writer = ShardWriter(os.path.join(plan.shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), plan.run_id)
     keys = {i: plan.key(plan.samples[i]) for i in order}
 
-    def emit(records: List[Dict[str, Any]]) -> None:
+    def seen(r: Dict[str, Any]) -> None:
+        key = (r["sample_id"], r["dup_index"])
+        if key in sources:  # before the sample counts as done: a later turn reads it
+            history[key] = str(r["prediction"])
+        done.add(key)
+
+    def write(records: List[Dict[str, Any]]) -> None:
         writer.write(records)
         if cache is not None:  # the cache's full disk stops the run after the answers are saved
             cache.raise_failure()
-        for r in records:
-            key = (r["sample_id"], r["dup_index"])
-            done.add(key)
-            if key in sources:
-                history[key] = str(r["prediction"])
         bar.update(len(records))
+
+    def emit(records: List[Dict[str, Any]]) -> None:
+        write(records)
+        for r in records:
+            seen(r)
 
     window = int(interface.max_in_flight())
     t1 = time.perf_counter()
@@ -181,7 +187,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
             run_window(runner, lambda i: _checked(dataset[i]), order, {i: deps[i] for i in order}, keys, done,
-                       emit, window)
+                       seen, write, window)
         else:
             batches = plan_batches(order, {i: deps[i] for i in order}, keys, set(done), cfg.generation.batch_size)
             # a family that computes nothing from pixels (a baseline) is handed paths, never decoded images

@@ -55,7 +55,7 @@ class RunPlan:
         self.samples, self.digests, self.item_digests, self._index = [], [], [], {}
 
     def index_of(self, key: Key) -> Optional[int]:
-        if not self._index:
+        if not self._index and self.samples:  # (made by make_plan; a plan built by hand makes it here)
             self._index = {self.key(s): i for i, s in enumerate(self.samples)}
         return self._index.get(key)
 
@@ -200,9 +200,11 @@ def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any
     run_id, ident = identity(cfg, content, fingerprint)
     pred = prediction_path(cfg, run_id)
     hub = checkpoint_source(cfg.model.family, cfg.model.name)
-    return RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
+    plan = RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
                    os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests,
                    checkpoint_source=hub.record() if hub is not None else None)
+    plan.index_of(plan.key(samples[0]))  # the key index, made once before any worker thread reads it
+    return plan
 
 
 # -- the batch plan ---------------------------------------------------------------------------

@@ -145,12 +145,13 @@ def _bodies(client: Any, images: Sequence[Any], prompt: Any, candidates: Sequenc
     return out
 
 
-def _send_all(client: Any, bodies: List[Dict[str, Any]], tags: List[str]) -> List[PromptLogprobs]:
+def _send_all(client: Any, bodies: List[Dict[str, Any]], tags: List[str], parallel: bool = True
+              ) -> List[PromptLogprobs]:
     """Every request, up to the client's concurrency in flight, on the client's request workers
-    (their keep-alive connections); the first failure is raised. Called from one of those
-    workers (``run_eval``'s window already keeps samples in flight side by side), a sample's
-    requests go one after another: a worker never waits on work queued behind it."""
-    if len(bodies) == 1 or client.max_concurrency == 1 or client.pool.is_worker():
+    (their keep-alive connections); the first failure is raised. Not ``parallel`` (a call from
+    ``run_eval``'s window, which already keeps samples in flight side by side), a sample's
+    requests go one after another in the calling thread."""
+    if len(bodies) == 1 or client.max_concurrency == 1 or not parallel:
         return [client.request(b, t, parse=parse_prompt_logprobs) for b, t in zip(bodies, tags)]
     futures = [client.pool.submit(client.request, b, t, parse=parse_prompt_logprobs) for b, t in zip(bodies, tags)]
     out = []
@@ -176,7 +177,8 @@ def candidate_score(prefix: PromptLogprobs, joint: PromptLogprobs, tag: str) -> 
 
 
 def score_candidates(client: Any, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
-                     candidates_list: Sequence[Sequence[str]], tags: Sequence[str]) -> List[List[CandidateScore]]:
+                     candidates_list: Sequence[Sequence[str]], tags: Sequence[str],
+                     parallel: bool = True) -> List[List[CandidateScore]]:
     """``raw_batch_predict`` of the ``openai_api`` client: per sample its prefix request and one
     request per candidate (module docstring), all of the batch sent together."""
     probe(client)
@@ -194,7 +196,7 @@ def score_candidates(client: Any, images_list: Sequence[Sequence[Any]], prompts:
         bodies.extend(mine)
         body_tags.extend([f"{tags[i]} (prompt)".strip()] + [f"{tags[i]} (candidate {k + 1})".strip()
                                                               for k in range(len(cands))])
-    replies = _send_all(client, bodies, body_tags)
+    replies = _send_all(client, bodies, body_tags, parallel)
     out = []
     for (start, n), tag in zip(spans, tags):
         prefix = replies[start]

@@ -141,9 +141,11 @@ class FileHashes:
         key = stat_key(st)
         full = os.path.abspath(path)
         data_dir, name = os.path.split(full)
-        with self._lock:
-            memo = self._memo(data_dir)
-            found = memo.known.get((name, key))
+        memo = self._dirs.get(data_dir)  # (a plain read: the memo of a folder is made once)
+        if memo is None:
+            with self._lock:
+                memo = self._memo(data_dir)
+        found = memo.known.get((name, key))
         if found is not None:
             return found
         value = hash_bytes_of(path)

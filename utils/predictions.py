@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from utils.commit import TMP_PREFIX, Commit, owner_prefix
@@ -257,6 +258,7 @@ class ShardWriter:
         self.path = path
         self.run_id = run_id
         self._fd: Optional[int] = None
+        self._lock = threading.Lock()  # an endpoint's window workers write side by side
 
     def write(self, records: Iterable[Dict[str, Any]]) -> None:
         """Append the records as whole lines; every line is encoded before the file is touched, so
@@ -266,20 +268,21 @@ class ShardWriter:
         if not data:
             return
         try:
-            if self._fd is None:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            start = os.lseek(self._fd, 0, os.SEEK_END)
-            view = memoryview(data)
-            try:
-                while view:
-                    view = view[os.write(self._fd, view):]
-            except OSError:
+            with self._lock:
+                if self._fd is None:
+                    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                start = os.lseek(self._fd, 0, os.SEEK_END)
+                view = memoryview(data)
                 try:
-                    os.ftruncate(self._fd, start)  # this rank's own file: no torn line stays
+                    while view:
+                        view = view[os.write(self._fd, view):]
                 except OSError:
-                    pass
-                raise
+                    try:
+                        os.ftruncate(self._fd, start)  # this rank's own file: no torn line stays
+                    except OSError:
+                        pass
+                    raise
         except OSError as e:
             if e.filename is None:
                 e.filename = self.path

@@ -44,10 +44,6 @@ class RequestPool:
         self._queue.put((fut, fn, args, kwargs))
         return fut
 
-    def is_worker(self) -> bool:
-        """Whether the calling thread is one of this pool's workers."""
-        return threading.current_thread() in self._threads
-
     def _work(self) -> None:
         while True:
             job = self._queue.get()

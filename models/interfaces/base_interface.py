@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
@@ -127,26 +126,21 @@ class BaseInterface:
 
     # -- one call at a time (endpoints) --------------------------------------------------------
     def max_in_flight(self) -> int:
-        """How many calls this interface runs at once when given them one at a time (``submit``).
+        """How many calls this interface runs at once when given them one at a time (``call``).
         1 (the default): the engine hands it batches instead, as an in-process model computes a
         batch at once; an endpoint client returns its concurrency, and the engine then keeps
         that many calls in flight across the whole run (``evaluation.window``)."""
         return 1
 
-    def submit(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> Future:
-        """Start one sample's call: a Future of ``(output, trace)`` (output as ``forward``
-        returns it per sample; trace as ``take_traces``). This default runs it at once."""
-        fut: Future = Future()
-        try:
-            seed = gen_kwargs.pop("seed", None)
-            if seed is not None:
-                gen_kwargs["seeds"] = [seed]
-            out = self.forward(inference_method, [sample], [prompt], **gen_kwargs)[0]
-            traces = self.take_traces()
-            fut.set_result((out, traces[0] if traces else None))
-        except Exception as e:  # noqa: BLE001 - handed to the caller through the Future
-            fut.set_exception(e)
-        return fut
+    def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> Tuple[Any, Any]:
+        """One sample's call in the calling thread (an endpoint's window worker): ``(output,
+        trace)``, output as ``forward`` returns it per sample, trace as ``take_traces``."""
+        seed = gen_kwargs.pop("seed", None)
+        if seed is not None:
+            gen_kwargs["seeds"] = [seed]
+        out = self.forward(inference_method, [sample], [prompt], **gen_kwargs)[0]
+        traces = self.take_traces()
+        return out, traces[0] if traces else None
 
     def close(self) -> None:
         """Release what the interface holds for the run (worker threads, connections)."""

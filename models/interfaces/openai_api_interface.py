@@ -70,7 +70,6 @@ import logging
 import os
 import time
 import urllib.parse
-from concurrent.futures import Future
 from typing import Any, Dict, List, Optional, Sequence
 
 from PIL import Image
@@ -419,16 +418,14 @@ class OpenAIAPIInterface(BaseInterface):
     def max_in_flight(self) -> int:
         return self.max_concurrency
 
-    def submit(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> Future:
-        """One sample's call on the run's request workers: a Future of (reply, trace)."""
+    def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> "tuple[Any, Any]":
+        """One sample's call in the calling thread (a window worker, with its own keep-alive
+        connection): (reply, trace)."""
         tag = f"sample {sample.get('sample_id')} (dup_index {sample.get('dup_index', 0)})"
         if inference_method == "generation":
-            return self.pool.submit(self._generate_one, sample["images"], prompt, tag, gen_kwargs)
-        return self.pool.submit(self._predict_one, sample, prompt, tag)
-
-    def _predict_one(self, sample: Dict[str, Any], prompt: Any, tag: str) -> "tuple[Any, Any]":
-        self._sample_tags = None
-        return self.forward("likelihood", [sample], [prompt])[0], None
+            return self._generate_one(sample["images"], prompt, tag, gen_kwargs)
+        return score_candidates(self, [sample["images"]], [prompt], [sample.get("candidates") or []], [tag],
+                                parallel=False)[0], None
 
     def close(self) -> None:
         """The request workers end after their current request; connections are closed."""
