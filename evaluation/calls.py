@@ -108,6 +108,7 @@ class Runner:
         self.label = cfg.model.label
         self.examples: Dict[str, str] = {}  # a rendered prompt, kept once for the run's provenance
         self._lock = threading.Lock()
+        self.model = model_label(interface)  # how errors name the model
 
     # -- per sample ---------------------------------------------------------------------
     def seed(self, s: Dict[str, Any], j: int) -> int:
@@ -151,7 +152,7 @@ class Runner:
         later blaming a file), kept for the record and written to the cache at once (a paid reply
         is never lost, even when another call of the same sample fails)."""
         if not checked:
-            out = checked_outputs(model_label(self.interface), self.method, [pending.sample], [result[0]])[0]
+            out = checked_outputs(self.model, self.method, [pending.sample], [result[0]])[0]
             result = (out, result[1])
         pending.results[j] = result
         with self._lock:  # window workers store side by side: one cache segment, one set of counts
@@ -174,7 +175,7 @@ class Runner:
             outs = [r[0] for r in results]
             rec = make_record(s, str(outs[0]), pr,
                               predictions=[str(o) for o in outs] if self.n_calls > 1 else None)
-            rec.update(_sum_stats([generation_stats(o) for o in outs]))
+            rec.update(_sum_stats([generation_stats(o) for o in outs]) if len(outs) > 1 else generation_stats(outs[0]))
         else:
             sc = results[0][0]
             pred = argmax(reduce_scores([x[0] for x in sc], [x[1] for x in sc],
@@ -226,7 +227,7 @@ class Runner:
             else:
                 outs = self.interface.forward("likelihood", samples, prompts)
             # refused where it leaves the model, naming model and sample (not later, blaming a file)
-            outs = checked_outputs(model_label(self.interface), self.method, samples, outs)
+            outs = checked_outputs(self.model, self.method, samples, outs)
             traces = self.interface.take_traces() or [None] * len(outs)
             for p, out, trace in zip(todo, outs, traces):
                 self.store(p, j, (out, trace), checked=True)

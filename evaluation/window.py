@@ -12,8 +12,8 @@ flight that one thread got a 1/129 share of the interpreter and became the bottl
 What stays true (docs/reliability.md):
 * a multi-turn chat's turn starts only after the turns its history needs are recorded;
 * each record is appended to the rank's shard as soon as its sample's calls are answered (by one
-  writer thread, in whatever batch has gathered meanwhile), so kill -9 loses at most the calls
-  in flight and the records not yet handed to the file (microseconds);
+  writer thread, in batches gathered over at most ``GATHER_S``, 5 ms), so kill -9 loses at most
+  the calls in flight and the records of the last few milliseconds;
 * when a call fails for good (or the token budget is reached) no new sample starts, the calls
   in flight finish and their answers are recorded, and then the first error is raised: no
   paid reply is thrown away;
@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 from evaluation.calls import Runner
 from evaluation.plan import Key
 from utils.errors import ReformError
+
+
+#: how long the writer gathers finished records into one write (bounds what kill -9 can lose
+#: beyond the calls in flight)
+GATHER_S = 0.005
 
 
 class _Writer:
@@ -46,6 +52,9 @@ class _Writer:
     def _run(self) -> None:
         while True:
             batch = [self.lines.get()]
+            # gather what finishes in the next few milliseconds into the same write: one wake-up
+            # and one system call per gathering, not per record
+            time.sleep(GATHER_S)
             while True:
                 try:
                     batch.append(self.lines.get_nowait())

@@ -380,8 +380,11 @@ class OpenAIAPIInterface(BaseInterface):
                 need += self.budget.estimate(body, sum(image_tokens_upper(_image_size(x)) for x in im))
             self.budget.reserve(need, f"a batch of {n} requests")
             self.budget.settle(need, {"prompt_tokens": 0})
-        futures = [self.pool.submit(self._generate_one, im, p, self._tag(i, n),
-                                    dict(gen_kwargs, **({"seed": int(seeds[i])} if seeds is not None else {})))
+        kwargs = [dict(gen_kwargs, **({"seed": int(seeds[i])} if seeds is not None else {})) for i in range(n)]
+        if n <= 1 or self.max_concurrency == 1:  # one at a time: the first failure stops the rest unsent
+            return [self._generate_one(im, p, self._tag(i, n), kwargs[i])[0]
+                    for i, (im, p) in enumerate(zip(images_list, prompts))]
+        futures = [self.pool.submit(self._generate_one, im, p, self._tag(i, n), kwargs[i])
                    for i, (im, p) in enumerate(zip(images_list, prompts))]
         results: List[str] = []
         for fut in futures:
