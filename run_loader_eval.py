@@ -68,17 +68,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_tracker_store(args.log_to)  # the store opened as logging will, before any scoring
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         if args.explain:
-            given = [flag for flag, on in (("--mme_parse", args.mme_parse), ("--metric_option", args.metric_option),
-                                           ("--likelihood_reduction", args.likelihood_reduction != "sum"),
-                                           ("--strip_reasoning", args.strip_reasoning),
-                                           ("--eval_stability", args.eval_stability),
-                                           ("--export_mme_results", args.export_mme_results),
-                                           ("--log_to", args.log_to)) if on]
-            if given:
-                raise ReformError(f"--explain scores each run with the settings its results file records; leave out "
-                                  f"{', '.join(given)} (re-score a run with them first, then explain its results file)")
             explain_files(*args.explain, dataset_name=args.dataset_name, output_dir=args.output_dir,
-                          formulation=args.formulation, infer_method=args.infer_method)
+                          formulation=args.formulation, infer_method=args.infer_method, scoring_flags={
+                              "--mme_parse": args.mme_parse, "--metric_option": args.metric_option,
+                              "--likelihood_reduction": args.likelihood_reduction != "sum",
+                              "--strip_reasoning": args.strip_reasoning, "--eval_stability": args.eval_stability,
+                              "--export_mme_results": args.export_mme_results, "--log_to": args.log_to})
             return 0
         score(args.prediction_file, formulation=args.formulation, infer_method=args.infer_method,
               eval_stability=args.eval_stability, likelihood_reduction=args.likelihood_reduction,

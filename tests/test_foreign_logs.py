@@ -198,7 +198,13 @@ def test_our_committed_run_is_what_the_harness_gives_now(tmp_path):
 @pytest.mark.engine
 @pytest.mark.slow
 def test_real_lmms_eval_run(tmp_path):
-    """The real tool, now: the fixture's command into a temporary folder, then the same checks."""
+    """The real tool, now: the fixture's command into a temporary folder, then the same checks.
+    It takes about 25 minutes on a 2-core machine (lmms-eval's own run of three settings), so it
+    runs when asked (``REFORM_LMMS_EVAL=1``); the suite checks the committed fixture the same
+    command made (``commands/lmms_eval_mme.sh``)."""
+    if os.environ.get("REFORM_LMMS_EVAL") != "1":
+        pytest.skip("the live lmms-eval run takes about 25 minutes: set REFORM_LMMS_EVAL=1 to run it "
+                    "(the committed fixture is checked either way)")
     env = subprocess.run(["bash", os.path.join(ROOT, "commands", "lmms_eval_env.sh")], capture_output=True, text=True)
     if env.returncode != 0:
         pytest.skip((env.stderr.strip().splitlines() or ["lmms-eval 0.7.3 environment cannot be built"])[-1])

@@ -131,10 +131,15 @@ def markdown(exp: Dict[str, Any]) -> str:
 
 def explain_files(a: str, b: str, dataset_name: Optional[str] = None, output_dir: Optional[str] = None,
                   formulation: Optional[str] = None, infer_method: Optional[str] = None,
-                  quiet: bool = False) -> Dict[str, Any]:
+                  quiet: bool = False, scoring_flags: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Explain run B against run A (paths as the module docstring says); print the explanation
     unless ``quiet``; with ``output_dir``, write ``explain.md`` and ``explain.json`` there.
-    Both runs are read and checked before anything is written."""
+    Both runs are read and checked before anything is written. ``scoring_flags`` (flag -> value
+    given): any set is refused, each run being scored with the settings its results record."""
+    given = [flag for flag, on in (scoring_flags or {}).items() if on]
+    if given:
+        raise ReformError(f"--explain scores each run with the settings its results file records; leave out "
+                          f"{', '.join(given)} (re-score a run with them first, then explain its results file)")
     runs: List[Dict[str, Any]] = [load_run(p, dataset_name, formulation, infer_method) for p in (a, b)]
     if os.path.realpath(runs[0]["result"]["prediction_file"]) == os.path.realpath(runs[1]["result"]["prediction_file"]) \
             and runs[0]["scored_with"] == runs[1]["scored_with"]:
