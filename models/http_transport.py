@@ -65,23 +65,20 @@ def _deadline_socket(base: type) -> type:
                     raise DeadlinePassed("request deadline passed")
                 self.settimeout(left)
 
-        def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        def _read(self, read: Any, *args: Any, **kwargs: Any) -> Any:
             self._arm()
             try:
-                return super().recv_into(*args, **kwargs)
+                return read(*args, **kwargs)
             except socket.timeout:
                 if self.deadline is not None and time.monotonic() >= self.deadline:
                     raise DeadlinePassed("request deadline passed") from None
                 raise
 
+        def recv_into(self, *args: Any, **kwargs: Any) -> int:
+            return self._read(super().recv_into, *args, **kwargs)
+
         def recv(self, *args: Any, **kwargs: Any) -> bytes:
-            self._arm()
-            try:
-                return super().recv(*args, **kwargs)
-            except socket.timeout:
-                if self.deadline is not None and time.monotonic() >= self.deadline:
-                    raise DeadlinePassed("request deadline passed") from None
-                raise
+            return self._read(super().recv, *args, **kwargs)
 
         def sendall(self, *args: Any, **kwargs: Any) -> None:
             self._arm()

@@ -153,16 +153,7 @@ def _send_all(client: Any, bodies: List[Dict[str, Any]], tags: List[str], parall
     requests go one after another in the calling thread."""
     if len(bodies) == 1 or client.max_concurrency == 1 or not parallel:
         return [client.request(b, t, parse=parse_prompt_logprobs) for b, t in zip(bodies, tags)]
-    futures = [client.pool.submit(client.request, b, t, parse=parse_prompt_logprobs) for b, t in zip(bodies, tags)]
-    out = []
-    for fut in futures:
-        exc = fut.exception()
-        if exc is not None:
-            for other in futures:
-                other.cancel()
-            raise exc
-        out.append(fut.result())
-    return out
+    return client.pool.map_all(lambda b, t: client.request(b, t, parse=parse_prompt_logprobs), list(zip(bodies, tags)))
 
 
 def candidate_score(prefix: PromptLogprobs, joint: PromptLogprobs, tag: str) -> CandidateScore:

@@ -59,6 +59,20 @@ class RequestPool:
             else:
                 fut.set_result(result)
 
+    def map_all(self, fn: Callable[..., Any], calls: List[tuple]) -> List[Any]:
+        """``fn(*args)`` for every ``args`` of ``calls`` on the workers, results in order; the
+        first failure cancels the calls not yet started and is raised."""
+        futures = [self.submit(fn, *args) for args in calls]
+        out = []
+        for fut in futures:
+            exc = fut.exception()
+            if exc is not None:
+                for other in futures:
+                    other.cancel()
+                raise exc
+            out.append(fut.result())
+        return out
+
     def close(self) -> None:
         """Cancel queued calls; each thread exits after its current one (never waited for)."""
         with self._lock:

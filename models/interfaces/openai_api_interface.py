@@ -384,17 +384,8 @@ class OpenAIAPIInterface(BaseInterface):
         if n <= 1 or self.max_concurrency == 1:  # one at a time: the first failure stops the rest unsent
             return [self._generate_one(im, p, self._tag(i, n), kwargs[i])[0]
                     for i, (im, p) in enumerate(zip(images_list, prompts))]
-        futures = [self.pool.submit(self._generate_one, im, p, self._tag(i, n), kwargs[i])
-                   for i, (im, p) in enumerate(zip(images_list, prompts))]
-        results: List[str] = []
-        for fut in futures:
-            exc = fut.exception()
-            if exc is not None:
-                for other in futures:
-                    other.cancel()
-                raise exc
-            results.append(fut.result()[0])
-        return results
+        return [out for out, _ in self.pool.map_all(self._generate_one, [
+            (im, p, self._tag(i, n), kwargs[i]) for i, (im, p) in enumerate(zip(images_list, prompts))])]
 
     def _generate_one(self, images: Sequence[Any], prompt: Any, tag: str,
                       gen_kwargs: Dict[str, Any]) -> "tuple[GenText, Dict[str, Any]]":
