@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import secrets
 import socket
 import threading
@@ -138,6 +139,8 @@ class FileHashes:
     def digest(self, path: str, st: Optional[os.stat_result] = None) -> str:
         """The content hash of ``path`` (``OSError`` if it cannot be read)."""
         st = st or os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block the reader, a folder fail it
+            raise OSError(f"not a regular file: {path}")
         key = stat_key(st)
         full = os.path.abspath(path)
         data_dir, name = os.path.split(full)
