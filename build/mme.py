@@ -28,6 +28,7 @@ import tempfile
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import configs
 from build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
 from utils.errors import ReformError, input_error
 from utils.images import check_image
@@ -421,6 +422,12 @@ class MMEBuilder(Builder):
 
 
 # -- placeholder release (tests, demos) --------------------------------------------------
+
+def shipped_questions() -> str:
+    """The official question lists shipped with the project (``configs/data/mme_questions``,
+    installed as package data): what placeholder releases, benches and tests are built from."""
+    return os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "data", "mme_questions")
+
 
 def read_question_lists(questions_dir: str) -> Dict[str, List[Tuple[int, str, str, str]]]:
     """The official question lists (``<subtask>.txt``: image<TAB>question<TAB>Yes|No) -> rows."""

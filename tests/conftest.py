@@ -65,20 +65,20 @@ def custom_cfg(tmp_path):
 
 
 def prediction_files(out) -> list:
-    """The prediction files in an output directory (not their results, per-sample or run files)."""
-    from evaluation.reporting.scoring import is_derived
-    return sorted(os.path.join(str(out), f) for f in os.listdir(out)
-                  if f.endswith(".json") and not is_derived(f))
+    """The prediction files in an output directory: the library's one lookup of a run's files
+    (``evaluation.reporting.scoring.prediction_files``), with a path object accepted."""
+    from evaluation.reporting.scoring import prediction_files as found
+    return found(str(out))
 
 
 def results_of(pred: str, tag: str = "") -> dict:
     """The results run_eval wrote for a prediction file (``<stem>.results.json``, or its one
     ``<stem>.eval-<hash>.results.json`` when scored with other options), or those with ``tag``."""
-    stem = pred[:-5] if pred.endswith(".json") else pred
-    path = f"{stem}.{tag}.results.json" if tag else f"{stem}.results.json"
+    from evaluation.reporting.scoring import results_files, results_paths
+    paths = results_paths(str(pred), tag=tag or None)
+    path = paths["json"]
     if not tag and not os.path.exists(path):
-        import glob
-        found = glob.glob(glob.escape(stem) + ".eval-*.results.json")
+        found = [p for p in results_files(str(pred)) if os.path.basename(p).startswith(paths["stem"] + ".eval-")]
         assert len(found) == 1, found
         path = found[0]
     with open(path, encoding="utf-8") as f:

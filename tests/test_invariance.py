@@ -19,6 +19,7 @@ import pytest
 import run_eval
 from build.mme import write_placeholder_release
 from evaluation.plan import plan_batches
+from evaluation.reporting.scoring import results_files
 from tests.conftest import ROOT, prediction_files, write_custom_dataset
 from tests.test_mmmt_if_run import write_mmdu
 
@@ -68,9 +69,8 @@ def _run(argv, out, ranks=1):
     (pred,) = prediction_files(out)
     with open(pred, "rb") as f:
         content = f.read()
-    stem = pred[:-len(".json")]
-    results = [n for n in os.listdir(out) if n.startswith(os.path.basename(stem)) and n.endswith(".results.json")]
-    with open(os.path.join(str(out), results[0]), encoding="utf-8") as f:
+    results = results_files(pred)
+    with open(results[0], encoding="utf-8") as f:
         metrics = json.load(f)["metrics"]
     return os.path.basename(pred), content, metrics
 

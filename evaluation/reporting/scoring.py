@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -159,7 +160,32 @@ def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: O
             "md": os.path.join(directory, f"{base}.results.md"),
             "per_sample": os.path.join(directory, f"{base}.per_sample.json"),
             "run": os.path.join(directory, f"{base}.run.json"),
+            "report": os.path.join(directory, f"{base}.report"),
             "dir": directory, "stem": base}
+
+
+def prediction_files(directory: "str | os.PathLike[str]") -> List[str]:
+    """The prediction files of the runs in an output folder (``<stem>.json``/``.jsonl``), sorted:
+    never what this tool writes beside them (results, per-sample and run files, ``<stem>.report/``
+    folders, indexes, temporaries). The one lookup of a run's files for the library, tests and
+    bench/ scripts; the names of what belongs to each come from ``results_paths``."""
+    directory = os.fspath(directory)
+    return [os.path.join(directory, n) for n in list_dir(directory, "prediction folder", suffix=(".json", ".jsonl"),
+                                                         kind="file") if not is_derived(n)]
+
+
+def results_files(prediction_file: str) -> List[str]:
+    """Every results file written for ``prediction_file``, sorted: ``<stem>.results.json`` and the
+    tagged ones (``<stem>.eval-<hash>.results.json`` from ``run_eval --do_eval`` with other scoring
+    options, ``<stem>.scored-<hash>.results.json`` from ``run_loader_eval``)."""
+    paths = results_paths(prediction_file)
+    pattern = os.path.join(glob.escape(paths["dir"]), glob.escape(paths["stem"]) + ".*results.json")
+    return sorted(p for p in glob.glob(pattern)
+                  if p == paths["json"] or _TAG_RE.fullmatch(os.path.basename(p)[len(paths["stem"]) + 1:]))
+
+
+#: a results tag written by ``options_tag`` and what follows it
+_TAG_RE = re.compile(r"(?:eval|scored)-[0-9a-f]{8}\.results\.json")
 
 
 def options_tag(prefix: str = "scored", **options: Any) -> str:
@@ -320,8 +346,7 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
             raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
-                names = list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                found = [os.path.join(m, n) for n in names if not is_derived(os.path.join(m, n))]
+                found = prediction_files(m)
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
