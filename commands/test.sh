@@ -12,7 +12,8 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     >/dev/null 2>&1 || true
 fi
 # the experiment-tracker extras, so their tests run against the real libraries (skipped without them)
-python -c "import mlflow, wandb" >/dev/null 2>&1 || python -m pip install -q "mlflow>=2.10" "wandb>=0.16" \
+python -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('mlflow') and u.find_spec('wandb')))" \
+  >/dev/null 2>&1 || python -m pip install -q "mlflow>=2.10" "wandb>=0.16" \
   >/dev/null 2>&1 || echo "note: mlflow/wandb not installed; their tests are skipped" >&2
 export REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
