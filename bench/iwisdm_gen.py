@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from build.iwisdm.io import write_trials  # noqa: E402
 from build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
 from build.iwisdm.stimuli import procedural_set  # noqa: E402
+from utils.paths import cache_root  # noqa: E402
 from utils.seeding import rng_for  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -286,8 +287,7 @@ ORIG_REQUIREMENTS = ("iwisdm==0.1.3", "numpy<2", "pandas", "opencv-python-headle
 
 
 def default_orig_venv() -> str:
-    root = os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
-    return os.path.join(root, "iwisdm_orig_venv")
+    return os.path.join(cache_root(), "iwisdm_orig_venv")
 
 
 def ensure_orig_venv(venv: str) -> Optional[str]:

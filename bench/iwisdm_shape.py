@@ -46,6 +46,7 @@ from build.iwisdm.graph import Task  # noqa: E402
 from build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
 from build.iwisdm.stimuli import LOCATIONS, procedural_set  # noqa: E402
 from build.iwisdm.trial import Trial  # noqa: E402
+from utils.paths import cache_root  # noqa: E402
 from utils.seeding import rng_for  # noqa: E402
 
 FEATURES = ("frames", "objects", "and_or", "and_or_depth", "switches", "delay_runs", "response")
@@ -128,7 +129,7 @@ def ours(preset: str, n: int, seed: int = 0, shape: Any = None) -> List[Dict[str
 
 
 def cache_path(preset: str, seed: int) -> str:
-    root = os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
+    root = cache_root()
     key = json.dumps({"accept": ACCEPT[preset], "config": ORIG_CONFIG[preset],
                       "categories": list(procedural_set().categories)}, sort_keys=True)
     digest = hashlib.sha1(key.encode("utf-8")).hexdigest()[:10]

@@ -20,8 +20,8 @@ _setup_key() {
     printf '%s\n' "$ROOT" "${TORCH_VERSION:-2.13.0}"; } | sha256sum | cut -c1-32
 }
 _setup_found() {  # the packages are still there (find_spec only: no import of torch or transformers)
-  python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
-('torch', 'transformers', 'pytest', 'run_eval', 'build')))" >/dev/null 2>&1
+  python -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))" \
+    torch transformers pytest run_eval build >/dev/null 2>&1
 }
 _SETUP_KEY="$(_setup_key)"
 if [ "$(cat .venv/.project-installed 2>/dev/null)" != "$_SETUP_KEY" ] || ! _setup_found; then

@@ -27,6 +27,8 @@ import socket
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
+from utils.paths import cache_root
+
 logger = logging.getLogger("evaluation.cache")
 
 #: the store's format; a new format never reads an old one's lines
@@ -34,8 +36,7 @@ FORMAT = 1
 
 
 def default_cache_dir() -> str:
-    root = os.environ.get("REFORM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "reform_eval")
-    return os.path.join(root, "responses")
+    return os.path.join(cache_root(), "responses")
 
 
 def _canonical(obj: Any) -> str:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
 from models.tiny_zoo import save_checkpoint, seeded_model
 from utils.errors import ReformError
+from utils.paths import cache_root  # noqa: F401  (the cache root, also imported from here)
 from utils.runlock import FileLock
 
 logger = logging.getLogger(__name__)
@@ -154,11 +155,6 @@ def shipped_checkpoint(family: str, size: str) -> Optional[str]:
                            SHIPPED_MANIFEST, restore)
             return None
     return directory
-
-
-def cache_root() -> str:
-    """Root of the reform cache (env ``REFORM_CACHE`` or ``~/.cache/reform_eval``)."""
-    return os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
 
 
 def tiny_model_path(family: str, size: str = "tiny") -> str:

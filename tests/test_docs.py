@@ -135,3 +135,40 @@ def test_every_doc_block_is_classified():
     assert ALL, "no documented blocks found"
     for doc, line, _lang, flag, _code in ALL:
         assert flag in ("", "norun"), f"{doc}:{line}: unknown fence flag {flag!r} (use 'norun' or nothing)"
+
+
+def _flag_table(doc: str, heading: str) -> List[str]:
+    """The flags in the first column of the table under ``heading`` in ``doc``."""
+    text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
+    section = text.split(heading + "\n", 1)[1]
+    flags = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("| `-"):
+            flags += re.findall(r"(--[a-z_]+)", line.split("|")[1])
+    return flags
+
+
+@pytest.mark.parametrize("cli,heading", [("run_eval", "### run_eval flags"),
+                                         ("run_loader_eval", "### run_loader_eval flags")])
+def test_readme_flag_tables_list_every_flag(cli: str, heading: str) -> None:
+    """README's flag tables are the parsers' flags, no more, no fewer (a new flag needs its row)."""
+    import importlib
+    parser = importlib.import_module(cli).build_parser()
+    real = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.dest != "help"]
+    listed = _flag_table("README.md", heading)
+    assert sorted(set(real) - set(listed)) == [], f"README {heading!r} lacks these flags"
+    assert sorted(set(listed) - set(real)) == [], f"README {heading!r} lists flags {cli} does not have"
+    assert len(listed) == len(set(listed)), "a flag is listed twice"
+
+
+def test_placeholder_checkpoints_say_so_and_how_to_try_them():
+    """A block with a placeholder path (/path/to/...) says it is one, and that tiny runs it."""
+    found = [b for b in ALL if "/path/to/" in b[4] and "--model_name /path/to/" in b[4].replace("\\\n", " ")]
+    assert found, "no placeholder block found (the test would check nothing)"
+    for doc, line, _lang, _flag, code in found:
+        comments = " ".join(ln for ln in code.splitlines() if ln.lstrip().startswith("#"))
+        assert "placeholder" in comments and "--model_name tiny" in comments, (
+            f"{doc}:{line}: say in a comment that the /path/to/ checkpoint is a placeholder and that "
+            "--model_name tiny runs the line")

@@ -37,7 +37,7 @@ from utils.inputs import check_name, list_dir, read_json
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
 from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
                                ensure_writable_dir, read_predictions, record_key)
-from utils.report import markdown_table, metrics_report
+from utils.report import headline_report, markdown_table, metrics_report
 from utils.usage import usage_totals
 
 logger = logging.getLogger(__name__)
@@ -285,9 +285,10 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     if summary.get("usage"):
         result.setdefault("tables", {})["Token usage"] = markdown_table(
             ["field", "value"], [(k, v) for k, v in summary["usage"].items()])
-    report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
-    if not quiet:
-        print(report)
+    title = f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip()
+    report = metrics_report(result, title=title)
+    if not quiet:  # the headline table, as run_eval --do_eval prints it; every table is in the .md
+        print(headline_report(result, title=title) + "\n")
     if write:
         paths = results_paths(prediction_file or "results", output_dir, tag)
         summary["results_files"] = {k: paths[k] for k in ("json", "md", "per_sample")}
@@ -591,7 +592,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
             print(f.read())
         print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
     elif not quiet:
-        print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
+        files = runs[0]["result"].get("results_files", {})
+        print(f"results: {files.get('json')} (every table: {files.get('md')})")
     return {"runs": runs, "comparison": comparison}
 
 
