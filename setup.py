@@ -24,7 +24,8 @@ setup(
     py_modules=["run_eval", "run_loader_eval"],
     install_requires=requirements,
     # experiment trackers (--log_to mlflow / wandb), imported only when asked for
-    extras_require={"test": ["pytest>=7"], "mlflow": ["mlflow>=2.10"], "wandb": ["wandb>=0.16"]},
+    # pytest-xdist: the suite on every core (commands/test.sh; layout rules in tests/conftest.py)
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "mlflow": ["mlflow>=2.10"], "wandb": ["wandb>=0.16"]},
     entry_points={"console_scripts": ["run_eval=run_eval:cli", "run_loader_eval=run_loader_eval:cli"]},
     options={"build": {"build_base": ".setuptools-build"},
              "egg_info": {"egg_base": "."}},

@@ -3,9 +3,10 @@
 # this kind of machine; a bare `torch` would pull a multi-GB CUDA build), then the project.
 # Idempotent and fast when nothing changed: an installed venv is recognised by a stamp
 # (.venv/.project-installed) holding a hash of setup.py, requirements.txt, this script, the
-# venv's python binary, the torch version and the repository's path; when it matches, and the
-# packages are still found (importlib's find_spec: nothing heavy is imported), nothing else runs
-# (about 0.1 s instead of ~30 s of import checks). Any change of those inputs reinstalls.
+# venv's python binary and the torch version; when it matches, and the packages are still found
+# (importlib's find_spec: nothing heavy is imported), nothing else runs (about 0.2 s instead of
+# ~30 s of import checks). Any change of those inputs reinstalls. (Not the repository's path: a
+# tree whose .venv links to this one, as the docs tests make, must not reinstall into it.)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,7 +18,7 @@ fi
 . .venv/bin/activate
 _setup_key() {
   { cat setup.py requirements.txt commands/_setup.sh "$(readlink -f .venv/bin/python)"
-    printf '%s\n' "$ROOT" "${TORCH_VERSION:-2.13.0}"; } | sha256sum | cut -c1-32
+    printf '%s\n' "${TORCH_VERSION:-2.13.0}"; } | sha256sum | cut -c1-32
 }
 _setup_found() {  # the packages are still there (find_spec only: no import of torch or transformers)
   python -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))" \

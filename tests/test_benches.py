@@ -144,6 +144,7 @@ def test_heavy_top_imports_are_found(tmp_path) -> None:
     assert sorted(heavy_top_imports(str(path))) == ["matplotlib", "scipy", "torch.nn"]
 
 
+@pytest.mark.spread
 @pytest.mark.parametrize("script", [pytest.param(s, marks=[pytest.mark.slow] if _name(s) in SLOW_SMOKE else [])
                                     for s in SCRIPTS], ids=_name)
 def test_smoke_run_prints_its_keys(script: str, tmp_path) -> None:

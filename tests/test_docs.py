@@ -97,6 +97,7 @@ def _runnable():
             for b in ALL if b[3] != "norun"]
 
 
+@pytest.mark.spread
 @pytest.mark.parametrize("block", _runnable())
 def test_documented_block_runs(block, tmp_path):
     doc, line, lang, _flag, code = block

@@ -153,6 +153,7 @@ WIDE = [c for c in WIDE if c not in {("MMMT-IF-release", "gen", "llava"), ("iWIS
 
 
 @pytest.mark.slow
+@pytest.mark.spread
 @pytest.mark.parametrize("bench,method,model", WIDE)
 def test_matrix(data, tmp_path, bench, method, model):
     check_cell(data, tmp_path, bench, method, model, ranks=(model == "qwen2_vl" and method == "gen"))
