@@ -8,8 +8,9 @@ runs small, as the docs promise they work on any checkpoint and dataset size:
 
 * ``--model_name <path that does not exist>`` -> ``--model_name tiny`` (the random tiny model
   of the same architecture);
-* every ``run_eval.py`` command gets ``--dataset_subsample 3 --max_new_tokens 4`` unless it
-  sets them;
+* every ``run_eval.py`` command, and every ``commands/*.sh`` script (they pass their
+  arguments on to run_eval), gets ``--dataset_subsample 3 --max_new_tokens 4`` unless it sets
+  them;
 * ``python`` is this interpreter; ``torchrun`` is ``python -m torch.distributed.run``.
 """
 from __future__ import annotations
@@ -51,7 +52,8 @@ def blocks() -> List[Tuple[str, int, str, str, str]]:
 
 
 ALL = blocks()
-SLOW_MARKERS = ("commands/demo.sh", "--model_name tiny", "compare_runs", "get_model(")
+#: blocks that run a model (the tiny LLaVA: every commands/ script defaults to it) are slow
+SLOW_MARKERS = ("commands/", "--model_name tiny", "compare_runs", "get_model(")
 
 
 def scratch_tree(tmp_path) -> str:
@@ -74,7 +76,8 @@ def adapt_bash(code: str, work: str) -> str:
         m = re.search(r"--model_name\s+(\S+)", body)
         if m and m.group(1) != "tiny" and os.sep in m.group(1) and not os.path.exists(m.group(1)):
             body = body.replace(m.group(0), "--model_name tiny")
-        if "run_eval.py" in body or re.search(r"(^|\s)run_eval\s", body):
+        if ("run_eval.py" in body or re.search(r"(^|\s)run_eval\s", body)
+                or re.search(r"\bcommands/\w+_llava\.sh\b", body)):
             if "--dataset_subsample" not in body:
                 body += " --dataset_subsample 3"
             if "--max_new_tokens" not in body:
