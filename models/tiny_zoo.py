@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict
 
-import torch
-
 from models.hf_compat import allow_video_processors_without_torchvision
 from utils.errors import ReformError
 from utils.preprocessors import ChatTemplateProcessor
@@ -38,6 +36,8 @@ def seeded_model(make: Callable[[], Any], size: str, seed: int = 1234) -> Any:
 
     The weights depend only on the builder, never on what ran before in the process.
     """
+    import torch  # heavy: loaded only to build a model
+
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)

@@ -137,6 +137,9 @@ def _is_worker(config) -> bool:
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "slow: takes over ~20 s; `bash commands/test.sh -m 'not slow'` is the quick subset")
+    config.addinivalue_line("markers", "engine: runs a real external engine (vLLM, lmms-eval) from its own venv "
+                            "(commands/vllm_env.sh, commands/lmms_eval_env.sh); skipped with one line where that "
+                            "venv cannot be built")
     config.addinivalue_line("markers", "background(cmd): the test's command starts in a background process as soon "
                             "as collection ends and runs beside the rest of the suite (see background_result)")
     config.addinivalue_line("markers", "spread: the test runs on any xdist worker, alone (see the parallel layout "

@@ -3,7 +3,10 @@
 Each fenced ``bash`` and ``python`` block is executed from a scratch copy of the repository
 layout (top-level entries linked, so outputs land in the scratch directory). A block fenced
 ``bash norun`` / ``python norun`` needs something this machine cannot have (real weights, a
-GPU, a cluster, a server) and is only checked to name real files and flags. Substitutions keep
+GPU, a cluster, a server) and is only checked to name real files and flags. A block fenced
+``bash engine`` needs the vLLM engine: it runs (marked ``engine``) where the vLLM venv of
+``commands/vllm_env.sh`` is built or can be, is skipped with that script's one line where it
+cannot, and is checked like a ``norun`` block either way. Substitutions keep
 runs small, as the docs promise they work on any checkpoint and dataset size:
 
 * ``--model_name <path that does not exist>`` -> ``--model_name tiny`` (the random tiny model
@@ -95,15 +98,32 @@ def _id(b):
 
 
 def _runnable():
-    """Runnable blocks; those that run a model are marked slow (the quick subset skips them)."""
-    return [pytest.param(b, id=_id(b), marks=[pytest.mark.slow] if any(m in b[4] for m in SLOW_MARKERS) else [])
-            for b in ALL if b[3] != "norun"]
+    """Runnable blocks; those that run a model are marked slow (the quick subset skips them),
+    those that need the vLLM engine are marked engine and slow."""
+    def marks(b):
+        if b[3] == "engine":
+            return [pytest.mark.engine, pytest.mark.slow]
+        return [pytest.mark.slow] if any(m in b[4] for m in SLOW_MARKERS) else []
+    return [pytest.param(b, id=_id(b), marks=marks(b)) for b in ALL if b[3] != "norun"]
+
+
+def _engine_available() -> None:
+    """Skip (one line) unless the vLLM venv is built or can be built (commands/vllm_env.sh)."""
+    try:
+        proc = subprocess.run(["bash", os.path.join(ROOT, "commands", "vllm_env.sh")], capture_output=True,
+                              text=True, timeout=int(os.environ.get("REFORM_VLLM_BUILD_TIMEOUT", "2400")))
+    except subprocess.TimeoutExpired:
+        pytest.skip("the vLLM venv was not built in time (commands/vllm_env.sh)")
+    if proc.returncode != 0:
+        pytest.skip((proc.stderr.strip().splitlines() or ["commands/vllm_env.sh failed"])[-1])
 
 
 @pytest.mark.spread
 @pytest.mark.parametrize("block", _runnable())
 def test_documented_block_runs(block, tmp_path):
-    doc, line, lang, _flag, code = block
+    doc, line, lang, flag, code = block
+    if flag == "engine":
+        _engine_available()
     work = scratch_tree(tmp_path)
     env = dict(os.environ, PYTHONPATH=work, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     if lang == "bash":
@@ -115,7 +135,7 @@ def test_documented_block_runs(block, tmp_path):
     assert proc.returncode == 0, f"{doc}:{line} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if b[3] == "norun"], ids=_id)
+@pytest.mark.parametrize("block", [b for b in ALL if b[3] in ("norun", "engine")], ids=_id)
 def test_norun_block_names_real_things(block):
     """A block that cannot run here still names existing scripts and real flags."""
     doc, line, lang, _flag, code = block
@@ -138,7 +158,8 @@ def test_every_doc_block_is_classified():
     """No bash/python block escapes the runner by an unknown fence flag."""
     assert ALL, "no documented blocks found"
     for doc, line, _lang, flag, _code in ALL:
-        assert flag in ("", "norun"), f"{doc}:{line}: unknown fence flag {flag!r} (use 'norun' or nothing)"
+        assert flag in ("", "norun", "engine"), (f"{doc}:{line}: unknown fence flag {flag!r} (use 'norun', "
+                                                 "'engine' or nothing)")
 
 
 def _flag_table(doc: str, heading: str) -> List[str]:

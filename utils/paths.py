@@ -1,10 +1,7 @@
-"""Where the harness keeps what it builds: one cache root for every entry point.
+"""Where the harness keeps what it builds and remembers: one cache root for everything.
 
-``$REFORM_CACHE`` when set, else ``~/.cache/reform_eval`` (a user cache, so an installed package
-never writes into its own folder). The tiny models, the response cache, images extracted from
-MME parquet files and the benches' data all live under it, whether ``run_eval`` is run directly,
-through ``commands/*.sh`` or from Python; only the test suite points it into the repository
-(tests/conftest.py), to keep its builds apart from a user's.
+``$REFORM_CACHE`` when set, else ``~/.cache/reform_eval``: tiny models, the response cache, the
+file-hash memo and extracted MME images all live under it, so one variable moves them all.
 """
 from __future__ import annotations
 
@@ -12,5 +9,5 @@ import os
 
 
 def cache_root() -> str:
-    """The cache root (``$REFORM_CACHE``, else ``~/.cache/reform_eval``), user-expanded."""
+    """Root of the reform cache (env ``REFORM_CACHE`` or ``~/.cache/reform_eval``)."""
     return os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
