@@ -85,6 +85,22 @@ def results_of(pred: str, tag: str = "") -> dict:
         return json.load(f)
 
 
+def vllm_python() -> str:
+    """The python of the vLLM engine's venv (``commands/vllm_env.sh`` builds it once per machine; a
+    ready one answers at once), or the calling test skips with that script's one line (``engine``
+    tests: they need a real engine and nothing else stands in for it)."""
+    import subprocess
+    timeout = int(os.environ.get("REFORM_VLLM_BUILD_TIMEOUT", "2400"))
+    try:
+        proc = subprocess.run(["bash", os.path.join(ROOT, "commands", "vllm_env.sh")], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"the vLLM venv was not built within {timeout} s (commands/vllm_env.sh)")
+    if proc.returncode != 0:
+        pytest.skip((proc.stderr.strip().splitlines() or ["commands/vllm_env.sh failed"])[-1])
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def only_results(directory) -> dict:
     """The one results file in ``directory`` (``*.results.json``, else a run without --do_eval's
     ``*.run.json``); fails when there is none or more than one."""

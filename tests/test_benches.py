@@ -20,6 +20,15 @@ from tests.conftest import ROOT
 BENCH = os.path.join(ROOT, "bench")
 #: benches whose smoke run starts run_eval processes or builds models: tens of seconds
 SLOW_SMOKE = {"threads", "cache", "known_skill", "overhead", "batching", "models", "likelihood", "report"}
+#: benches of a real external engine: their smoke run needs that engine's venv (``engine`` tests:
+#: skipped with one line where it cannot be built)
+ENGINE_SMOKE = {"vllm_throughput"}
+
+
+def _smoke_marks(script: str) -> list:
+    if _name(script) in ENGINE_SMOKE:
+        return [pytest.mark.engine, pytest.mark.slow]
+    return [pytest.mark.slow] if _name(script) in SLOW_SMOKE else []
 
 
 def _is_script(path: str) -> bool:
@@ -145,9 +154,11 @@ def test_heavy_top_imports_are_found(tmp_path) -> None:
 
 
 @pytest.mark.spread
-@pytest.mark.parametrize("script", [pytest.param(s, marks=[pytest.mark.slow] if _name(s) in SLOW_SMOKE else [])
-                                    for s in SCRIPTS], ids=_name)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=_smoke_marks(s)) for s in SCRIPTS], ids=_name)
 def test_smoke_run_prints_its_keys(script: str, tmp_path) -> None:
+    if _name(script) in ENGINE_SMOKE:
+        from tests.conftest import vllm_python
+        vllm_python()
     done = subprocess.run([sys.executable, script, "--smoke"], cwd=str(tmp_path), env=_env(), capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])

@@ -109,13 +109,8 @@ def _runnable():
 
 def _engine_available() -> None:
     """Skip (one line) unless the vLLM venv is built or can be built (commands/vllm_env.sh)."""
-    try:
-        proc = subprocess.run(["bash", os.path.join(ROOT, "commands", "vllm_env.sh")], capture_output=True,
-                              text=True, timeout=int(os.environ.get("REFORM_VLLM_BUILD_TIMEOUT", "2400")))
-    except subprocess.TimeoutExpired:
-        pytest.skip("the vLLM venv was not built in time (commands/vllm_env.sh)")
-    if proc.returncode != 0:
-        pytest.skip((proc.stderr.strip().splitlines() or ["commands/vllm_env.sh failed"])[-1])
+    from tests.conftest import vllm_python
+    vllm_python()
 
 
 @pytest.mark.spread
