@@ -7,7 +7,7 @@ after collection and its test, which runs last, only waits for it.
 Under pytest-xdist every worker collects every test, so the first process to get here starts the
 job (a ``mkdir`` decides, atomically) and any worker may run the test that waits: the job cannot
 belong to one worker (a worker leaves when its own share is done). So the job is run by a small
-runner (this file, run as a script) in a session of its own: it starts the command at the lowest
+runner (this file, run as a script) in a session of its own: it starts the command at the given
 priority in its own process group, writes ``stdout``, ``stderr`` and, last, ``rc`` into the job's
 folder, and kills the command when the session's owner (pytest, or the xdist controller) is gone.
 The owner stops every job still running when the session ends (``stop_all``).
@@ -31,8 +31,9 @@ def job_dir(root: str, args: Tuple[str, ...]) -> str:
     return os.path.join(root, hashlib.sha256(json.dumps(list(args)).encode()).hexdigest()[:16])
 
 
-def start(root: str, args: Tuple[str, ...], owner: int) -> bool:
-    """Start the job unless another process of this session did; True when this one did."""
+def start(root: str, args: Tuple[str, ...], owner: int, nice: int = 19) -> bool:
+    """Start the job unless another process of this session did; True when this one did.
+    ``nice``: its niceness (19: it takes only the CPU the suite leaves idle)."""
     where = job_dir(root, args)
     try:
         os.mkdir(where)
@@ -42,7 +43,7 @@ def start(root: str, args: Tuple[str, ...], owner: int) -> bool:
     os.mkdir(work)
     with open(os.path.join(where, "cmd.json"), "w", encoding="utf-8") as f:
         json.dump([a.replace("{tmp}", work) for a in args], f)
-    subprocess.Popen([sys.executable, os.path.abspath(__file__), where, str(owner)], cwd=ROOT,
+    subprocess.Popen([sys.executable, os.path.abspath(__file__), where, str(owner), str(nice)], cwd=ROOT,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
     return True
@@ -97,11 +98,7 @@ def _write(path: str, text: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _lowest_priority() -> None:
-    os.nice(19)
-
-
-def run(where: str, owner: int) -> int:
+def run(where: str, owner: int, nice: int = 19) -> int:
     """The runner: the job's command, its outputs and exit code; killed with the owner."""
     _write(os.path.join(where, "runner.pid"), str(os.getpgid(0)))
     with open(os.path.join(where, "cmd.json"), encoding="utf-8") as f:
@@ -110,7 +107,7 @@ def run(where: str, owner: int) -> int:
     rc: Optional[int] = None
     with open(os.path.join(where, "stdout"), "w") as out, open(os.path.join(where, "stderr"), "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                start_new_session=True, preexec_fn=_lowest_priority)
+                                start_new_session=True, preexec_fn=lambda: os.nice(nice))
         _write(os.path.join(where, "job.pgid"), str(proc.pid))
         while rc is None:
             try:
@@ -125,4 +122,4 @@ def run(where: str, owner: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1], int(sys.argv[2])))
+    sys.exit(run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

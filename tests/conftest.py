@@ -133,7 +133,10 @@ def only_results(directory) -> dict:
 # * OMP_NUM_THREADS=1 unless set: two workers on two cores, each with one intra-op thread (more
 #   threads per worker only spin against each other).
 # * Background jobs (`background` marker): started once per session by whichever process gets
-#   there first, waited for by the test wherever it runs (tests/background_jobs.py).
+#   there first, waited for by the test wherever it runs (tests/background_jobs.py). Under xdist
+#   a job runs at normal priority, as one more worker (every core is busy: at the lowest it would
+#   only start when the workers are done, and then run alone); in one process at the lowest, on
+#   the core the suite leaves idle.
 # ---------------------------------------------------------------------------------------------
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -241,7 +244,7 @@ def pytest_collection_finish(session) -> None:
     for item in session.items:
         marker = item.get_closest_marker("background")
         if marker is not None and not _skipped(item):
-            background_jobs.start(root, marker.args, int(owner))
+            background_jobs.start(root, marker.args, int(owner), nice=0 if _is_worker(session.config) else 19)
 
 
 def background_result(request, timeout: float = 1800.0):

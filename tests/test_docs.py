@@ -80,7 +80,7 @@ def adapt_bash(code: str, work: str) -> str:
         if m and m.group(1) != "tiny" and os.sep in m.group(1) and not os.path.exists(m.group(1)):
             body = body.replace(m.group(0), "--model_name tiny")
         if ("run_eval.py" in body or re.search(r"(^|\s)run_eval\s", body)
-                or re.search(r"\bcommands/\w+_llava\.sh\b", body)):
+                or re.search(r"\bcommands/(?:\w+_llava|demo)\.sh\b", body)):
             if "--dataset_subsample" not in body:
                 body += " --dataset_subsample 3"
             if "--max_new_tokens" not in body:
