@@ -12,13 +12,13 @@ The engines run from the vLLM venv (``commands/vllm_env.sh``); the offline runs 
 
 Usage: python bench/vllm_throughput.py [--trials 16] [--smoke]
 (``--smoke``: 2 trials per preset, every engine still started once: about 4 minutes here.)
-Last line: ``samples=... hf_c1_sps=... hf_c8_sps=... vllm_c1_sps=... vllm_c8_sps=... served_c1_sps=...
-served_c8_sps=... vllm_vs_hf_c8=... served_vs_hf_c8=... vllm_start_s=... served_start_s=...``
+
+Prints: samples=... hf_c1_sps=... hf_c8_sps=... vllm_c1_sps=... vllm_c8_sps=... served_c1_sps=...
+served_c8_sps=... vllm_vs_hf_c8=... served_vs_hf_c8=... vllm_start_s=... served_start_s=...
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import signal
@@ -50,15 +50,16 @@ def _data(trials: int) -> List[str]:
 
 
 def _timing(out: str) -> Dict[str, float]:
-    (run,) = glob.glob(os.path.join(out, "*.run.json"))
-    with open(run, encoding="utf-8") as f:
+    from evaluation.reporting.scoring import prediction_files, results_paths
+    (pred,) = prediction_files(out)
+    with open(results_paths(pred)["run"], encoding="utf-8") as f:
         return json.load(f)["timing"]
 
 
 def _records(out: str) -> int:
-    preds = [p for p in glob.glob(os.path.join(out, "*.json"))
-             if not p.endswith((".run.json", ".results.json", ".per_sample.json"))]
-    with open(preds[0], encoding="utf-8") as f:
+    from evaluation.reporting.scoring import prediction_files
+    (pred,) = prediction_files(out)
+    with open(pred, encoding="utf-8") as f:
         return len(json.load(f))
 
 

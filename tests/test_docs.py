@@ -11,8 +11,9 @@ runs small, as the docs promise they work on any checkpoint and dataset size:
 
 * ``--model_name <path that does not exist>`` -> ``--model_name tiny`` (the random tiny model
   of the same architecture);
-* every ``run_eval.py`` command gets ``--dataset_subsample 3 --max_new_tokens 4`` unless it
-  sets them;
+* every ``run_eval.py`` command, and every ``commands/*.sh`` script (they pass their
+  arguments on to run_eval), gets ``--dataset_subsample 3 --max_new_tokens 4`` unless it sets
+  them;
 * ``python`` is this interpreter; ``torchrun`` is ``python -m torch.distributed.run``.
 """
 from __future__ import annotations
@@ -54,7 +55,8 @@ def blocks() -> List[Tuple[str, int, str, str, str]]:
 
 
 ALL = blocks()
-SLOW_MARKERS = ("commands/demo.sh", "--model_name tiny", "compare_runs", "get_model(")
+#: blocks that run a model (the tiny LLaVA: every commands/ script defaults to it) are slow
+SLOW_MARKERS = ("commands/", "--model_name tiny", "compare_runs", "get_model(")
 
 
 def scratch_tree(tmp_path) -> str:
@@ -77,7 +79,8 @@ def adapt_bash(code: str, work: str) -> str:
         m = re.search(r"--model_name\s+(\S+)", body)
         if m and m.group(1) != "tiny" and os.sep in m.group(1) and not os.path.exists(m.group(1)):
             body = body.replace(m.group(0), "--model_name tiny")
-        if "run_eval.py" in body or re.search(r"(^|\s)run_eval\s", body):
+        if ("run_eval.py" in body or re.search(r"(^|\s)run_eval\s", body)
+                or re.search(r"\bcommands/(?:\w+_llava|demo)\.sh\b", body)):
             if "--dataset_subsample" not in body:
                 body += " --dataset_subsample 3"
             if "--max_new_tokens" not in body:
@@ -106,15 +109,11 @@ def _runnable():
 
 def _engine_available() -> None:
     """Skip (one line) unless the vLLM venv is built or can be built (commands/vllm_env.sh)."""
-    try:
-        proc = subprocess.run(["bash", os.path.join(ROOT, "commands", "vllm_env.sh")], capture_output=True,
-                              text=True, timeout=int(os.environ.get("REFORM_VLLM_BUILD_TIMEOUT", "2400")))
-    except subprocess.TimeoutExpired:
-        pytest.skip("the vLLM venv was not built in time (commands/vllm_env.sh)")
-    if proc.returncode != 0:
-        pytest.skip((proc.stderr.strip().splitlines() or ["commands/vllm_env.sh failed"])[-1])
+    from tests.conftest import vllm_python
+    vllm_python()
 
 
+@pytest.mark.spread
 @pytest.mark.parametrize("block", _runnable())
 def test_documented_block_runs(block, tmp_path):
     doc, line, lang, flag, code = block
@@ -156,3 +155,40 @@ def test_every_doc_block_is_classified():
     for doc, line, _lang, flag, _code in ALL:
         assert flag in ("", "norun", "engine"), (f"{doc}:{line}: unknown fence flag {flag!r} (use 'norun', "
                                                  "'engine' or nothing)")
+
+
+def _flag_table(doc: str, heading: str) -> List[str]:
+    """The flags in the first column of the table under ``heading`` in ``doc``."""
+    text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
+    section = text.split(heading + "\n", 1)[1]
+    flags = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("| `-"):
+            flags += re.findall(r"(--[a-z_]+)", line.split("|")[1])
+    return flags
+
+
+@pytest.mark.parametrize("cli,heading", [("run_eval", "### run_eval flags"),
+                                         ("run_loader_eval", "### run_loader_eval flags")])
+def test_readme_flag_tables_list_every_flag(cli: str, heading: str) -> None:
+    """README's flag tables are the parsers' flags, no more, no fewer (a new flag needs its row)."""
+    import importlib
+    parser = importlib.import_module(cli).build_parser()
+    real = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.dest != "help"]
+    listed = _flag_table("README.md", heading)
+    assert sorted(set(real) - set(listed)) == [], f"README {heading!r} lacks these flags"
+    assert sorted(set(listed) - set(real)) == [], f"README {heading!r} lists flags {cli} does not have"
+    assert len(listed) == len(set(listed)), "a flag is listed twice"
+
+
+def test_placeholder_checkpoints_say_so_and_how_to_try_them():
+    """A block with a placeholder path (/path/to/...) says it is one, and that tiny runs it."""
+    found = [b for b in ALL if "/path/to/" in b[4] and "--model_name /path/to/" in b[4].replace("\\\n", " ")]
+    assert found, "no placeholder block found (the test would check nothing)"
+    for doc, line, _lang, _flag, code in found:
+        comments = " ".join(ln for ln in code.splitlines() if ln.lstrip().startswith("#"))
+        assert "placeholder" in comments and "--model_name tiny" in comments, (
+            f"{doc}:{line}: say in a comment that the /path/to/ checkpoint is a placeholder and that "
+            "--model_name tiny runs the line")

@@ -569,8 +569,8 @@ def _run_args(server, tmp_path, *extra: str, n: int = 3, images: bool = True) ->
 
 
 def _records(out) -> List[Dict[str, Any]]:
-    import glob
-    files = [f for f in glob.glob(str(out / "*.json")) if not f.endswith(("results.json", "per_sample.json", ".run.json"))]
+    from evaluation.reporting.scoring import prediction_files
+    files = prediction_files(str(out))
     assert len(files) == 1, files
     with open(files[0]) as f:
         data = json.load(f)

@@ -28,10 +28,10 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from tests.conftest import ROOT, prediction_files
+from tests.conftest import vllm_python as built_vllm_python
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-BUILD_TIMEOUT_S = int(os.environ.get("REFORM_VLLM_BUILD_TIMEOUT", "2400"))
 START_TIMEOUT_S = 900   # a vLLM server's start-up on a loaded 2-core machine (about a minute when idle)
 RUNS_TIMEOUT_S = 1500   # every offline run, engine start included
 SERVER_LIFETIME_S = 2400
@@ -43,14 +43,7 @@ COUNTS: List[str] = []
 
 
 def _vllm_python() -> str:
-    try:
-        proc = subprocess.run(["bash", os.path.join(ROOT, "commands", "vllm_env.sh")], capture_output=True,
-                              text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"the vLLM venv was not built within {BUILD_TIMEOUT_S} s (commands/vllm_env.sh)")
-    if proc.returncode != 0:
-        pytest.skip((proc.stderr.strip().splitlines() or ["commands/vllm_env.sh failed"])[-1])
-    return proc.stdout.strip().splitlines()[-1]
+    return built_vllm_python()  # the venv, or a one-line skip (tests/conftest.py)
 
 
 def _engine_env() -> Dict[str, str]:

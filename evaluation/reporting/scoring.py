@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -38,7 +39,7 @@ from utils.options import metric_options  # noqa: F401  (re-exported for the com
 from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
                                ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
                                record_key)
-from utils.report import markdown_table, metrics_report
+from utils.report import headline_report, markdown_table, metrics_report
 from utils.usage import usage_totals
 
 logger = logging.getLogger(__name__)
@@ -161,7 +162,34 @@ def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: O
             "md": os.path.join(directory, f"{base}.results.md"),
             "per_sample": os.path.join(directory, f"{base}.per_sample.json"),
             "run": os.path.join(directory, f"{base}.run.json"),
+            "report": os.path.join(directory, f"{base}.report"),
             "dir": directory, "stem": base}
+
+
+def prediction_files(directory: "str | os.PathLike[str]") -> List[str]:
+    """The prediction files of the runs in an output folder (``<stem>.json``/``.jsonl``), sorted:
+    never what this tool writes beside them (results, per-sample and run files, ``<stem>.report/``
+    folders, indexes, temporaries, another harness's companion files). The one lookup of a run's
+    files for the library, tests and bench/ scripts; the names of what belongs to each come from
+    ``results_paths``."""
+    directory = os.fspath(directory)
+    paths = [os.path.join(directory, n) for n in list_dir(directory, "prediction folder", suffix=(".json", ".jsonl"),
+                                                          kind="file")]
+    return [p for p in paths if not is_derived(p) and not is_foreign_companion(p)]
+
+
+def results_files(prediction_file: str) -> List[str]:
+    """Every results file written for ``prediction_file``, sorted: ``<stem>.results.json`` and the
+    tagged ones (``<stem>.eval-<hash>.results.json`` from ``run_eval --do_eval`` with other scoring
+    options, ``<stem>.scored-<hash>.results.json`` from ``run_loader_eval``)."""
+    paths = results_paths(prediction_file)
+    pattern = os.path.join(glob.escape(paths["dir"]), glob.escape(paths["stem"]) + ".*results.json")
+    return sorted(p for p in glob.glob(pattern)
+                  if p == paths["json"] or _TAG_RE.fullmatch(os.path.basename(p)[len(paths["stem"]) + 1:]))
+
+
+#: a results tag written by ``options_tag`` and what follows it
+_TAG_RE = re.compile(r"(?:eval|scored)-[0-9a-f]{8}\.results\.json")
 
 
 def options_tag(prefix: str = "scored", **options: Any) -> str:
@@ -256,9 +284,10 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     if summary.get("usage"):
         result.setdefault("tables", {})["Token usage"] = markdown_table(
             ["field", "value"], [(k, v) for k, v in summary["usage"].items()])
-    report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
-    if not quiet:
-        print(report)
+    title = f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip()
+    report = metrics_report(result, title=title)
+    if not quiet:  # the headline table, as run_eval --do_eval prints it; every table is in the .md
+        print(headline_report(result, title=title) + "\n")
     if write:
         paths = results_paths(prediction_file or "results", output_dir, tag)
         summary["results_files"] = {k: paths[k] for k in ("json", "md", "per_sample")}
@@ -317,9 +346,7 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
             raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
-                names = list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                found = [os.path.join(m, n) for n in names
-                         if not is_derived(os.path.join(m, n)) and not is_foreign_companion(os.path.join(m, n))]
+                found = prediction_files(m)
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
@@ -578,7 +605,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
             print(f.read())
         print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
     elif not quiet:
-        print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
+        files = runs[0]["result"].get("results_files", {})
+        print(f"results: {files.get('json')} (every table: {files.get('md')})")
     return {"runs": runs, "comparison": comparison}
 
 
