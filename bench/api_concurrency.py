@@ -13,9 +13,10 @@ same ``--requests`` requests as one batch through ``OpenAIAPIInterface.raw_batch
 Goodput = answered requests / wall seconds. Bounded: each mode stops its server after
 ``--mode_timeout`` s (the client then gives up), and the whole bench takes well under 60 s.
 
-Usage: python bench/api_concurrency.py [--rate 40] [--latency 0.05] [--requests 120]
-Last line: ``adaptive_rps=... fixed1_rps=... fixed16_rps=... adaptive_vs_fixed1=...
-adaptive_vs_fixed16=... adaptive_429=... fixed16_429=...``
+Usage: python bench/api_concurrency.py [--rate 40] [--latency 0.05] [--requests 120] [--smoke]
+
+Prints: adaptive_rps=... fixed1_rps=... fixed16_rps=... adaptive_vs_fixed1=...
+adaptive_vs_fixed16=... adaptive_429=... fixed16_429=...
 """
 from __future__ import annotations
 
@@ -130,7 +131,11 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.05, help="seconds per answered request")
     ap.add_argument("--requests", type=int, default=120, help="requests per mode")
     ap.add_argument("--mode_timeout", type=float, default=15.0, help="seconds before a mode is cut off")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (12 requests), seconds: checks that the "
+                    "bench runs, measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.requests, args.mode_timeout = 12, 10.0
     logging.basicConfig(level=logging.ERROR)  # the client's per-retry warnings would flood the output
     results = {}
     for name, conc, adaptive in (("adaptive", 16, True), ("fixed1", 1, False), ("fixed16", 16, False)):

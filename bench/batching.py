@@ -11,11 +11,11 @@ load hits both alike):
 * likelihood, K=4 candidates (1-13 tokens) per sample: samples/s at batch 8 over batch 1
   and the largest score difference between the two.
 
-The last line is ``sampled_b8_speedup=<min over llava, qwen2_vl> likelihood_b8_speedup=<min>
-max_abs_diff=<max over families> batch_invariant=<1 if every family's outputs were identical>``.
-
 Usage: ``python bench/batching.py [--families llava qwen2_vl] [--size bench|tiny] [--reps 2]
-[--threads N]``
+[--threads N] [--smoke]``
+
+Prints: sampled_b8_speedup=<min over llava, qwen2_vl> likelihood_b8_speedup=<min>
+max_abs_diff=<max over families> batch_invariant=<1 if every family's outputs were identical>
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ from typing import Any, Callable, Dict, List, Tuple
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_inputs import CANDIDATE_WORDS, bench_sample  # noqa: E402
 from utils.seeding import derive_seed  # noqa: E402
-
-import torch  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +98,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max_new_tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny LLaVA, one repetition, 2 new tokens: checks "
+                    "that the bench runs (seconds), measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.families, args.size, args.reps, args.max_new_tokens = ["llava"], "tiny", 1, 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     cols = ["params_M", "gen_bs1", "gen_bs8", "gen_speedup", "gen_identical", "gen_distinct",

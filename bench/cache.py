@@ -4,10 +4,11 @@ A placeholder MME release (every subtask, or ``--subtasks``) is evaluated three 
 same cache directory: cold (every call runs the model), after editing one question (only that
 call runs), and re-scored (nothing runs). The model is the tiny LLaVA (``--model_name tiny``)
 generating ``--max_new_tokens`` tokens; requests made = cache misses as the results file
-records them. The last line is ``cold_requests=... edited_requests=... rescore_requests=...
-cold_s=... edited_s=... speedup=...``.
+records them.
 
-Usage: ``python bench/cache.py [--subtasks existence OCR] [--max_new_tokens 8]``
+Usage: ``python bench/cache.py [--subtasks existence OCR] [--max_new_tokens 8] [--smoke]``
+
+Prints: cold_requests=... edited_requests=... rescore_requests=... cold_s=... edited_s=... speedup=...
 """
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ from typing import List, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import run_eval  # noqa: E402
-from build.mme import write_placeholder_release  # noqa: E402
+from build.mme import shipped_questions, write_placeholder_release  # noqa: E402
+from evaluation.reporting.scoring import prediction_files, results_paths  # noqa: E402
 
 
 def run(argv: List[str], out: str) -> Tuple[float, dict]:
     t0 = time.perf_counter()
     assert run_eval.main([*argv, "--output_dir", out]) == 0
     took = time.perf_counter() - t0
-    (res,) = glob.glob(os.path.join(out, "*.results.json"))
-    with open(res, encoding="utf-8") as f:
+    (pred,) = prediction_files(out)
+    with open(results_paths(pred)["json"], encoding="utf-8") as f:
         return took, json.load(f).get("response_cache", {"hits": 0, "misses": 0})
 
 
@@ -39,10 +41,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--subtasks", nargs="*", default=None)
     ap.add_argument("--max_new_tokens", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true", help="one subtask (existence: 60 questions), 2 new tokens: "
+                    "checks that the bench runs (seconds), measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.subtasks, args.max_new_tokens = ["existence"], 2
     os.environ.pop("REFORM_NO_CACHE", None)
     with tempfile.TemporaryDirectory() as tmp:
-        release = write_placeholder_release(os.path.join(ROOT, "configs", "data", "mme_questions"),
+        release = write_placeholder_release(shipped_questions(),
                                             os.path.join(tmp, "release"), subtasks=args.subtasks)
         cfg = os.path.join(tmp, "mme.yaml")
         with open(cfg, "w", encoding="utf-8") as f:

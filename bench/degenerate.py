@@ -6,12 +6,16 @@ extractor and mark parser, and every metric entry point (the MMMT-IF checkers in
 through ``metrics.evaluate``), scores each reply as one record. Each measurement runs in a
 forked child with a time limit, so a slow path is reported instead of hanging the bench.
 
-Usage: python bench/degenerate.py [--size 1048576] [--timeout 30] [--only NAME ...]
-One line per (entry, reply): CPU seconds of that record. The last line is
-``... timed_out=<n> errors=<n> worst_record_seconds=<s>``: the slowest scoring record over every
-entry (a timed-out one counts as --timeout, so the figure is then a lower bound; a record that
-raised is listed with its error and counted in errors=). ``redact_text`` (the
-secrets filter stored server replies pass through) is timed beside it, not counted in it.
+Usage: python bench/degenerate.py [--size 1048576] [--timeout 30] [--only NAME ...] [--smoke]
+One line per (entry, reply): CPU seconds of that record. The last line ends with the slowest
+scoring record over every entry (a timed-out one counts as --timeout, so the figure is then a
+lower bound; a record that raised is listed with its error and counted in errors=).
+``redact_text`` (the secrets filter stored server replies pass through) is timed beside it, not
+counted in it.
+
+Prints: extractor_worst_seconds=<s> metric_worst_seconds=<s> pif_worst_seconds=<s>
+redaction_worst_seconds=<s> worst_entry=<entry:reply> reply_chars=<n> timeout_s=<s> timed_out=<n>
+errors=<n> worst_record_seconds=<s>
 """
 from __future__ import annotations
 
@@ -165,7 +169,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=MB, help="characters per reply (default 1 MiB)")
     ap.add_argument("--timeout", type=float, default=30.0, help="wall seconds per record before it is killed")
     ap.add_argument("--only", nargs="*", default=None, help="entries to run (default: all)")
+    ap.add_argument("--smoke", action="store_true", help="4 KB replies: checks that the bench runs (seconds), "
+                    "measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.size, args.timeout = 4096, 60.0
     entries = args.only or list(ENTRIES)
     rows = run(entries, list(REPLIES), args.size, args.timeout)
     pairs = []

@@ -3,6 +3,7 @@
 Usage::
 
     python bench/iwisdm_gen.py [--seconds 2] [--orig-seconds 20] [--orig-python VENV/bin/python] [--no-setup-orig]
+    python bench/iwisdm_gen.py --smoke   # ours only, 0.2 s per measurement: checks that it runs
 
 1. For every preset, single process, per CPU-second of this process (= per core, robust to
    other load on the machine): task graph + trial + rendered frames (PIL images) in memory, and
@@ -23,9 +24,9 @@ Usage::
    CPU-second on each side.
 
 Without an interpreter that can import ``iwisdm`` the speed-ups are ``n/a`` and the reason is
-printed. The last line is always
-``speedup_low=<r> speedup_medium=<r> speedup_high=<r> min_trials_per_s=<n>``
-(``min_trials_per_s``: the lowest in-memory rate over all presets).
+printed. ``min_trials_per_s`` is the lowest in-memory rate over all presets.
+
+Prints: speedup_low=<r> speedup_medium=<r> speedup_high=<r> min_trials_per_s=<n>
 
 The original runs in a separate venv (no torch needed: 0.1.3 imports numpy, pandas, cv2 and
 networkx only). Unless ``--orig-python`` names one, the bench creates it once, from the package
@@ -51,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from build.iwisdm.io import write_trials  # noqa: E402
 from build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
 from build.iwisdm.stimuli import procedural_set  # noqa: E402
+from utils.paths import cache_root  # noqa: E402
 from utils.seeding import rng_for  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -285,8 +287,7 @@ ORIG_REQUIREMENTS = ("iwisdm==0.1.3", "numpy<2", "pandas", "opencv-python-headle
 
 
 def default_orig_venv() -> str:
-    root = os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
-    return os.path.join(root, "iwisdm_orig_venv")
+    return os.path.join(cache_root(), "iwisdm_orig_venv")
 
 
 def ensure_orig_venv(venv: str) -> Optional[str]:
@@ -321,7 +322,11 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--orig-min-accepted", type=int, default=50)
     ap.add_argument("--presets", nargs="*", default=list(PRESETS))
     ap.add_argument("--no-orig", action="store_true", help="skip the original package")
+    ap.add_argument("--smoke", action="store_true", help="ours only (--no-orig), 0.2 s per measurement: checks "
+                    "that the bench runs (seconds), measures nothing")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.seconds, args.no_orig = 0.2, True
 
     mem: Dict[str, float] = {}
     acc: Dict[str, float] = {}

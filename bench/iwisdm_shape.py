@@ -3,6 +3,8 @@
 Usage::
 
     python bench/iwisdm_shape.py [--n-ours 4000] [--n-orig 2000] [--shape original|legacy] [--no-setup-orig]
+    python bench/iwisdm_shape.py --orig-shape tests/data/iwisdm_orig_shape.json   # the original's saved shape
+    python bench/iwisdm_shape.py --smoke   # 200 of ours against the saved shape: checks that it runs
 
 For the presets low / medium / high, under matched configs (ours: the preset; the original: the
 upstream benchmark configs and acceptance test of bench/iwisdm_gen.py, run by its driver in the
@@ -19,7 +21,11 @@ One set of functions (``shape_of``) computes the features on both sides from a c
 (operator tree, which frames show an object, final answer). The original's accepted trials
 are cached under ``$REFORM_CACHE/iwisdm_shape/`` (it accepts about 5-120 trials per CPU-second),
 keyed by preset, seed and a hash of its config, and topped up when more are asked for.
-The last line is ``max_tv=<d>``, preceded by ``tv_<preset>_<feature>=<d>`` lines.
+``--orig-shape FILE`` compares against the original's distributions saved by ``--write-fixtures``
+instead (no venv, no run of the original). The ``tv_<preset>_<feature>=<d>`` lines come before the
+last line.
+
+Prints: max_tv=<d>
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from build.iwisdm.graph import Task  # noqa: E402
 from build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
 from build.iwisdm.stimuli import LOCATIONS, procedural_set  # noqa: E402
 from build.iwisdm.trial import Trial  # noqa: E402
+from utils.paths import cache_root  # noqa: E402
 from utils.seeding import rng_for  # noqa: E402
 
 FEATURES = ("frames", "objects", "and_or", "and_or_depth", "switches", "delay_runs", "response")
@@ -122,7 +129,7 @@ def ours(preset: str, n: int, seed: int = 0, shape: Any = None) -> List[Dict[str
 
 
 def cache_path(preset: str, seed: int) -> str:
-    root = os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
+    root = cache_root()
     key = json.dumps({"accept": ACCEPT[preset], "config": ORIG_CONFIG[preset],
                       "categories": list(procedural_set().categories)}, sort_keys=True)
     digest = hashlib.sha1(key.encode("utf-8")).hexdigest()[:10]
@@ -203,7 +210,20 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--no-setup-orig", action="store_true", help="do not create the original's venv when missing")
     ap.add_argument("--write-fixtures", metavar="DIR",
                     help="also write the test fixtures (the original's shape distributions and a trial sample)")
+    ap.add_argument("--orig-shape", metavar="FILE",
+                    help="the original's shape distributions saved by --write-fixtures (iwisdm_orig_shape.json), "
+                         "used instead of running the original")
+    ap.add_argument("--smoke", action="store_true", help="200 trials of ours against the saved shape "
+                    "(tests/data/iwisdm_orig_shape.json): checks that the bench runs (seconds), measures nothing")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.n_ours = 200
+        args.orig_shape = args.orig_shape or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                          "tests", "data", "iwisdm_orig_shape.json")
+    if args.orig_shape:
+        with open(args.orig_shape, encoding="utf-8") as f:
+            saved = json.load(f)["presets"]
+        return compare(args, lambda preset: saved[preset])
 
     python = args.orig_python
     if python is None:
@@ -220,26 +240,39 @@ def main(argv: Optional[list] = None) -> int:
         return 1
     if args.write_fixtures:
         write_fixtures(args.write_fixtures, python, args.n_orig, args.orig_seed)
+
+    def run_original_shape(preset: str) -> Dict[str, Any]:
+        theirs = original(preset, args.n_orig, python, args.orig_seed)
+        return {"n": len(theirs), **{f: distribution(theirs, f) for f in FEATURES}}
+    return compare(args, run_original_shape)
+
+
+def compare(args: argparse.Namespace, theirs_of: Any) -> int:
+    """Our trials' shape against the original's distributions (``theirs_of(preset)``: ``n`` and
+    one distribution per feature); prints the table, the per-feature lines and ``max_tv``."""
     worst = 0.0
     lines = []
     print(f"{'preset':8s} " + " ".join(f"{f:>12s}" for f in FEATURES))
     for preset in args.presets:
         try:
-            theirs = original(preset, args.n_orig, python, args.orig_seed)
+            theirs = theirs_of(preset)
         except RuntimeError as e:
             print(f"original iwisdm: NOT MEASURED ({e})")
             print("max_tv=n/a")
             return 1
         mine = ours(preset, args.n_ours, args.seed, args.shape)
-        tvs = {f: tv_distance(distribution(mine, f), distribution(theirs, f)) for f in FEATURES}
+        # saved distributions have string keys (JSON): compare on strings
+        p_of = {f: {str(k): v for k, v in distribution(mine, f).items()} for f in FEATURES}
+        q_of = {f: {str(k): v for k, v in theirs[f].items()} for f in FEATURES}
+        tvs = {f: tv_distance(p_of[f], q_of[f]) for f in FEATURES}
         worst = max(worst, *tvs.values())
         print(f"{preset:8s} " + " ".join(f"{tvs[f]:12.3f}" for f in FEATURES)
-              + f"   (ours {len(mine)}, original {len(theirs)})")
+              + f"   (ours {len(mine)}, original {theirs['n']})")
         for f in FEATURES:
             lines.append(f"tv_{preset}_{f}={tvs[f]:.3f}")
             if tvs[f] > TARGET:
-                p, q = distribution(mine, f), distribution(theirs, f)
-                keys = sorted(set(p) | set(q), key=str)
+                p, q = p_of[f], q_of[f]
+                keys = sorted(set(p) | set(q), key=lambda k: (len(k), k))
                 print(f"  {f}: " + ", ".join(f"{k}: {p.get(k, 0):.3f} vs {q.get(k, 0):.3f}" for k in keys))
     for line in lines:
         print(line)

@@ -5,10 +5,11 @@ as a user runs it (``evaluation.evaluate``, the same records and scorers).
 Measures: SingleChoice likelihood accuracy on single-frame category and location identification
 (chance 1/8 and 1/4); generation format hit rate and accuracy on the same trials; accuracy at the
 three iWISDM levels (likelihood); MME-style acc and acc+ on the synthetic yes/no set.
-The last line is ``category_lik_acc=... location_lik_acc=... gen_format_hit_rate=... gen_acc=...
-yesno_acc=... yesno_acc_plus=... acc_low=... acc_medium=... acc_high=...``.
 
-Usage: ``python bench/known_skill.py [--trials 200] [--model_name tiny-trained]``
+Usage: ``python bench/known_skill.py [--trials 200] [--model_name tiny-trained] [--smoke]``
+
+Prints: category_lik_acc=... location_lik_acc=... gen_format_hit_rate=... gen_acc=...
+yesno_acc=... yesno_acc_plus=... acc_low=... acc_medium=... acc_high=...
 """
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200, help="held-out trials per iWISDM task")
     ap.add_argument("--yesno_images", type=int, default=100, help="images per yes/no subtask (2 questions each)")
     ap.add_argument("--model_name", default="tiny-trained")
+    ap.add_argument("--smoke", action="store_true", help="8 trials and 4 yes/no images: checks that the bench "
+                    "runs (seconds), measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.trials, args.yesno_images = 8, 4
     n = {"n_trials": args.trials}
     line: Dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:

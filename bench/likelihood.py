@@ -3,11 +3,12 @@ does) versus prefix-shared (images + prompt once, candidates from the shared KV 
 
 Builds (once, cached) a ~50M-parameter random LLaVA-1.5 (CLIP vision tower + Llama) and
 scores samples with 9 images and K=14 candidates of varied lengths, timing both methods side
-by side on the same samples (interleaved, so machine load hits both alike). The last line is
+by side on the same samples (interleaved, so machine load hits both alike).
 
-    likelihood_speedup=<naive/prefix time ratio> max_abs_diff=<max |score difference|>
+Usage: ``python bench/likelihood.py [--samples 3] [--images 9] [--candidates 14] [--threads N]
+[--size bench|tiny] [--smoke]``
 
-Usage: ``python bench/likelihood.py [--samples 3] [--images 9] [--candidates 14] [--threads N]``
+Prints: likelihood_speedup=<naive/prefix time ratio> max_abs_diff=<max |score difference|>
 """
 from __future__ import annotations
 
@@ -22,8 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_inputs import CANDIDATE_WORDS  # noqa: E402
 from utils.images import noise_image  # noqa: E402
 
-import torch  # noqa: E402
-
 logger = logging.getLogger(__name__)
 
 
@@ -34,13 +33,19 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=14)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--size", default="bench", choices=["tiny", "bench"], help="random LLaVA size (tiny: the test size)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny LLaVA, 1 sample of 2 images, 3 candidates: checks "
+                    "that the bench runs (seconds), measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.size, args.samples, args.images, args.candidates = "tiny", 1, 2, 3
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import torch
     if args.threads:
         torch.set_num_threads(args.threads)
 
     from models import get_model
-    interface, pre = get_model("llava", {"model_name": "tiny", "tiny_size": "bench", "device": args.device})
+    interface, pre = get_model("llava", {"model_name": "tiny", "tiny_size": args.size, "device": args.device})
     n_params = sum(p.numel() for p in interface.model.parameters())
     cands = [CANDIDATE_WORDS[i % len(CANDIDATE_WORDS)] for i in range(args.candidates)]
     print(f"model: random LLaVA, {n_params / 1e6:.1f}M params, device {interface.device}; "

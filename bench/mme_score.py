@@ -6,8 +6,9 @@ varied form (plain, punctuated, multi-line, hedged), written as one JSON predict
 each repeat runs the offline path of ``run_loader_eval`` (read the file, parse, aggregate,
 format the table) without writing results. The official results folder is timed as well.
 
-Usage: ``python bench/mme_score.py [--questions DIR] [--repeats 5]``; the last line is
-``mme_score_seconds=<median seconds>``.
+Usage: ``python bench/mme_score.py [--questions DIR] [--repeats 5] [--smoke]``
+
+Prints: mme_score_seconds=<median seconds>
 """
 from __future__ import annotations
 
@@ -22,16 +23,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from build.mme import shipped_questions  # noqa: E402
+from utils.errors import ReformError, input_error  # noqa: E402
+
 logger = logging.getLogger(__name__)
 
 RESPONSES = ["Yes", "No", "yes.", "No, there is not.", "  yes", "Yes\nThe image shows it.", "not sure",
              "The answer is yes", "", "I think no"]
-
-
-def default_questions() -> str:
-    """The official question lists shipped with the project (configs/data/mme_questions)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(here), "configs", "data", "mme_questions")
 
 
 def make_prediction_file(questions: str, workdir: str) -> str:
@@ -42,7 +40,10 @@ def make_prediction_file(questions: str, workdir: str) -> str:
     rng = random.Random(0)
     res_dir = os.path.join(workdir, "official")
     os.makedirs(res_dir)
-    for sub, rows in read_question_lists(questions).items():
+    lists = read_question_lists(questions)
+    if not lists:
+        raise input_error("no <subtask>.txt question lists", file=questions)
+    for sub, rows in lists.items():
         with open(os.path.join(res_dir, f"{sub}.txt"), "w", encoding="utf-8") as f:
             f.write("".join(f"{img}\t{q}\t{gt}\tx\n" for _n, img, q, gt in rows))
     records = read_official_results(res_dir)
@@ -56,16 +57,25 @@ def make_prediction_file(questions: str, workdir: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--questions", default=default_questions(), help="folder of the official <subtask>.txt lists")
+    ap.add_argument("--questions", default=shipped_questions(),
+                    help="folder of the official <subtask>.txt lists (default: the shipped configs/data/mme_questions)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="one repeat: checks that the bench runs (seconds), "
+                    "measures little")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats = 1
     logging.basicConfig(level=logging.WARNING)
     from metrics.mme import write_official_results
     from run_loader_eval import loader_eval
     from utils.predictions import read_predictions
 
     with tempfile.TemporaryDirectory() as work:
-        pred = make_prediction_file(args.questions, work)
+        try:
+            pred = make_prediction_file(args.questions, work)
+        except ReformError as e:  # a --questions folder without the lists: one line, no traceback
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
         official = os.path.join(work, "exported")
         loader_eval(pred, write=False, quiet=True)  # warm imports
         times, dir_times = [], []

@@ -5,8 +5,10 @@ and likelihood (K=4 candidates), each sample with 2 images; and the prefix-shari
 (naive full-sequence scoring time / prefix-cached scoring time) at K=2 and K=14 candidates.
 
 Usage: ``python bench/models.py [--families llava_next qwen2_vl] [--size bench|tiny]
-[--reps 2] [--threads N]``. ``--size bench`` builds ~tens-of-millions-parameter models
+[--reps 2] [--threads N] [--smoke]``. ``--size bench`` builds ~tens-of-millions-parameter models
 (once, cached under $REFORM_CACHE); ``tiny`` is the test size (fast, shape-only numbers).
+
+Prints: families=<n> min_prefix_ratio_K2=<r> min_prefix_ratio_K14=<r> prefix_ratio_K14_<family>=<r>
 """
 from __future__ import annotations
 
@@ -19,8 +21,6 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_inputs import CANDIDATE_WORDS, bench_sample  # noqa: E402
-
-import torch  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -39,25 +39,25 @@ def _best(fn: Callable[[], None], reps: int) -> float:
     return min(times)
 
 
-def bench_family(family: str, size: str, reps: int) -> Dict[str, float]:
+def bench_family(family: str, size: str, reps: int, n: int = 8) -> Dict[str, float]:
     from models import get_model
     interface, pre = get_model(family, {"model_name": "tiny", "tiny_size": size, "device": "cpu"})
     n_params = sum(p.numel() for p in interface.model.parameters()) / 1e6
-    samples = [bench_sample(i) for i in range(8)]
+    samples = [bench_sample(i) for i in range(n)]
     prompts = [pre(s) for s in samples]
     images = [s["images"] for s in samples]
     out: Dict[str, float] = {"params_M": n_params}
     for bs in (1, 4, 8):
         def gen() -> None:
-            for start in range(0, 8, bs):
+            for start in range(0, n, bs):
                 interface.raw_batch_generate(images[start:start + bs], prompts[start:start + bs], max_new_tokens=8)
-        out[f"gen_bs{bs}"] = 8 / _best(gen, reps)
+        out[f"gen_bs{bs}"] = n / _best(gen, reps)
 
         def lik() -> None:
-            for start in range(0, 8, bs):
+            for start in range(0, n, bs):
                 interface.raw_batch_predict(images[start:start + bs], prompts[start:start + bs],
                                             [CANDIDATE_WORDS[:4]] * len(prompts[start:start + bs]))
-        out[f"lik_bs{bs}"] = 8 / _best(lik, reps)
+        out[f"lik_bs{bs}"] = n / _best(lik, reps)
     for k in (2, 14):
         cands = CANDIDATE_WORDS[:k]
         naive = _best(lambda: interface.score_full_sequence(images[0], prompts[0], cands), reps)
@@ -72,8 +72,14 @@ def main() -> None:
     ap.add_argument("--size", default="bench", choices=["tiny", "bench"])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--samples", type=int, default=8, help="samples per measurement")
+    ap.add_argument("--smoke", action="store_true", help="the tiny LLaVA only, 2 samples, one repetition: checks "
+                    "that the bench runs (seconds), measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.families, args.size, args.reps, args.samples = ["llava"], "tiny", 1, 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     cols = ["params_M", "gen_bs1", "gen_bs4", "gen_bs8", "lik_bs1", "lik_bs4", "lik_bs8",
@@ -84,7 +90,7 @@ def main() -> None:
     rows: List[str] = []
     results: Dict[str, Dict[str, float]] = {}
     for fam in args.families:
-        res = bench_family(fam, args.size, args.reps)
+        res = bench_family(fam, args.size, args.reps, args.samples)
         results[fam] = res
         row = fam.ljust(16) + "".join(f"{res[c]:17.2f}" for c in cols)
         rows.append(row)

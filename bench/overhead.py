@@ -1,17 +1,22 @@
 """Share of run_eval wall time spent outside model forward calls, on a fixed workload.
 
 Workload: the 'bench' size random LLaVA (built offline once, before timing) on 64 generated
-iWISDM 'low' trials, SingleChoice, generation with 8 new tokens, batch size 4, one process.
-run_eval records ``forward_s`` (time inside ``interface.forward``, which includes the
-processor's image/text encoding), ``model_load_s`` and ``total_s`` in the run's results file.
+iWISDM 'low' trials, SingleChoice, generation with 8 new tokens and likelihood, batch size 4,
+one process. run_eval records ``forward_s`` (time inside ``interface.forward``, which includes
+the processor's image/text encoding), ``model_load_s`` and ``total_s`` in the run's results file.
 
     overhead_share = (total_s - model_load_s - forward_s) / (total_s - model_load_s)
 
 Model loading is reported separately: it is a one-off cost of the checkpoint, not of the
-harness. The last line is ``overhead_share=<fraction>``.
+harness. ``overhead_share`` is the larger of the two methods'.
+
+Usage: ``python bench/overhead.py [--samples 64] [--size bench|tiny] [--smoke]``
+
+Prints: overhead_share=<fraction>
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -19,25 +24,34 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("REFORM_CACHE", os.path.join(ROOT, ".cache", "reform_eval"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=64, help="iWISDM 'low' trials per run")
+    ap.add_argument("--size", default="bench", choices=["tiny", "bench"], help="random LLaVA size (tiny: the test size)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny LLaVA on 4 trials: checks that the bench runs "
+                    "(seconds), measures nothing")
+    args = ap.parse_args()
+    if args.smoke:
+        args.samples, args.size = 4, "tiny"
     import run_eval
+    from evaluation.reporting.scoring import prediction_files, results_paths
     from models.tiny import tiny_model_path
-    tiny_model_path("llava", "bench")  # build outside the timed run
+    tiny_model_path("llava", args.size)  # build outside the timed run
     rows = []
     for infer, extra in (("generation", ["--max_new_tokens", "8"]), ("likelihood", [])):
         with tempfile.TemporaryDirectory() as out:
-            args = ["--model", "llava", "--model_name", "tiny", "--model_option", "tiny_size=bench",
+            argv = ["--model", "llava", "--model_name", "tiny", "--model_option", f"tiny_size={args.size}",
                     "--dataset_name", "iWISDM", "--dataset_config", os.path.join(ROOT, "configs/datasets/iwisdm_low.yaml"),
-                    "--formulation", "SingleChoice", "--infer_method", infer, "--dataset_subsample", "64",
+                    "--formulation", "SingleChoice", "--infer_method", infer, "--dataset_subsample", str(args.samples),
                     "--per_gpu_eval_batch_size", "4", "--output_dir", out, "--do_eval", *extra]
-            assert run_eval.main(args) == 0
-            from evaluation.reporting.scoring import results_paths
-            pred = [f for f in os.listdir(out) if f.startswith("iWISDM_") and f.count(".") == 1][0]
-            t = json.load(open(results_paths(os.path.join(out, pred))["json"]))["timing"]
+            if run_eval.main(argv) != 0:
+                raise SystemExit(f"run_eval failed: {' '.join(argv)}")
+            (pred,) = prediction_files(out)
+            with open(results_paths(pred)["json"], encoding="utf-8") as f:
+                t = json.load(f)["timing"]
         harness = t["total_s"] - t["model_load_s"]
         share = (harness - t["forward_s"]) / harness
         rows.append((infer, t["total_s"], t["model_load_s"], t["forward_s"], share))

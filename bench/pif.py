@@ -6,10 +6,12 @@ generated from a fixed seed (varied sentence lengths, markdown lists, numbers,
 abbreviations, quotes) so runs are comparable. With ``--pysbd`` (needs ``pip install
 pysbd``) our sentence splitter and pySBD are measured side by side: agreement with the 48
 English Golden Rules (tests/data/golden_rules_en.json) and seconds to split 12 KB.
-Usage: python bench/pif.py [--n 100000] [--pysbd] [--degenerate]; the last line is
-``pif_responses_per_s=<n>``, computed from this process's CPU time (wall time is printed
-beside it); ``--degenerate`` adds ``worst_record_seconds=<s>``, the slowest 1 MB
-degenerate reply scored by the ``pif`` metric (all 13 instructions, strict, loose, reasons).
+Usage: python bench/pif.py [--n 100000] [--pysbd] [--degenerate] [--smoke]. The result is
+computed from this process's CPU time (wall time is printed beside it); ``--degenerate`` adds a
+line ``worst_record_seconds=<s>`` before it, the slowest 1 MB degenerate reply scored by the
+``pif`` metric (all 13 instructions, strict, loose, reasons).
+
+Prints: pif_responses_per_s=<n>
 """
 from __future__ import annotations
 
@@ -114,7 +116,11 @@ def main() -> None:
     ap.add_argument("--loose", action="store_true", help="also time the loose variant")
     ap.add_argument("--pysbd", action="store_true", help="measure pySBD beside our splitter")
     ap.add_argument("--degenerate", action="store_true", help="score 1 MB degenerate replies")
+    ap.add_argument("--smoke", action="store_true", help="500 responses: checks that the bench runs (seconds), "
+                    "measures nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.n = 500
     responses = make_responses(args.n)
     if args.pysbd:
         compare_pysbd(responses)

@@ -7,8 +7,12 @@ dataset is the real question lists laid out with placeholder images (build.mme's
 is ``compare_runs``: cluster bootstrap (1,000 resamples), paired tests, plots, thumbnails and
 report.html.
 
-Usage: ``python bench/report.py [--questions DIR] [--n_boot 1000] [--keep DIR]``; prints
-``report_seconds=<s>``.
+The question lists are the ones shipped in ``configs/data/mme_questions`` unless ``--questions``
+names another folder.
+
+Usage: ``python bench/report.py [--questions DIR] [--n_boot 1000] [--keep DIR] [--smoke]``
+
+Prints: report_seconds=<s>
 """
 from __future__ import annotations
 
@@ -21,25 +25,22 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def default_questions() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for path in (os.path.join(os.path.dirname(here), "shared", "data", "mme"), "/work/shared/data/mme"):
-        if os.path.isdir(path):
-            return path
-    return os.path.join(os.path.dirname(here), "shared", "data", "mme")
+from build.mme import shipped_questions  # noqa: E402
+from utils.errors import ReformError  # noqa: E402
 
 
-def make_runs(questions: str, work: str):
-    """Five scored runs over the full MME set, predictions from the real baseline interfaces."""
+def make_runs(questions: str, work: str, subtasks=None):
+    """Five scored runs over the MME set (``subtasks``: only those), predictions from the real
+    baseline interfaces."""
     from build import build_dataset
     from build.mme import write_placeholder_release
     from metrics import evaluate
     from models.interfaces.baseline_interface import ConstantBaseline, RandomBaseline
     from utils.predictions import make_record
     release = os.path.join(work, "release")
-    write_placeholder_release(questions, release)
-    samples, _ = build_dataset("MME", "Generation", {"root": release, "prompt": "official"})
+    write_placeholder_release(questions, release, subtasks=subtasks)
+    options = {"root": release, "prompt": "official", **({"subtasks": list(subtasks)} if subtasks else {})}
+    samples, _ = build_dataset("MME", "Generation", options)
     models = [(f"random-seed{s}", RandomBaseline({"seed": s})) for s in range(4)]
     models.append(("constant", ConstantBaseline({})))
     runs = []
@@ -57,15 +58,25 @@ def make_runs(questions: str, work: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--questions", default=default_questions(), help="folder of the official <subtask>.txt lists")
+    ap.add_argument("--questions", default=shipped_questions(),
+                    help="folder of the official <subtask>.txt lists (default: the shipped configs/data/mme_questions)")
     ap.add_argument("--n_boot", type=int, default=1000)
     ap.add_argument("--keep", default=None, metavar="DIR", help="also copy the report folder here")
+    ap.add_argument("--smoke", action="store_true", help="two subtasks, 20 resamples: checks that the bench runs "
+                    "(seconds), measures nothing")
     args = ap.parse_args()
+    subtasks = ["existence", "OCR"] if args.smoke else None
+    if args.smoke:
+        args.n_boot = 20
     logging.basicConfig(level=logging.WARNING)
     from evaluation.reporting.report import compare_runs
     with tempfile.TemporaryDirectory() as work:
         t0 = time.perf_counter()
-        runs = make_runs(args.questions, work)
+        try:
+            runs = make_runs(args.questions, work, subtasks)
+        except ReformError as e:  # a --questions folder without the lists: one line, no traceback
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
         t1 = time.perf_counter()
         n = [len(r["records"]) for r in runs]
         comp = compare_runs(runs, os.path.join(work, "report"), n_boot=args.n_boot)

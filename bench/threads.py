@@ -3,15 +3,17 @@ and of torchrun with 2 ranks, on the bench-size LLaVA (identical predictions che
 
 Each configuration is a whole ``run_eval`` command (model load included, as a user runs it),
 run in turn, best of ``--reps``; the prediction files must be identical across configurations.
-The last line is ``threads1_sps=... threads2_sps=... auto_sps=... ranks2_sps=...
-ranks2_vs_threads1=... same_predictions=1 max_logprob_diff=...``.
+A warm-up run comes first (it builds the bench-size checkpoint on first use: minutes), and a line
+is printed as each run ends, so a long bench shows where it is.
 
-Usage: ``python bench/threads.py [--samples 40] [--reps 2]``
+Usage: ``python bench/threads.py [--samples 40] [--reps 2] [--size bench|tiny] [--smoke]``
+
+Prints: threads1_sps=... threads2_sps=... auto_sps=... ranks2_sps=... ranks2_vs_threads1=...
+same_predictions=1 max_logprob_diff=...
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import subprocess
@@ -21,6 +23,9 @@ import time
 from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from evaluation.reporting.scoring import prediction_files  # noqa: E402
 
 
 def run(argv: List[str], out: str, threads: Optional[int], ranks: int = 1) -> float:
@@ -46,23 +51,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=40)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--size", default="bench", choices=["tiny", "bench"], help="random LLaVA size (tiny: the test size)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny LLaVA, 4 samples, one repetition, no warm-up: "
+                    "checks that the bench runs, measures nothing")
     args = ap.parse_args()
-    argv = ["--model", "llava", "--model_name", "tiny", "--model_option", "tiny_size=bench",
+    if args.smoke:
+        args.samples, args.reps, args.size = 4, 1, "tiny"
+    argv = ["--model", "llava", "--model_name", "tiny", "--model_option", f"tiny_size={args.size}",
             "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", str(args.samples),
             "--infer_method", "likelihood", "--per_gpu_eval_batch_size", "4"]
     configs: Dict[str, Dict[str, Optional[int]]] = {
         "threads1": {"threads": 1, "ranks": 1}, "threads2": {"threads": 2, "ranks": 1},
         "auto": {"threads": None, "ranks": 1}, "ranks2": {"threads": None, "ranks": 2}}
     with tempfile.TemporaryDirectory() as tmp:
-        run(argv, os.path.join(tmp, "warm"), 1)  # builds the bench checkpoint once
+        if not args.smoke:
+            print(f"warm-up run (builds the {args.size} checkpoint on first use) ...", flush=True)
+            t = run(argv, os.path.join(tmp, "warm"), 1)
+            print(f"warm-up    {t:7.1f} s", flush=True)
         best: Dict[str, float] = {}
         files: Dict[str, bytes] = {}
-        for _ in range(args.reps):
+        for rep in range(args.reps):
             for name, c in configs.items():
                 out = os.path.join(tmp, name)
                 t = run(argv, out, c["threads"], int(c["ranks"] or 1))
+                print(f"{name:10s} {t:7.1f} s  (repetition {rep + 1} of {args.reps})", flush=True)
                 best[name] = min(best.get(name, t), t)
-                (pred,) = [p for p in glob.glob(os.path.join(out, "*.json")) if p.count(".") == 1]
+                (pred,) = prediction_files(out)
                 with open(pred, "rb") as f:
                     files[name] = f.read()
     sps = {k: args.samples / v for k, v in best.items()}

@@ -9,18 +9,15 @@ import importlib
 import logging
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from torch.utils.data import Dataset
-
+from build.ablation import IMAGE_ABLATIONS, ablate_images
 from build.reformulation import Reformulator
 from build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
                             register_builder, resolve_config)
 from utils.errors import ReformError, unknown_name
-from utils.images import open_image
+from utils.images import SyntheticImage, check_image, open_image
 from utils.predictions import image_ids
 from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.seeding import rng_for
-from utils.images import open_image
-from utils.predictions import image_ids
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +38,31 @@ LOAD_DEFAULTS: Dict[str, Any] = {"in_context_sample": False, "random_instruct": 
                                  "shuffle_options": True, "option_mark": "upper"}
 _D = LOAD_DEFAULTS
 
-__all__ = ["BUILDERS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_dataset", "load_reform_dataset",
+__all__ = ["BUILDERS", "IMAGE_ABLATIONS", "LOAD_DEFAULTS", "Builder", "ReformDataset", "build_dataset", "load_reform_dataset",
            "register_builder", "IMAGE_TOKEN", "Sample"]
 
 
 def _load_image(image: Any, record: Any = None) -> Any:
     if isinstance(image, str):
         return open_image(image, record=record)
+    if isinstance(image, SyntheticImage):
+        return image.to_pil()
     return image
 
 
-class ReformDataset(Dataset):
+class ReformDataset:
     """A list of unified samples; loads image paths lazily unless ``lazy_images``.
 
+    With ``lazy_images`` an item keeps its image paths, but each file is still checked once (a
+    regular file, within the pixel limit, a readable image: header and ``verify``, no pixels
+    decoded), so a broken image is refused whichever model runs.
+
+    A map-style dataset (``__len__``, ``__getitem__``), which torch's DataLoader takes as it is;
+    it does not derive from torch's ``Dataset`` so that building samples never imports torch.
+
     With a ``preprocessor``, each item also carries ``prompt`` (the model's input text).
+    The blank and noise images of ``--image_ablation`` are made into pixels per item either way
+    (they are no files a caller could open later).
     """
 
     def __init__(self, samples: List[Dict[str, Any]], builder: Builder,
@@ -64,6 +72,7 @@ class ReformDataset(Dataset):
         self.builder = builder
         self.preprocessor = preprocessor
         self.lazy_images = lazy_images
+        self._checked: set = set()  # image paths already checked (lazy mode)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -73,6 +82,13 @@ class ReformDataset(Dataset):
         sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:
             sample["images"] = [_load_image(im, sample["sample_id"]) for im in sample["images"]]
+        else:
+            for im in sample["images"]:
+                if isinstance(im, str) and im not in self._checked:
+                    check_image(im, record=sample["sample_id"])
+                    self._checked.add(im)
+            if any(isinstance(im, SyntheticImage) for im in sample["images"]):
+                sample["images"] = [im.to_pil() if isinstance(im, SyntheticImage) else im for im in sample["images"]]
         if self.preprocessor is not None:
             sample["prompt"] = self.preprocessor(sample)
         return sample
@@ -87,7 +103,8 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
                   random_instruct: bool = _D["random_instruct"], data_duplication: int = _D["data_duplication"],
                   shuffle_options: bool = _D["shuffle_options"], option_mark: str = _D["option_mark"],
                   seed: int = 0, subsample: Optional[int] = None,
-                  extra_options: Optional[Dict[str, Any]] = None, **builder_options: Any) -> tuple:
+                  extra_options: Optional[Dict[str, Any]] = None, image_ablation: Optional[str] = None,
+                  image_required: bool = False, **builder_options: Any) -> tuple:
     """Build the unified samples; returns ``(samples, builder)``.
 
     ``dataset_config`` is a YAML path, the name of a shipped config (``"mme"``, ``"iwisdm_high"``, as
@@ -97,8 +114,14 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
     ``subsample`` keeps a seeded random subset of that many *groups* (``Builder.subsample_key``:
     an MME image with both questions, an MMMT-IF chat with all its turns, an iWISDM trial);
     dataset order is kept.
+    ``image_ablation`` (``none``, ``blank``, ``noise``, ``shuffle``; ``build.ablation``) takes the
+    images away from the built samples, seeded by ``seed``; with ``image_required`` (a model that
+    cannot run without an image) ``none`` becomes ``blank``. What was done is in
+    ``builder.build_info["image_ablation"]`` and in each sample's ``image_ablation``.
     """
     cls = get_builder_class(dataset_name)
+    if image_ablation is not None and image_ablation not in IMAGE_ABLATIONS:
+        raise unknown_name("image_ablation", image_ablation, IMAGE_ABLATIONS)
     if formulation not in FORMULATIONS:
         raise unknown_name("formulation", formulation, FORMULATIONS)
     if formulation not in cls.formulations:
@@ -130,6 +153,12 @@ def build_dataset(dataset_name: str, formulation: str, dataset_config: Union[str
                        instruction_pool=builder.instruction_pool(formulation, inference_method),
                        in_context_example=builder.in_context_example(formulation))
     samples = [s for it in items for s in ref.expand(it)]
+    if image_ablation is not None:
+        samples, info = ablate_images(samples, image_ablation, seed, builder.group_key, image_required, cls.name)
+        builder.build_info = {**(getattr(builder, "build_info", None) or {}), "image_ablation": info}
+        builder.build_log.append(f"--image_ablation {image_ablation}: {info['images_replaced']} image(s) of "
+                                 f"{info['samples']} sample(s) " + ("removed" if info["applied"] == "none" else
+                                                                   f"replaced ({info['applied']})"))
     for line in builder.build_log:
         logger.info("%s build: %s", cls.name, line)
     return samples, builder
@@ -160,15 +189,19 @@ def load_reform_dataset(dataset_name: str, formulation: str, dataset_config: Uni
                         seed: int = 0,
                         preprocessor: Optional[Callable[[Dict[str, Any]], Any]] = None,
                         lazy_images: bool = False, subsample: Optional[int] = None,
+                        image_ablation: Optional[str] = None, image_required: bool = False,
                         **builder_options: Any) -> ReformDataset:
     """Load a benchmark as an indexable dataset of unified samples.
 
     Its defaults are the command line's (``LOAD_DEFAULTS``: zero-shot, shuffled options marked (A)).
     Same arguments and seed give identical samples on every rank and every run. Use it with
     ``torch.utils.data.DataLoader(ds, collate_fn=list)`` (samples are dicts with PIL images).
+    ``image_ablation``: ``none``, ``blank``, ``noise`` or ``shuffle`` (``build_dataset``).
     """
     builder_options = caller_paths_absolute(get_builder_class(dataset_name), builder_options)
     samples, builder = build_dataset(dataset_name, formulation, dataset_config, inference_method,
                                      in_context_sample, random_instruct, data_duplication,
-                                     shuffle_options, option_mark, seed, subsample, **builder_options)
+                                     shuffle_options, option_mark, seed, subsample,
+                                     image_ablation=image_ablation, image_required=image_required,
+                                     **builder_options)
     return ReformDataset(samples, builder, preprocessor=preprocessor, lazy_images=lazy_images)

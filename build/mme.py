@@ -24,14 +24,15 @@ import io
 import logging
 import os
 import re
-import tempfile
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import configs
 from build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
 from utils.errors import ReformError, input_error
 from utils.images import check_image
 from utils.inputs import list_dir, read_bytes, read_text
+from utils.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,10 @@ class MMEBuilder(Builder):
     # -- sources --------------------------------------------------------------------------
     def _entries_from_release(self, root: str, subtasks: List[str]) -> Dict[str, List[Dict[str, Any]]]:
         if not os.path.isdir(root):
-            raise input_error("MME release folder not found", file=root, field="root")
+            raise input_error("MME release folder not found; set it with --dataset_option root=/path/to/"
+                              "MME_Benchmark_release_version (or `root:` in the dataset config), use the HF "
+                              "layout with --dataset_option parquet=/path/to/MME/data, or try the pipeline on "
+                              "placeholder images with bash commands/mme_llava.sh", file=root, field="root")
         return {s: scan_release_subtask(root, s) for s in subtasks}
 
     def _cache_dir(self, files: List[str]) -> str:
@@ -294,8 +298,7 @@ class MMEBuilder(Builder):
         for f in files:
             st = os.stat(f)
             h.update(f"{os.path.abspath(f)}|{st.st_size}|{st.st_mtime_ns}".encode())
-        base = os.environ.get("REFORM_CACHE") or os.path.join(tempfile.gettempdir(), "reform_eval")
-        return os.path.join(os.path.expanduser(base), "mme_images", h.hexdigest()[:16])
+        return os.path.join(cache_root(), "mme_images", h.hexdigest()[:16])
 
     def _entries_from_parquet(self, spec: Any, subtasks: List[str]) -> Dict[str, List[Dict[str, Any]]]:
         files = _parquet_files(spec, self.resolve_path)
@@ -421,6 +424,12 @@ class MMEBuilder(Builder):
 
 
 # -- placeholder release (tests, demos) --------------------------------------------------
+
+def shipped_questions() -> str:
+    """The official question lists shipped with the project (``configs/data/mme_questions``,
+    installed as package data): what placeholder releases, benches and tests are built from."""
+    return os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "data", "mme_questions")
+
 
 def read_question_lists(questions_dir: str) -> Dict[str, List[Tuple[int, str, str, str]]]:
     """The official question lists (``<subtask>.txt``: image<TAB>question<TAB>Yes|No) -> rows."""

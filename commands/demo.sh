@@ -10,7 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
 source "$ROOT/commands/_setup.sh"
 cd "$ROOT"
-export REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the tiny models go to the cache root every entry point uses ($REFORM_CACHE, else ~/.cache/reform_eval)
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-$ROOT/output/demo}"
 rm -rf "$OUT"
 COMMON=(--dataset_name iWISDM --dataset_config iwisdm_demo --formulation SingleChoice

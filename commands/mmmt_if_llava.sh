@@ -17,6 +17,14 @@ for a in "$@"; do  # a --model_name given on the command line decides the defaul
   prev="$a"
 done
 if [ "$MODEL_NAME" = tiny ]; then DEFAULT_TOKENS=16; else DEFAULT_TOKENS=256; fi
+if [ ! -f data/mmdu/benchmark.json ] && ! printf '%s\n' "$@" | grep -qE '^--dataset_config|^mmdu_json='; then
+  echo "error: $PWD/data/mmdu/benchmark.json: MMDU benchmark file not found (configs/datasets/mmmt_if.yaml)" >&2
+  echo "  quick run without MMDU (the release's questions, no images):" >&2
+  echo "    bash commands/mmmt_if_llava.sh --dataset_config configs/datasets/mmmt_if_release_only.yaml --dataset_subsample 3" >&2
+  echo "  your MMDU copy: bash commands/mmmt_if_llava.sh --dataset_option mmdu_json=/path/to/benchmark.json \\" >&2
+  echo "    --dataset_option image_folder=/path/to/mmdu_pics" >&2
+  exit 2
+fi
 "${RUN[@]}" run_eval.py \
   --model llava --model_name "$MODEL_NAME" \
   --dataset_name MMMT-IF --dataset_config configs/datasets/mmmt_if.yaml \

@@ -8,7 +8,12 @@ Layers, lowest first (an import never goes up): ``utils`` -> ``build`` / ``model
 from evaluation.config import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,
                                ScoringConfig)
 from evaluation.engine import RunResult, ScoreResult, evaluate, score
-from evaluation.training import build_trained_llava  # registers the known-skill checkpoint's builder
+from models.tiny import SHIPPED_VERSIONS, register_tiny_builder
+
+# the known-skill checkpoint's trainer, registered by name: torch and transformers load only when
+# a shipped copy is unusable and it must be trained (evaluation.training registers the same)
+register_tiny_builder("llava", "evaluation.training:build_trained_llava", version=SHIPPED_VERSIONS["llava/trained"],
+                      size="trained")
 
 __all__ = ["RunConfig", "ModelConfig", "DatasetConfig", "GenerationConfig", "ScoringConfig", "OutputConfig",
            "evaluate", "score", "RunResult", "ScoreResult"]

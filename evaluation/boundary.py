@@ -1,9 +1,13 @@
 """The one exception boundary of both command lines.
 
 Whatever escapes the library ends here: a ``ReformError`` (bad input) prints its one line
-(exit 2); Ctrl-C / SIGTERM print what was saved and how to resume (exit 130); anything else is
-a bug: one line naming what was being done (``utils.errors.stage``), the traceback to log.txt
-(exit 1). Credentials are redacted from every line.
+(exit 2); Ctrl-C / SIGTERM print what was saved and how to resume (exit 130), also when the
+interrupt reached us as something else (torch's "DataLoader worker ... is killed by signal"
+when a scheduler signals the whole process group); a condition of the world (a full disk, a
+folder path through a regular file, a read-only folder, a worker killed for memory:
+``utils.world``) is one line naming the file, the setting and the way out (exit 2); anything
+else is a bug: one line naming what was being done (``utils.errors.stage``), the traceback to
+log.txt (exit 1). Credentials are redacted from every line.
 """
 from __future__ import annotations
 
@@ -14,11 +18,10 @@ import signal
 import sys
 import time
 import traceback
-from typing import Callable
-
-import torch.distributed as dist
+from typing import Any, Callable
 
 from evaluation.runinfo import log_file_handler
+from utils import world
 from utils.errors import ReformError, current_stage
 from utils.secrets import redact_text
 
@@ -26,36 +29,69 @@ logger = logging.getLogger("evaluation.boundary")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
+    world.note_signal(signum)  # an error that replaces the interrupt is still reported as the interrupt
     raise KeyboardInterrupt
+
+
+def _interrupted(e: BaseException, tool: str) -> int:
+    sig = world.interrupt_of(e) or "SIGINT"
+    how = "" if sig == "SIGINT" else f" ({sig})"
+    return report_error(ReformError(f"interrupted{how} while {current_stage(e)}; re-running the same command "
+                                    "resumes from the samples already saved"), tool, code=130)
 
 
 def run_cli(body: Callable[[], int], tool: str) -> int:
     """Run a command line's body inside the boundary; returns the exit status."""
     single = os.environ.get("WORLD_SIZE", "1") == "1"
+    world.reset()
+    previous = {}
     if single:  # under torchrun, SIGTERM is how the launcher stops the peers of a failed rank
         try:
-            signal.signal(signal.SIGTERM, _raise_interrupt)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                handler = signal.getsignal(sig)
+                if sig == signal.SIGTERM or handler is signal.default_int_handler:
+                    signal.signal(sig, _raise_interrupt)
+                    previous[sig] = handler  # (only what was set is put back)
         except ValueError:  # not the main thread (a library caller's worker): leave signals alone
             pass
+    try:
+        return _run(body, tool, single)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(body: Callable[[], int], tool: str, single: bool) -> int:
     try:
         return body()
     except ReformError as e:
         return report_error(e, tool)
     except KeyboardInterrupt as e:
-        return report_error(ReformError(f"interrupted while {current_stage(e)}; re-running the same command "
-                                        "resumes from the samples already saved"), tool, code=130)
+        return _interrupted(e, tool)
     except Exception as e:  # noqa: BLE001  (the boundary: everything unexpected ends here)
-        if not single and isinstance(e, (dist.DistError, RuntimeError)):
+        if world.interrupt_of(e) is not None:  # the interrupt, replaced by what it broke on its way
+            return _interrupted(e, tool)
+        condition = world.world_error(e)
+        if condition is not None:  # the world's condition, not our defect: one line, exit 2
+            _log_traceback(e, tool)
+            return report_error(condition, tool)
+        if not single and isinstance(e, RuntimeError):  # (torch's DistError is a RuntimeError)
             # another rank failed and printed its one-line error; this rank stops quietly
             logger.debug("stopped after a peer failed: %s", e)
             return 1
-        handler = log_file_handler()
-        detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        if handler is not None:
-            handler.emit(logging.LogRecord(tool, logging.ERROR, __file__, 0, redact_text(detail), None, None))
+        handler = _log_traceback(e, tool)
         where = f"; the traceback is in {handler.baseFilename}" if handler is not None else ""
         message = f"internal error while {current_stage(e)}: {type(e).__name__}: {e}{where}"
         return report_error(ReformError(message), tool, code=1, logged=True)
+
+
+def _log_traceback(e: BaseException, tool: str) -> Any:
+    """The traceback into log.txt (never the console); returns the log handler, if any."""
+    handler = log_file_handler()
+    if handler is not None:
+        detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        handler.emit(logging.LogRecord(tool, logging.ERROR, __file__, 0, redact_text(detail), None, None))
+    return handler
 
 
 def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False) -> int:

@@ -2,9 +2,10 @@
 
 Key: a hash of everything that decides one response: the model's identity (family, checkpoint
 and its files' fingerprint, or an API's served model id and endpoint; the output-changing
-options), the sample's fingerprint (every field: question, options, answer, history, meta, id),
-the rendered prompt, every image's pixel hash, the method and candidates, the generation
-settings, and the per-sample seed and response index. A changed image, prompt, sample,
+options), the sample's fingerprint (every field: question, options, answer, history, meta, id,
+and the CONTENT of every image: a file's bytes, never its path or modification time, so the
+same data in another folder or after a ``touch`` is served from the cache), the prompt, the
+method and candidates, the generation settings, and the per-sample seed and response index. A changed image, prompt, sample,
 checkpoint or setting is a different key, so a stale answer is never served (lmms-eval keys on
 the request string and can be; so would a prompt-only key here, for a baseline that answers
 from the sample's answer or candidates).
@@ -27,38 +28,28 @@ import socket
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
+from utils.paths import cache_root
+
 logger = logging.getLogger("evaluation.cache")
 
-#: the store's format; a new format never reads an old one's lines
-FORMAT = 1
+#: the store's format; a new format never reads an old one's lines (2: content-addressed images,
+#: values carry the call's trace)
+FORMAT = 2
 
 
 def default_cache_dir() -> str:
-    root = os.environ.get("REFORM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "reform_eval")
-    return os.path.join(root, "responses")
+    return os.path.join(cache_root(), "responses")
 
 
 def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def image_hash(image: Any) -> str:
-    """The pixels of a decoded image (mode, size and bytes): what the model sees."""
-    tobytes = getattr(image, "tobytes", None)
-    if tobytes is None:  # not decoded (a path): the file's bytes
-        with open(str(image), "rb") as f:
-            return "file:" + hashlib.blake2b(f.read(), digest_size=16).hexdigest()
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{getattr(image, 'mode', '')}:{getattr(image, 'size', '')}".encode())
-    h.update(tobytes())
-    return "pixels:" + h.hexdigest()
-
-
-def call_key(model_key: str, sample_digest: str, prompt: Any, images: List[Any], method: str,
-             candidates: Optional[List[str]], settings: Dict[str, Any], seed: Optional[int], index: int) -> str:
-    """The key of one model call (see the module docstring)."""
+def call_key(model_key: str, sample_digest: str, prompt: Any, method: str, candidates: Optional[List[str]],
+             settings: Dict[str, Any], seed: Optional[int], index: int) -> str:
+    """The key of one model call (see the module docstring). The images are in it through the
+    sample's digest, which holds each image's content hash (``utils.fingerprint``)."""
     body = {"f": FORMAT, "model": model_key, "sample": sample_digest, "prompt": prompt,
-            "images": [image_hash(im) for im in images],
             "method": method, "candidates": candidates, "settings": settings, "seed": seed, "index": index}
     return hashlib.sha256(_canonical(body).encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -94,6 +85,9 @@ class ResponseCache:
         self.misses = 0
         self.skipped_lines = 0
         self._fd: Optional[int] = None
+        self._path = ""
+        #: the store's write error (a full disk), raised by ``raise_failure`` after the shard write
+        self.failure: Optional[OSError] = None
         self._load()
 
     def _load(self) -> None:
@@ -126,21 +120,45 @@ class ResponseCache:
         """Append entries as whole lines in one write (O_APPEND), then flush them to the file."""
         if not items:
             return
-        if self._fd is None:
-            os.makedirs(self.directory, exist_ok=True)
-            name = f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
-            self._fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        data = b"".join(_line(k, v) for k, v in items)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
         for k, v in items:
             self.entries[k] = v
+        if self.failure is not None:
+            return
+        path = self.directory
+        try:
+            if self._fd is None:
+                os.makedirs(self.directory, exist_ok=True)
+                path = os.path.join(self.directory, f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl")
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._path = path
+            path = self._path
+            start = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(b"".join(_line(k, v) for k, v in items))
+            try:
+                while view:
+                    n = os.write(self._fd, view)
+                    view = view[n:]
+            except OSError:
+                try:
+                    os.ftruncate(self._fd, start)  # our own segment: no torn line stays behind
+                except OSError:
+                    pass
+                raise
+        except OSError as e:  # a full disk: the batch's answers are saved first (``raise_failure``)
+            self.failure = OSError(e.errno, e.strerror, path)
+
+    def raise_failure(self) -> None:
+        """Raise the write error of the store (a full disk), once the caller has saved what the
+        failed write held elsewhere (the run's shard): the answers are never lost with the cache."""
+        if self.failure is not None:
+            raise self.failure
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
             self._fd = None
 
     def stats(self) -> Dict[str, int]:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import build  # noqa: F401  (registers the builders)
 import yaml
-from build import LOAD_DEFAULTS
+from build import IMAGE_ABLATIONS, LOAD_DEFAULTS
 from build.registry import BUILDERS, caller_paths_absolute, get_builder_class, shipped_configs
 from metrics import check_metric_options, metric_for
 from models import available_models, check_model_options, check_run_flags
@@ -34,7 +34,9 @@ from utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
 from evaluation.cache import default_cache_dir
 from evaluation.trackers import BACKENDS as TRACKERS
 from evaluation.trackers import check_installed as check_tracker_installed
+from evaluation.trackers import check_store as check_tracker_store
 from utils.secrets import REDACTED, Secret, secret_options
+from utils.world import name_setting, probe_folder
 
 #: model options that decide where and how fast a model runs, never what it outputs: left out of
 #: the run identity, so moving a run to other devices (or a faster endpoint) resumes it
@@ -74,6 +76,7 @@ class DatasetConfig:
     skip_corrupt: bool = False
     save_images: bool = False
     context_policy: str = "error"
+    image_ablation: Optional[str] = None       # none | blank | noise | shuffle (build.ablation)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,8 @@ class RunConfig:
             dataset=DatasetConfig(a.dataset_name, a.formulation, a.dataset_config, dataset_options,
                                   a.dataset_duplication, a.in_context_sample, a.random_instruct, a.shuffle_options,
                                   a.option_mark, a.dataset_subsample, a.history, a.instructions_at_end,
-                                  a.skip_corrupt, a.save_images, a.context_policy),
+                                  a.skip_corrupt, a.save_images, a.context_policy,
+                                  image_ablation=a.image_ablation),
             generation=GenerationConfig(a.infer_method, a.per_gpu_eval_batch_size, a.num_workers, a.temperature,
                                         a.max_new_tokens, a.num_samples, a.seed),
             scoring=ScoringConfig(a.do_eval, a.eval_stability, a.likelihood_reduction, metric_options,
@@ -192,6 +196,8 @@ class RunConfig:
         _choice("--option_mark", d.option_mark, OPTION_MARKS)
         _choice("--history", d.history, HISTORY_MODES)
         _choice("--context_policy", d.context_policy, CONTEXT_POLICIES)
+        if d.image_ablation is not None:
+            _choice("--image_ablation", d.image_ablation, IMAGE_ABLATIONS)
         _choice("--likelihood_reduction", s.likelihood_reduction, REDUCTIONS)
         for flag, value in (("--dataset_duplication", d.duplication), ("--per_gpu_eval_batch_size", g.batch_size),
                             ("--num_samples", g.num_samples), ("--dataset_subsample", d.subsample),
@@ -232,7 +238,7 @@ class RunConfig:
         check_run_flags(m.family, {"model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
                                    "inference_method": g.infer_method})
         if self.output.use_cache:
-            check_writable_dir(self.output.cache_dir, "--cache_dir")
+            check_writable_dir(self.output.cache_dir, cache_setting(self.output.cache_dir))
         gpus = m.options.get("gpus_per_rank", 1)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise ReformError(f"--model_option gpus_per_rank: must be a whole number >= 1, got {gpus!r}")
@@ -244,6 +250,11 @@ class RunConfig:
             if not s.do_eval:
                 raise ReformError("--log_to needs --do_eval (a tracker logs the scored results)")
             check_tracker_installed(s.log_to)
+        name_setting("--output_dir", self.output.output_dir)
+        if self.output.use_cache:  # last: the pure checks above leave nothing behind when they fail
+            probe_folder(self.output.cache_dir, cache_setting(self.output.cache_dir))
+        if s.log_to is not None and os.environ.get("RANK", "0") == "0":  # rank 0 logs: it alone opens the store
+            check_tracker_store(s.log_to)  # the tracker's store, opened as logging will open it, before any work
         return dataclasses.replace(self, model=m, dataset=d, scoring=s)
 
     # -- views -------------------------------------------------------------------------------
@@ -269,7 +280,7 @@ class RunConfig:
             "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
             "dataset_subsample": d.subsample, "history": d.history, "instructions_at_end": d.instructions_at_end,
             "skip_corrupt": d.skip_corrupt, "save_images": d.save_images, "context_policy": d.context_policy,
-            "infer_method": g.infer_method, "per_gpu_eval_batch_size": g.batch_size, "num_workers": g.num_workers,
+            "image_ablation": d.image_ablation, "infer_method": g.infer_method, "per_gpu_eval_batch_size": g.batch_size, "num_workers": g.num_workers,
             "temperature": g.temperature, "max_new_tokens": g.max_new_tokens, "num_samples": g.num_samples,
             "seed": g.seed, "output_dir": o.output_dir, "overwrite": o.overwrite, "do_eval": sc.do_eval,
             "eval_stability": sc.eval_stability, "likelihood_reduction": sc.likelihood_reduction,
@@ -343,6 +354,12 @@ def _whole(flag: str, value: Any, minimum: int) -> None:
         raise ReformError(f"{flag} must be a whole number >= {minimum}, got {value}")
 
 
+def cache_setting(path: str) -> str:
+    """The setting that chose the response cache folder: ``REFORM_CACHE`` for its default, else
+    ``--cache_dir``."""
+    return "REFORM_CACHE" if os.environ.get("REFORM_CACHE") and path == default_cache_dir() else "--cache_dir"
+
+
 def check_writable_dir(path: str, flag: str) -> None:
     """A directory flag that will be written later: refuse a file there, or an unwritable parent."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -380,6 +397,7 @@ def to_argv(cfg: RunConfig) -> List[str]:
                                  ("--dataset_duplication", d.duplication, 1), ("--option_mark", d.option_mark, "upper"),
                                  ("--dataset_subsample", d.subsample, None), ("--history", d.history, "model"),
                                  ("--context_policy", d.context_policy, "error"),
+                                 ("--image_ablation", d.image_ablation, None),
                                  ("--infer_method", g.infer_method, "generation"),
                                  ("--per_gpu_eval_batch_size", g.batch_size, 1), ("--num_workers", g.num_workers, 0),
                                  ("--temperature", g.temperature, 0.0), ("--max_new_tokens", g.max_new_tokens, None),
@@ -530,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context_policy", default="error", choices=list(CONTEXT_POLICIES),
                    help="a prompt longer than the model context: fail naming the sample, drop the oldest "
                         "turns (images and instructions kept), or skip the sample (counted in results)")
+    g.add_argument("--image_ablation", default=None, choices=list(IMAGE_ABLATIONS),
+                   help="what the image adds: remove the images and their placeholders (none), replace each by a "
+                        "black (blank) or seeded noise image of its size, or by another sample's image (shuffle, "
+                        "seeded by --seed); part of the run identity; a model that needs an image gets the blank "
+                        "for none (default: images as given)")
     g = p.add_argument_group("inference")
     g.add_argument("--infer_method", default="generation", choices=list(INFER_METHODS),
                    help="generation (parse the text) or likelihood (score the candidates)")

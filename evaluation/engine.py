@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from evaluation.config import RunConfig, check_writable_dir
 from evaluation.execute import run_rank
-from evaluation.merge import SHARD_FIX, check_existing, merge_shards, record_checker, remove_prediction_and_results
+from evaluation.merge import (SHARD_FIX, check_existing, finish_merge, merge_shards, record_checker,
+                              remove_prediction_and_results)
 from evaluation.plan import Key, RunPlan, make_plan, read_dataset_config
 from evaluation.reporting.report import write_run_report
-from evaluation.reporting.scoring import (append_run_index, check_export, evaluate_files, export_results,
+from evaluation.reporting.scoring import (RUN_INDEX, check_export, evaluate_files, export_results, index_entry,
                                           results_paths, run_eval_tag, run_name, score_records)
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
 from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
 from evaluation.trackers import log_run
-from utils.commit import Commit, clean_stale_temps
+from utils.commit import Commit, clean_stale_temps, discard
 from utils.usage import usage_totals
 from utils.predictions import ensure_writable_dir, remove_stale_temps
 from utils.report import scalar_table
@@ -143,7 +143,7 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
             if isinstance(path, str) and path.endswith((".json", ".md")):
                 remove_stale_temps(path)
         if cfg.output.overwrite:  # the discarded predictions take their results and report with them
-            shutil.rmtree(plan.shard_dir, ignore_errors=True)
+            discard(plan.shard_dir)
             remove_prediction_and_results(pred_file, cfg.output.output_dir)
     barrier(dinfo)
     prior: Dict[Any, Dict[str, Any]] = {}
@@ -155,6 +155,7 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
     if complete:
         records = [prior[plan.key(s)] for s in plan.samples]
         if dinfo.is_main:
+            finish_merge(plan)  # a kill between the merge's two writes left the shards behind
             logger.info("%s holds every sample's prediction for this run identity: reused "
                         "(pass --overwrite to run again)", pred_file)
     else:
@@ -181,6 +182,10 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
         if dinfo.is_main:
             logger.info("wrote %d records to %s", len(records), pred_file)
     plan.timing["total_s"] = time.perf_counter() - t_start
+    # the samples are done with: the records hold what scoring needs, and the two are never
+    # kept together (at 50,000 samples each is about 150 MB; issue 24, flat memory)
+    plan.release_samples()
+    prior = {}
     result = RunResult(prediction_file=pred_file, run_id=plan.run_id, reused=complete, num_records=len(records))
     if dinfo.is_main:
         with stage("scoring and writing the report"):
@@ -205,6 +210,12 @@ def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:
              "prediction_file": os.path.abspath(plan.prediction_file), "build_log": list(plan.builder.build_log),
              "build_info": dict(getattr(plan.builder, "build_info", {}) or {}),
              "timing": plan.timing, "world_size": dinfo.world_size, **environment_info()}
+    if plan.provenance:
+        extra["provenance"] = plan.provenance
+    if plan.checkpoint_source:  # a hub id: the snapshot (commit) the run's identity fingerprinted
+        extra["checkpoint_source"] = plan.checkpoint_source
+        if "provenance" in extra:
+            extra["provenance"] = {**extra["provenance"], "checkpoint_source": plan.checkpoint_source}
     if plan.cache_stats:
         extra["response_cache"] = dict(plan.cache_stats, directory=cfg.output.cache_dir)
     tokens, seconds = plan.timing.get("generated_tokens"), plan.timing.get("generation_s")
@@ -247,7 +258,7 @@ def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo:
             paths = results_paths(plan.prediction_file, cfg.output.output_dir)
             if not (complete and os.path.exists(paths["run"])):
                 commit.write_json(paths["run"], extra, last=True)
-            commit.on_commit(lambda: append_run_index(cfg.output.output_dir, {
+            commit.append_line(os.path.join(cfg.output.output_dir, RUN_INDEX), index_entry({
                 "tool": "run_eval", "prediction_file": os.path.abspath(plan.prediction_file),
                 "run_info": paths["run"], "run_id": plan.run_id}))
             result.run_info = paths["run"]

@@ -1,14 +1,20 @@
 """Merge and reuse: every record, from a shard line or an existing prediction file, is checked
-against the current samples by one checker before it counts as done."""
+against the current samples by one checker before it counts as done.
+
+The merge is two writes: the prediction file (atomic), then the shards' removal (one rename,
+then the removal of the renamed folder). A kill between them leaves a complete prediction file
+beside its shards; the next start sees the file complete and finishes the merge
+(``finish_merge``). ``--overwrite`` discards shards, results, then the prediction file, so a
+kill part-way leaves an older consistent state, never results without their predictions."""
 from __future__ import annotations
 
 import glob
 import os
-import shutil
 from typing import Any, Callable, Dict, List, Tuple
 
 from evaluation.plan import Key, RunPlan
 from evaluation.reporting.scoring import results_paths
+from utils.commit import discard
 from utils.errors import ReformError
 from utils.predictions import read_predictions, read_shard_dir, record_key, write_json_atomic
 
@@ -72,16 +78,22 @@ def merge_shards(plan: RunPlan, prior: Dict[Key, Dict[str, Any]]) -> List[Dict[s
                           f"(first: {missing[0]}); re-run the same command to complete them")
     records = [done[plan.key(s)] for s in plan.samples]
     write_json_atomic(plan.prediction_file, records)
-    shutil.rmtree(plan.shard_dir, ignore_errors=True)
+    finish_merge(plan)
     return records
+
+
+def finish_merge(plan: RunPlan) -> None:
+    """The merge's second write: the shards of a complete prediction file removed (in one rename;
+    also at the next start, when a kill came between the two writes)."""
+    if os.path.lexists(plan.shard_dir):
+        discard(plan.shard_dir)
 
 
 def remove_prediction_and_results(pred_file: str, output_dir: str) -> None:
     """``--overwrite``: the prediction file and every results file and report named after it."""
     stem = results_paths(pred_file, output_dir)["stem"]
-    victims = [pred_file] + glob.glob(os.path.join(glob.escape(output_dir), glob.escape(stem) + ".*"))
-    for path in victims:
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif os.path.exists(path) and not os.path.basename(path).startswith(".lock-"):
-            os.unlink(path)
+    derived = glob.glob(os.path.join(glob.escape(output_dir), glob.escape(stem) + ".*"))
+    # derived files first, the prediction file last: a kill part-way never leaves results without it
+    for path in sorted(set(derived) - {os.path.join(output_dir, os.path.basename(pred_file)), pred_file}) + [pred_file]:
+        if not os.path.basename(path).startswith(".lock-"):
+            discard(path)

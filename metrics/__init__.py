@@ -23,7 +23,8 @@ BENCHMARK_METRICS: Dict[str, Dict[str, str]] = {}
 #: generic metric per formulation when a benchmark registers none
 DEFAULT_METRICS = {"SingleChoice": "single_choice", "Generation": "exact_match"}
 
-METRIC_MODULES = ("metrics.single_choice", "metrics.iwisdm", "metrics.mme", "metrics.pif")
+METRIC_MODULES = ("metrics.single_choice", "metrics.iwisdm", "metrics.mme", "metrics.pif",
+                  "metrics.mme_lmms_eval", "metrics.mme_vlmevalkit")  # the last two: other harnesses' MME files
 
 
 def register_metric(name: str, benchmarks: Optional[Dict[str, List[str]]] = None):
@@ -172,11 +173,13 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
         raise ReformError(f"prediction records mix benchmarks {benchmarks}; score them separately")
     name = metric or metric_for(benchmarks[0] if benchmarks else None, formulation)
     check_metric_options(name, {k: v for k, v in options.items() if k not in STANDARD_ARGS})
+    originals = records
     if options.pop("strip_reasoning", False):
         records = strip_reasoning_records(records)
     result = get_metric(name)(records, formulation=formulation, infer_method=infer_method,
                               eval_stability=eval_stability, likelihood_reduction=likelihood_reduction,
                               **options)
+    keep_responses_whole(result.get("per_sample") or [], originals)
     result.setdefault("tables", {})
     result["metric"] = name
     if skipped:
@@ -185,6 +188,24 @@ def evaluate(records: List[Dict[str, Any]], formulation: str, infer_method: str,
         result["tables"]["Skipped samples (excluded from every metric)"] = markdown_table(
             ["reason", "samples"], sorted(skipped.items()) + [("total", n)])
     return result
+
+
+def keep_responses_whole(per_sample: List[Dict[str, Any]], records: Sequence[Dict[str, Any]]) -> None:
+    """Every response whole in the per-sample verdicts, whatever the metric read: ``prediction`` is
+    the text scored; where that is less than the model wrote (``--strip_reasoning``, a reasoning
+    block cut off with the answer) the entry adds ``raw_prediction``, the record's whole text;
+    with several responses per sample, ``predictions`` (each whole, as the record holds them)."""
+    by_key = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in records}
+    for p in per_sample:
+        rec = by_key.get((str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)))
+        if rec is None:
+            continue
+        raw = rec.get("prediction")
+        if isinstance(raw, str) and p.get("prediction") != raw:
+            p["raw_prediction"] = raw
+        many = rec.get("predictions")
+        if isinstance(many, list) and len(many) > 1 and "predictions" not in p:
+            p["predictions"] = list(many)
 
 
 def split_skipped(records: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:

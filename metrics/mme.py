@@ -17,6 +17,7 @@ over every (image, dup) pair, i.e. the mean of the per-duplicate figures.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -24,8 +25,8 @@ import re
 from collections import OrderedDict, defaultdict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, canonical_subtask, category_of,
-                       normalize_gt)
+from build.mme import (COGNITION, LMMS_EVAL_SUFFIX, OFFICIAL_COUNTS, OFFICIAL_SUFFIX, PERCEPTION, SUBTASKS,
+                       canonical_subtask, category_of, normalize_gt)
 from metrics import ReportSpec, coverage_note, register_metric, register_option_choices, register_report
 from metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
@@ -82,6 +83,54 @@ def get_parser(rule: str) -> Callable[[str], str]:
     if rule not in PARSERS:
         raise ReformError(f"unknown MME parse rule '{rule}'; valid names: {', '.join(PARSE_RULES)}")
     return PARSERS[rule]
+
+
+# -- item identity across harnesses ----------------------------------------------------------
+
+#: what harnesses append to MME's question (lmms-eval's ``post_prompt`` variants); removed before
+#: matching, so a row asked with another suffix is still the same item
+TOOL_SUFFIXES = (LMMS_EVAL_SUFFIX, "\nAnswer the question with Yes or No.", " Answer this question briefly", " Answer:")
+_OFFICIAL_TAIL = re.compile(r"\s*please answer yes or no\.?\s*$", re.IGNORECASE)
+
+
+def question_key(question: str) -> str:
+    """The question as an identity: without the official request (" Please answer yes or no.",
+    removed anywhere, as lmms-eval does) or a harness's suffix, whitespace runs made one space.
+
+    Why not lower-case or strip punctuation: MME's two questions of an image can differ in one
+    word only, and nothing a harness does changes case or punctuation inside the question."""
+    text = str(question).replace(OFFICIAL_SUFFIX, " ").strip()
+    changed = True
+    while changed:  # a suffix may follow another ("... Please answer yes or no. Answer:")
+        changed = False
+        for suffix in TOOL_SUFFIXES:
+            if text.endswith(suffix):
+                text, changed = text[: -len(suffix)].rstrip(), True
+        stripped = _OFFICIAL_TAIL.sub("", text)
+        if stripped != text:
+            text, changed = stripped, True
+    return " ".join(text.split())
+
+
+def item_key(subtask: str, image: str, question: str) -> str:
+    """The pairing key of one MME question in any harness's output: subtask, image file name and
+    ``question_key``. Our records and other harnesses' rows both have it (``item_sha`` cannot be
+    shared: it hashes our whole sample), so compare pairs them on it."""
+    blob = "\0".join((str(subtask), os.path.basename(str(image).strip()), question_key(question)))
+    return "mme:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def record_item_key(rec: Dict[str, Any], subtask: str, image: str) -> str:
+    """``item_key`` of a record: from its official question (our records), else its question."""
+    meta = rec.get("meta") or {}
+    return item_key(subtask, image, meta.get("official_question") or rec.get("question") or "")
+
+
+def records_parse_rule(records: List[Dict[str, Any]]) -> Optional[str]:
+    """The answer rule the records' own harness scored them with (``mme_parse`` on every record
+    of another harness's log), or None: such a log is scored by default as its tool scored it."""
+    rules = {r.get("mme_parse") for r in records}
+    return rules.pop() if len(rules) == 1 and None not in rules else None
 
 
 # -- per-record verdicts -------------------------------------------------------------------
@@ -146,6 +195,7 @@ def parse_records(records: List[Dict[str, Any]], formulation: str, infer_method:
             extracted = parsed
         meta = rec.get("meta") or {}
         out.append({**record_fields(rec, cluster=f"{sub}/{image}"), "extracted": extracted,
+                    "item_key": rec.get("item_key") or record_item_key(rec, sub, image),
                     "subtask": sub, "category": category_of(sub), "image": image,
                     "question_index": meta.get("question_index"), "gt": gt, "parsed": parsed,
                     "correct": parsed == gt})
@@ -248,7 +298,7 @@ def mme_metric(records: List[Dict[str, Any]], formulation: str = "Generation", i
                mme_parse: Optional[str] = None, **_: Any) -> Dict[str, Any]:
     """MME scores: metrics.subtasks.<s>.{acc, acc_plus, score, TP, FN, TN, FP, precision, recall,
     other_num}, perception_score, cognition_score and the parse rule used."""
-    rule = mme_parse or "official"
+    rule = mme_parse or records_parse_rule(records) or "official"
     get_parser(rule)
     if eval_stability:
         check_stability(records, file)
@@ -353,6 +403,49 @@ def read_official_results(results_dir: str) -> List[Dict[str, Any]]:
                              "gt": gt, "source_file": path, "source_line": no},
                 })
     return records
+
+
+def foreign_record(harness: str, subtask: str, image: str, question: str, gt: str, prediction: str,
+                   file: str, row: Any, model: Optional[str] = None, parse_rule: Optional[str] = None,
+                   trace: Optional[Dict[str, Any]] = None, meta: Optional[Dict[str, Any]] = None,
+                   key_question: Optional[str] = None) -> Dict[str, Any]:
+    """One row of another harness's MME output as a prediction record of ours.
+
+    The row is identified by what it asked (``item_key``: subtask, image file name, question),
+    never by its position; its sample id is ``<subtask>/<image>/<key>``, and ``item_key`` pairs it
+    with our records of the same question in compare. ``mme_parse`` is the answer rule the
+    harness itself scored with (the default when scoring it). ``key_question``: the question
+    without what the harness added around it, where the reader knows that (else ``question``)."""
+    key = item_key(subtask, image, question if key_question is None else key_question)
+    rec: Dict[str, Any] = {
+        "sample_id": f"{subtask}/{image}/{key[4:12]}", "dup_index": 0, "benchmark": "MME",
+        "formulation": "Generation", "inference_method": "generation", "instruct": "", "question": question,
+        "answer": gt, "prediction": prediction, "history": [], "candidates": ["Yes", "No"],
+        "answer_index": 0 if gt == "Yes" else 1, "item_key": key,
+        "meta": {"subtask": subtask, "category": category_of(subtask), "image": image, "image_key": [subtask, image],
+                 "question_index": None, "official_question": question if key_question is None else key_question,
+                 "gt": gt, "harness": harness,
+                 "source_file": file, "source_row": row, **(meta or {})}}
+    if model:
+        rec["model"] = model
+    if parse_rule:
+        rec["mme_parse"] = parse_rule
+    if trace is not None:
+        rec["trace"] = trace
+    return rec
+
+
+def check_unique_items(records: List[Dict[str, Any]], file: str, unit: str = "line") -> None:
+    """Refuse a harness output that asks one question of one image twice (naming both rows):
+    two answers for one item cannot both be scored."""
+    seen: Dict[str, Any] = {}
+    for r in records:
+        key, row = r["item_key"], r["meta"]["source_row"]
+        if key in seen:
+            raise input_error(f"asks the same question of the same image as {unit} {seen[key]} "
+                              f"({r['meta']['subtask']}/{r['meta']['image']}: {question_key(r['question'])!r})",
+                              file=file, record=f"{unit} {row}")
+        seen[key] = row
 
 
 def official_response(rec: Dict[str, Any], verdict: Dict[str, Any]) -> str:

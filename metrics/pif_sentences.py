@@ -24,7 +24,7 @@ from metrics.pif_lines import (CLOSERS, END_CHARS, HAS_ALNUM_RE, MARKER_ONLY_RE,
 #: titles that stand before a name: never end a sentence ("Mr. Smith", "Dr. Lee")
 TITLES = frozenset("mr mrs ms messrs dr prof gen col lt sgt capt rev hon mt".split())
 #: abbreviations read inside a sentence, before what they introduce: never end one
-NEVER_END = frozenset("e.g i.e cf vs viz approx ca".split())
+NEVER_END = frozenset("e.g i.e cf vs viz approx ca a.k.a".split())
 #: abbreviations before a number ("No. 5", "p. 55", "N°. 1026"): no end before a digit
 NUMBER_ABBREVIATIONS = frozenset("no nos n° nº vol vols p pp fig figs ch para".split())
 #: abbreviations that may end a sentence: they end one before a capitalised word
@@ -38,9 +38,24 @@ UNITS = frozenset("ft in yd yds mi lb lbs oz gal qt pt sq cu hr hrs min mins sec
 #: end mark belong to the sentence it ends ("Done!\U0001F600 Next."), as closing quotes do
 EMOJI = "\u2600-\u27bf\ufe0f\u200d\U0001f000-\U0001faff"
 ABBREVIATIONS = TITLES | NEVER_END | NUMBER_ABBREVIATIONS | MAYBE_END | UNITS | {"st"}
-#: time abbreviations ("5 p.m."): end before a capitalised word, except after an opening
-#: time phrase ("At 5 a.m. Mr. Smith went")
-TIMES = frozenset("a.m p.m".split())
+#: time and era abbreviations after a number ("5 p.m.", "500 B.C."): end before a capitalised
+#: word, except after an opening time phrase ("At 5 a.m. Mr. Smith went", "In 79 A.D. Pompeii")
+TIMES = frozenset("a.m p.m b.c a.d b.c.e c.e".split())
+#: words before an initialism that make it the name of a place, body or degree ("the U.K.",
+#: "her Ph.D.", "Washington, D.C." after a comma), never a person's initials ("by J. K. Rowling")
+DETERMINERS = frozenset("the a an his her their our my its your this that".split())
+#: capitalised words that continue such a name after its initialism ("the U.S. Government",
+#: "the U.K. Parliament archive", "the U.N. Security Council"); any other capitalised word
+#: after "the U.K." opens a new sentence ("She moved to the U.K. Mary stayed.")
+NAME_CONTINUATIONS = frozenset("""government navy army air marine marines senate congress parliament court
+supreme department embassy consulate constitution open postal census president vice prime
+secretary minister ministry treasury dollar dollars pound coast guard office home council security
+general assembly ambassador border capitol federal national state highway route interstate attorney
+bureau agency forest service space olympic team cup championship championships mint patent bank
+house commission armed forces naval military intelligence customs immigration geological survey
+virgin civil declaration pacific atlantic central command fleet midwest east west north south
+representative representatives senator governor mail election elections economy market markets
+program programme thesis dissertation student students candidate degree""".split())
 #: words that open sentences: after an initial or initialism ("in the U.S. It rained") a
 #: capitalised word from this list starts a new sentence; any other ("the U.S. Navy") does not
 SENTENCE_STARTERS = frozenset("""a an the this that these those it its he she they we i you there here
@@ -56,7 +71,8 @@ together unfortunately fortunately clearly""".split())
 
 _OPENERS = "(\"'“‘[*_`«"
 _SUPERSCRIPTS = "¹²³⁰⁴⁵⁶⁷⁸⁹"
-_TIME_OPENER_RE = re.compile(r"(?i)\s*(?:at|by|before|after|until|from|since|around|about)\s+\d{1,2}(?::\d\d)?\s*[ap]\.m")
+_TIME_OPENER_RE = re.compile(r"(?i)\s*(?:at|by|before|after|until|from|since|around|about|in)\s+\d{1,4}"
+                             r"(?::\d\d)?\s*(?:[ap]\.m|b\.c\.e|b\.c|a\.d|c\.e)")
 _INITIALISM_RE = re.compile(r"(?:[a-z]{1,2}\.)+[a-z]{1,2}")
 
 # ---------------------------------------------------------------------------------------
@@ -161,7 +177,7 @@ def _ends(text: str, mark: str, closed: str, p: int, q: int, lo: int, sent_start
         return upper
     if token == "st":  # "Main St. It is", but "the church of St. Michael"
         return upper and (prev[:1].isupper() or prev[:1].isdigit())
-    if token in TIMES:  # "at 6 p.m. Mr. Smith left", but "At 5 a.m. Mr. Smith went"
+    if token in TIMES and (token[-1] == "m" or prev[:1].isdigit()):  # "at 6 p.m. Mr. Smith left", but "At 5 a.m. Mr. Smith went"
         return upper and _TIME_OPENER_RE.fullmatch(text, sent_start, p) is None
     if len(token) == 1 and token.isalpha():
         if not upper:
@@ -172,7 +188,16 @@ def _ends(text: str, mark: str, closed: str, p: int, q: int, lo: int, sent_start
         # Smith", "J. K. Rowling", "A. Smith" opening a sentence) does not
         return prev[:1].islower() or prev[:1].isdigit()
     if _INITIALISM_RE.fullmatch(token):
-        return upper and _next_word(text, q).lower() in SENTENCE_STARTERS
+        if not upper:
+            return False
+        word = _next_word(text, q).lower()
+        if word in SENTENCE_STARTERS:
+            return True
+        # the name of a place, body or degree ("the U.K.", "a Ph.D.", "Washington, D.C.") ends
+        # before a capitalised word that does not continue it ("the U.K. Mary stayed" is two,
+        # "the U.K. Parliament" one); a person's initials ("by J.K. Rowling") never end there
+        named = prev.lower() in DETERMINERS or prev.endswith(",")
+        return named and word not in NAME_CONTINUATIONS
     return True
 
 

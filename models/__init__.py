@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
+import re
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import models.interfaces as interfaces_package
-from models.hf_loading import builtin_checkpoint
+from models.hub_cache import HubSnapshot, hub_snapshot
+from models.tiny import builtin_checkpoint
 from utils.errors import ReformError, unknown_name
 from utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 
-#: every ``models/interfaces/*_interface.py`` is imported at first use, so adding a family
-#: is one new file with a ``@register_model`` line.
+#: adding a family is one new ``models/interfaces/<x>_interface.py`` with a ``@register_model``
+#: line. A family's module is imported when that family is first asked for, never the others:
+#: the Hugging Face families import torch and transformers, which a baseline or an API run
+#: must not pay for (issue 24: every start loaded the whole stack). The names each module
+#: registers are read from its source text, so listing and validating names imports nothing.
+_REGISTER = re.compile(r"""^@register_model\(\s*["']([^"']+)["']\s*\)""", re.M)
+_sources: Optional[Dict[str, str]] = None
 
 _loaded = False
 
@@ -41,19 +47,43 @@ def register_model(name: str):
     return deco
 
 
-def _load_all() -> None:
+def _family_modules() -> Dict[str, str]:
+    """Registered name -> the interface module that registers it (from the modules' text)."""
+    global _sources
+    if _sources is None:
+        found: Dict[str, str] = {}
+        for directory in interfaces_package.__path__:
+            for fname in sorted(os.listdir(directory)):
+                if fname.endswith("_interface.py") and fname != "base_interface.py":
+                    with open(os.path.join(directory, fname), encoding="utf-8") as f:
+                        for name in _REGISTER.findall(f.read()):
+                            found.setdefault(name, f"models.interfaces.{fname[:-3]}")
+        _sources = found
+    return _sources
+
+
+def _load(name: str) -> None:
+    """Import the module that registers family ``name`` (unknown names are left to the caller)."""
+    if name not in MODELS and name in _family_modules():
+        importlib.import_module(_family_modules()[name])
+
+
+def load_all() -> None:
+    """Import every family's module (tools that walk the whole zoo: tests, ``--model vllm``
+    finding the family that renders a checkpoint's prompts)."""
     global _loaded
     if _loaded:
         return
-    for info in sorted(pkgutil.iter_modules(interfaces_package.__path__), key=lambda m: m.name):
-        if info.name.endswith("_interface") and info.name != "base_interface":
-            importlib.import_module(f"models.interfaces.{info.name}")
+    for module in sorted(set(_family_modules().values())):
+        importlib.import_module(module)
     _loaded = True
 
 
+_load_all = load_all  # (the name the tests use)
+
+
 def available_models() -> list:
-    _load_all()
-    return sorted(MODELS)
+    return sorted(set(MODELS) | set(_family_modules()))
 
 
 #: config keys run_eval itself sets (never ``--model_option`` keys), each with how a user sets
@@ -73,9 +103,9 @@ RUN_CONFIG_KEYS: Dict[str, str] = {
 
 def model_option_names(name: str) -> Tuple[str, ...]:
     """Every ``--model_option`` key the family ``name`` reads (collected over its class hierarchy)."""
-    _load_all()
+    _load(name)
     if name not in MODELS:
-        raise unknown_name("model", name, MODELS)
+        raise unknown_name("model", name, available_models())
     names: set = set()
     for cls in getattr(MODELS[name], "__mro__", ()):
         names.update(getattr(cls, "option_names", ()) if "option_names" in vars(cls) else ())
@@ -132,7 +162,7 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
 def identity_env(name: str) -> Dict[str, Optional[str]]:
     """Values of the environment variables that decide the outputs of family ``name`` (an API's
     model id and endpoint), for the run identity."""
-    _load_all()
+    _load(name)
     names = getattr(MODELS.get(name), "identity_env", ()) or ()
     out: Dict[str, Optional[str]] = {}
     for n in names:
@@ -146,11 +176,30 @@ def builtin_checkpoint_dir(name: str, model_name: Optional[str], options: Dict[s
     """The directory a built-in checkpoint name (``tiny``, ``tiny-trained``) stands for with
     model ``name`` (built or trained on first use), or None for any other name or a family
     without such checkpoints (the run identity fingerprints it: evaluation.plan)."""
-    _load_all()
+    _load(name)
     family = getattr(MODELS.get(name), "family", None)
     if not family:
         return None
     return builtin_checkpoint(family, model_name, options)
+
+
+def needs_image(name: str) -> bool:
+    """Whether family ``name`` cannot run without an image (``--image_ablation none`` then
+    gives it a blank image: ``build.ablation``)."""
+    _load(name)
+    if name not in MODELS:
+        raise unknown_name("model", name, available_models())
+    return bool(getattr(MODELS[name], "needs_image", False))
+
+
+def checkpoint_source(name: str, model_name: Optional[str]) -> Optional[HubSnapshot]:
+    """The hub snapshot that ``model_name`` (an ``org/model`` id of a Hugging Face family, not a
+    local folder) resolves to in the offline cache, or None (``models.hub_cache``): the run
+    identity fingerprints its folder and the run info records its commit."""
+    _load(name)
+    if not getattr(MODELS.get(name), "family", None) or not model_name:
+        return None
+    return hub_snapshot(str(model_name))
 
 
 #: the run_eval flag of each run-level model setting
@@ -161,9 +210,9 @@ def check_run_flags(name: str, given: Dict[str, Any]) -> None:
     """Run-level settings (``--model_name``, ``--model_type``, ``--half_evaluation``) that family
     ``name`` does not read are refused, not ignored (they would change the run identity and
     nothing else); likelihood is refused for a family that cannot score candidates."""
-    _load_all()
+    _load(name)
     if name not in MODELS:
-        raise unknown_name("model", name, MODELS)
+        raise unknown_name("model", name, available_models())
     cls = MODELS[name]
     honoured = getattr(cls, "run_flags", tuple(RUN_FLAG_NAMES))
     for key, value in given.items():
@@ -183,6 +232,9 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
     if run_keys:
         raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself, not a model option; "
                           f"{RUN_CONFIG_KEYS[run_keys[0]]}")
+    _load(name)
+    if name not in MODELS:
+        raise unknown_name("model", name, available_models())
     refused = getattr(MODELS[name], "refused_options", {})  # a family names the shared keys it cannot honour
     for key in sorted(k for k in options if k in refused):
         raise ReformError(f"--model_option {key}: not used by model '{name}' ({refused[key]})")
@@ -197,15 +249,22 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
             raise ReformError(f"--model_option {key}: must be {OPTION_CHECKS[key][1]}, got {value!r}")
 
 
+def runs_on_device(name: str) -> bool:
+    """Whether family ``name`` computes on a torch device (False: baselines, endpoints)."""
+    _load(name)
+    return bool(getattr(MODELS.get(name), "runs_on_device", True))
+
+
 def get_model(name: str, config: Optional[Dict[str, Any]] = None) -> Tuple[Any, Callable]:
     """Instantiate the interface registered as ``name`` and its preprocessor."""
-    _load_all()
+    _load(name)
     if name not in MODELS:
-        raise unknown_name("model", name, MODELS)
+        raise unknown_name("model", name, available_models())
     factory = MODELS[name]
     cfg = dict(config or {})
     if isinstance(factory, type):
         interface = factory(cfg)
         interface.name = name
-        return interface, interface.make_preprocessor(cfg)
+        interface.preprocessor = interface.make_preprocessor(cfg)  # its system line is provenance
+        return interface, interface.preprocessor
     return factory(cfg)

@@ -12,7 +12,8 @@ accepts, how ``IMAGE_TOKEN`` is written for it, and which preprocessor it uses.
 * ``models.hf_inputs``: prompt rendering, images, processor inputs, context length, batch groups;
 * ``models.hf_generation``: greedy and seeded sampled generation (``raw_batch_generate``);
 * ``models.hf_likelihood``: prefix-shared candidate scoring (``raw_batch_predict``) and the
-  naive reference ``score_full_sequence``.
+  naive reference ``score_full_sequence``;
+* ``models.hf_provenance``: the run's provenance and each sample's trace (what the model got).
 
 The names other modules import from here stay importable here.
 """
@@ -27,6 +28,7 @@ from models.hf_compat import allow_video_processors_without_torchvision
 from models.hf_generation import GEN_KEYS, HFGenerationMixin
 from models.hf_inputs import HFInputsMixin
 from models.hf_likelihood import HFLikelihoodMixin
+from models.hf_provenance import HFProvenanceMixin
 from models.hf_loading import (_DTYPES, DEVICE_MAP_STRATEGIES, HFLoadingMixin, _device_name, _is_path_like,
                                _one_line, _parse_mapping, gpu_group)
 from models.interfaces.base_interface import BaseInterface
@@ -38,7 +40,8 @@ __all__ = ["HFBaseInterface", "GEN_KEYS", "DEVICE_MAP_STRATEGIES", "allow_video_
            "gpu_group", "_DTYPES", "_device_name", "_is_path_like", "_one_line", "_parse_mapping"]
 
 
-class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikelihoodMixin, BaseInterface):
+class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikelihoodMixin, HFProvenanceMixin,
+                      BaseInterface):
     """Base for Hugging Face image-text-to-text families.
 
     Config keys: ``model_name`` (local dir, HF id in the offline cache, or ``tiny``),
@@ -49,7 +52,11 @@ class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikeli
     ``_placement_kwargs``); ``max_context_tokens`` (a context limit tighter than the model's).
     """
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, config: Optional[Dict[str, Any]] = None, load_weights: bool = True) -> None:
+        """``load_weights=False``: the checkpoint's processor and prompt rendering only (its
+        ``render``, ``make_preprocessor``, ``candidate_ids``), for an engine that runs the
+        weights itself (``models.interfaces.vllm_interface``): its prompts are then this
+        family's, not a copy."""
         super().__init__(config)
         cfg = self.config
         self.device = torch.device(cfg.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -61,19 +68,26 @@ class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikeli
         self.model_path = self._resolve_path(str(cfg["model_name"]))
         self.chat_response_prefix: Optional[str] = None
         self._sample_ids: Optional[List[Any]] = None
-        self._load()
+        if load_weights:
+            self._load()
+        else:
+            self._load_processor()
 
     # ---------------------------------------------------------------------------- dispatch
     def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],
                 **gen_kwargs: Any) -> List[Any]:
         """As ``BaseInterface.forward``; remembers sample ids so errors can name them."""
         self._sample_ids = [s.get("sample_id") for s in samples]
+        self._traces = None
         try:
-            return super().forward(inference_method, samples, prompts, **gen_kwargs)
+            with torch.inference_mode():
+                return super().forward(inference_method, samples, prompts, **gen_kwargs)
         finally:
             self._sample_ids = None
 
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
         d.update(model_path=self.model_path, dtype=str(self.dtype).replace("torch.", ""))
+        if getattr(self, "hub_snapshot", None) is not None:  # a hub id: the commit actually loaded
+            d["checkpoint_source"] = self.hub_snapshot.record()
         return d

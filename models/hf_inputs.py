@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 class HFInputsMixin:
     """Prompts, images, processor inputs and context length of ``HFBaseInterface``."""
 
-    option_names = ("max_context_tokens",)
+    option_names = ("max_context_tokens", "add_bos")
     #: what the processor returns (``return_tensors``): ``pt``, or ``np`` for a processor that
     #: post-processes its own outputs with numpy (PaliGemma), which warns on torch tensors
     processor_tensors: str = "pt"
@@ -41,7 +41,7 @@ class HFInputsMixin:
         """Length of the processor's ``input_ids`` for this prompt (image tokens expanded)."""
         text = self.render(prompt)
         imgs = self._images(images, 0)
-        kwargs: Dict[str, Any] = {"text": [text], "return_tensors": self.processor_tensors}
+        kwargs: Dict[str, Any] = {"text": [text], "return_tensors": self.processor_tensors, **self._bos_kwargs()}
         if imgs:
             kwargs["images"] = imgs
         enc = self.processor(**kwargs)
@@ -55,6 +55,19 @@ class HFInputsMixin:
             return max((len(self.tokenizer(" " + str(c), add_special_tokens=False)["input_ids"]) + 1
                         for c in cands), default=0)
         return int(gen_kwargs.get("max_new_tokens") or self.config.get("max_new_tokens") or 30)
+
+    def adds_bos(self) -> bool:
+        """Whether the tokenizer adds its special tokens (BOS) to the rendered prompt: config
+        ``add_bos`` (default true). ``add_bos=false`` gives the model the rendered text's tokens
+        alone, as a server that tokenizes a templated prompt without BOS does (vLLM's completions
+        endpoint), so such a run can be reproduced in-process (docs/provenance.md)."""
+        value = self.config.get("add_bos", True)
+        if not isinstance(value, bool):
+            raise ReformError(f"model {self.label}: --model_option add_bos must be true or false, got {value!r}")
+        return value
+
+    def _bos_kwargs(self) -> Dict[str, Any]:
+        return {} if self.adds_bos() else {"add_special_tokens": False}
 
     # ---------------------------------------------------------------------------- prompts
     @property
@@ -122,10 +135,13 @@ class HFInputsMixin:
 
     def _encode(self, texts: List[str], images: List[Image.Image]) -> Dict[str, torch.Tensor]:
         """Processor call (left padding), moved to the model's device and dtype."""
-        kwargs: Dict[str, Any] = {"text": texts, "return_tensors": self.processor_tensors, "padding": True}
+        kwargs: Dict[str, Any] = {"text": texts, "return_tensors": self.processor_tensors, "padding": True,
+                                  **self._bos_kwargs()}
         if images:
             kwargs["images"] = images
-        return self.to_model_inputs(self.processor(**kwargs))
+        enc = self.processor(**kwargs)
+        self.trace_encoded(texts, enc, images)  # what the model is given, per row (models.hf_provenance)
+        return self.to_model_inputs(enc)
 
     def to_model_inputs(self, enc: Any) -> Dict[str, Any]:
         """Processor outputs as a dict on the model's device, floating tensors in its dtype."""
@@ -153,12 +169,17 @@ class HFInputsMixin:
         if len(groups) == 1:
             return run(groups[0])
         out: List[Any] = [None] * sum(len(g) for g in groups)
+        traces: List[Any] = [None] * len(out)
         ids = self._sample_ids
         try:
             for g in groups:
                 self._sample_ids = [ids[i] if ids is not None and i < len(ids) else f"#{i}" for i in g]
+                before = len(self._traces or [])
                 for i, r in zip(g, run(g)):
                     out[i] = r
+                for i, t in zip(g, (self._traces or [])[before:]):
+                    traces[i] = t
         finally:
             self._sample_ids = ids
+        self._traces = traces if any(t is not None for t in traces) else None
         return out

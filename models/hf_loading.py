@@ -18,13 +18,11 @@ import torch
 
 from models.checkpoint_files import check_checkpoint_dir
 from models.hf_compat import allow_video_processors_without_torchvision
-from models.tiny import has_tiny_size, tiny_model_path
+from models.hub_cache import HubSnapshot, hub_snapshot, is_path_like
+from models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
 from utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
-
-#: ``--model_name`` of the known-skill checkpoint (a tiny model trained here; docs/models.md)
-TRAINED_NAME = "tiny-trained"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -36,10 +34,8 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _is_path_like(name: str) -> bool:
-    """A name the user meant as a filesystem path (not an ``org/model`` hub id)."""
-    return (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\"))
-            or name.count("/") > 1 or os.path.exists(name))
+#: a name the user meant as a filesystem path (not an ``org/model`` hub id)
+_is_path_like = is_path_like
 
 
 #: accelerate's automatic placement strategies
@@ -118,24 +114,6 @@ def weight_loading_bars(show: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def builtin_checkpoint(family: str, name: Optional[str], options: Dict[str, Any]) -> Optional[str]:
-    """The directory of a built-in checkpoint name (``tiny``: built on first use; ``tiny-trained``:
-    the shipped known-skill checkpoint, or trained on first use), or None for any other name.
-    The run identity fingerprints this directory's files (evaluation.plan), so new weights
-    under the same name are a new run."""
-    if name == "tiny":
-        return tiny_model_path(family, size=str(options.get("tiny_size", "tiny")))
-    if name == TRAINED_NAME:
-        if options.get("tiny_size") not in (None, "trained"):
-            raise ReformError(f"--model_option tiny_size applies to --model_name tiny, not {TRAINED_NAME} "
-                              "(one size, trained here)")
-        if not has_tiny_size(family, "trained"):
-            raise ReformError(f"--model_name {TRAINED_NAME} is the known-skill LLaVA: it exists for --model llava "
-                              f"only, not --model {family} (use --model_name tiny for a random {family})")
-        return tiny_model_path(family, size="trained")
-    return None
-
-
 class HFLoadingMixin:
     """Loading and placement of ``HFBaseInterface`` (config in ``self.config``)."""
 
@@ -169,7 +147,11 @@ class HFLoadingMixin:
     def _resolve_path(self, name: str) -> str:
         """``tiny`` => the built tiny checkpoint; ``tiny-trained`` => the known-skill checkpoint
         (shipped, or trained by ``evaluation.training``); a path must exist with a config.json; any
-        other name is an HF id looked up in the offline cache by ``from_pretrained``."""
+        other name is an HF id resolved in the offline cache to its snapshot folder
+        (``models.hub_cache``), loaded from there and fingerprinted like a local folder, its
+        commit kept in ``self.hub_snapshot``; an id not in the cache is left to ``from_pretrained``
+        to report."""
+        self.hub_snapshot: Optional[HubSnapshot] = None
         builtin = builtin_checkpoint(self.family, name, self.config)
         if builtin is not None:
             return builtin
@@ -183,29 +165,19 @@ class HFLoadingMixin:
                 raise ReformError(f"model '{self.name or self.family}': model path '{name}' has no config.json "
                                   f"(files: {present}); is it a Hugging Face checkpoint directory?")
             return path
+        self.hub_snapshot = hub_snapshot(name)
+        if self.hub_snapshot is not None:
+            logger.info("%s: snapshot %s of the local HF cache (%s)", name, self.hub_snapshot.commit,
+                        self.hub_snapshot.path)
+            return self.hub_snapshot.path
         return name
 
     def _load(self) -> None:
         """Load config, processor and model, offline; check the checkpoint's family."""
-        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoModelForImageTextToText
 
-        allow_video_processors_without_torchvision()
+        self._load_processor()
         trust = bool(self.config.get("trust_remote_code", False))
-        try:
-            hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
-        except (OSError, ValueError) as e:
-            raise ReformError(f"model {self.label}: cannot load '{self.model_path}' offline "
-                              f"(not a local checkpoint and not in the HF cache): {_one_line(e)}") from None
-        if self.model_types and hf_config.model_type not in self.model_types:
-            raise ReformError(f"model {self.label}: checkpoint '{self.model_path}' is a '{hf_config.model_type}' "
-                              f"model, but interface '{self.name or self.family}' expects "
-                              f"{' or '.join(repr(t) for t in self.model_types)}")
-        try:
-            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True,
-                                                           trust_remote_code=trust)
-        except (OSError, ValueError, TypeError) as e:
-            raise ReformError(f"model {self.label}: cannot load the processor from '{self.model_path}' "
-                              f"(tokenizer / preprocessor files missing?): {_one_line(e)}") from None
         cls = self.model_class or AutoModelForImageTextToText
         kwargs: Dict[str, Any] = {"dtype": self.dtype, "local_files_only": True, "trust_remote_code": trust}
         if self.config.get("attn_implementation"):
@@ -229,16 +201,43 @@ class HFLoadingMixin:
         else:
             self.model.to(self.device)
         self.model.eval()
+        logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
+                    self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
+
+    def _load_processor(self) -> Any:
+        """Everything of a checkpoint but its weights, offline: its config (the family checked),
+        processor, tokenizer (left padding, a pad token) and context length; returns the config.
+        Why apart from ``_load``: an outside engine that runs the weights itself still renders
+        prompts with this (``HFBaseInterface(config, load_weights=False)``, used by the vLLM
+        interface)."""
+        from transformers import AutoConfig, AutoProcessor
+
+        allow_video_processors_without_torchvision()
+        trust = bool(self.config.get("trust_remote_code", False))
+        try:
+            hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True, trust_remote_code=trust)
+        except (OSError, ValueError) as e:
+            raise ReformError(f"model {self.label}: cannot load '{self.model_path}' offline "
+                              f"(not a local checkpoint and not in the HF cache): {_one_line(e)}") from None
+        if self.model_types and hf_config.model_type not in self.model_types:
+            raise ReformError(f"model {self.label}: checkpoint '{self.model_path}' is a '{hf_config.model_type}' "
+                              f"model, but interface '{self.name or self.family}' expects "
+                              f"{' or '.join(repr(t) for t in self.model_types)}")
+        try:
+            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True,
+                                                           trust_remote_code=trust)
+        except (OSError, ValueError, TypeError) as e:
+            raise ReformError(f"model {self.label}: cannot load the processor from '{self.model_path}' "
+                              f"(tokenizer / preprocessor files missing?): {_one_line(e)}") from None
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        text_cfg = self.model.config.get_text_config()
+        text_cfg = hf_config.get_text_config()
         self.max_context: Optional[int] = getattr(text_cfg, "max_position_embeddings", None)
         if self.config.get("max_context_tokens"):  # a tighter limit (long-context quality, memory)
             self.max_context = int(self.config["max_context_tokens"])
-        logger.info("loaded %s from %s (%s, %s, %.1fM params)", self.name or self.family, self.model_path,
-                    self.device, self.dtype, sum(p.numel() for p in self.model.parameters()) / 1e6)
+        return hf_config
 
     def _placement_kwargs(self) -> Dict[str, Any]:
         """``from_pretrained`` arguments for big checkpoints (issue 12 section 1).

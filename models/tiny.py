@@ -29,6 +29,7 @@ Public API::
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -36,11 +37,12 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
 from models.tiny_zoo import save_checkpoint, seeded_model
 from utils.errors import ReformError
+from utils.paths import cache_root  # noqa: F401  (re-exported)
 from utils.runlock import FileLock
 
 logger = logging.getLogger(__name__)
@@ -54,8 +56,17 @@ SIZES = ("tiny", "bench")
 
 @dataclass(frozen=True)
 class _Builder:
-    fn: Callable[[str, str], None]
+    #: the builder, or ``"module:function"`` imported when a checkpoint is first built: a trainer
+    #: that needs torch and transformers registers by name, so registering costs no import
+    fn: Union[Callable[[str, str], None], str]
     version: str
+
+    def run(self, out_dir: str, size: str) -> None:
+        fn = self.fn
+        if isinstance(fn, str):
+            module, _, attr = fn.partition(":")
+            fn = getattr(importlib.import_module(module), attr)
+        fn(out_dir, size)
 
 
 #: builders by (family, size); size "*" serves every size in SIZES
@@ -66,9 +77,11 @@ SHIPPED_MANIFEST = os.path.join(SHIPPED_DIR, "manifest.json")
 #: the recipe version each shipped checkpoint must carry (the trainer, evaluation/training.py,
 #: registers its builder under the same version); a shipped copy of another version is not used
 SHIPPED_VERSIONS: Dict[str, str] = {"llava/trained": "2"}
+#: the built-in name of the known-skill checkpoint (``--model_name tiny-trained``)
+TRAINED_NAME = "tiny-trained"
 
 
-def register_tiny_builder(family: str, fn: Callable[[str, str], None], version: str = "1",
+def register_tiny_builder(family: str, fn: Union[Callable[[str, str], None], str], version: str = "1",
                           size: Optional[str] = None) -> None:
     """Register ``fn(out_dir, size)`` that writes a complete tiny checkpoint of ``family``
     (of every size in SIZES, or of ``size`` only).
@@ -156,9 +169,22 @@ def shipped_checkpoint(family: str, size: str) -> Optional[str]:
     return directory
 
 
-def cache_root() -> str:
-    """Root of the reform cache (env ``REFORM_CACHE`` or ``~/.cache/reform_eval``)."""
-    return os.path.expanduser(os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval"))
+def builtin_checkpoint(family: str, name: Optional[str], options: Dict[str, Any]) -> Optional[str]:
+    """The directory of a built-in checkpoint name (``tiny``: built on first use; ``tiny-trained``:
+    the shipped known-skill checkpoint, or trained on first use), or None for any other name.
+    The run identity fingerprints this directory's files (evaluation.plan), so new weights
+    under the same name are a new run."""
+    if name == "tiny":
+        return tiny_model_path(family, size=str(options.get("tiny_size", "tiny")))
+    if name == TRAINED_NAME:
+        if options.get("tiny_size") not in (None, "trained"):
+            raise ReformError(f"--model_option tiny_size applies to --model_name tiny, not {TRAINED_NAME} "
+                              "(one size, trained here)")
+        if not has_tiny_size(family, "trained"):
+            raise ReformError(f"--model_name {TRAINED_NAME} is the known-skill LLaVA: it exists for --model llava "
+                              f"only, not --model {family} (use --model_name tiny for a random {family})")
+        return tiny_model_path(family, size="trained")
+    return None
 
 
 def tiny_model_path(family: str, size: str = "tiny") -> str:
@@ -202,7 +228,7 @@ def tiny_model_path(family: str, size: str = "tiny") -> str:
         tmp = tempfile.mkdtemp(prefix=f".{size}-v{builder.version}-", dir=parent)
         try:
             t0 = time.perf_counter()
-            builder.fn(tmp, size)
+            builder.run(tmp, size)
             verify_checkpoint(tmp)
             marker = {"family": family, "size": size, "version": builder.version,
                       "files": file_manifest(tmp)}

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict
 
-import torch
-
 from models.hf_compat import allow_video_processors_without_torchvision
 from utils.errors import ReformError
 from utils.preprocessors import ChatTemplateProcessor
@@ -38,6 +36,8 @@ def seeded_model(make: Callable[[], Any], size: str, seed: int = 1234) -> Any:
 
     The weights depend only on the builder, never on what ran before in the process.
     """
+    import torch  # heavy: loaded only to build a model
+
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
@@ -67,16 +67,23 @@ def save_checkpoint(model: Any, processor: Any, tokenizer: Any, out_dir: str) ->
     The weights are written by THIS process even under torchrun: transformers saves only on
     distributed rank 0, so a tiny model built by another rank would be left without weights
     (issue 9 item 7). Each builder writes its own private directory, so forcing is safe.
+    transformers' "Writing model shards" bar is off: building a model is no news on the console.
     """
+    from transformers.utils import logging as hf_logging  # heavy: only where a checkpoint is written
+
     gc = model.generation_config
     gc.pad_token_id = tokenizer.pad_token_id
     gc.eos_token_id = tokenizer.eos_token_id
     gc.bos_token_id = tokenizer.bos_token_id
     model.should_save_on_this_rank = lambda is_main_process: True  # instance override, see above
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         model.save_pretrained(out_dir)
     finally:
         del model.should_save_on_this_rank
+        if bars:
+            hf_logging.enable_progress_bar()
     processor.save_pretrained(out_dir)
 
 

@@ -126,3 +126,54 @@ def test_command_lines_are_thin():
     for cli in ("run_eval.py", "run_loader_eval.py"):
         with open(os.path.join(ROOT, cli), encoding="utf-8") as f:
             assert sum(1 for _ in f) < 200, cli
+
+
+#: third-party packages too heavy for a start that does not need them (issue 24: --help, a
+#: baseline, an endpoint run and offline scoring start without them)
+HEAVY = ("torch", "transformers", "accelerate", "vllm", "matplotlib", "scipy", "mlflow", "wandb", "openpyxl",
+         "pandas", "datasets", "safetensors", "tokenizers", "jinja2")
+
+
+def _is_hf_stack(mod: str) -> bool:
+    """Modules that run an in-process model and may import torch / transformers at their top:
+    only a family that needs them imports them (models.__init__ loads families on demand)."""
+    leaf = mod.rpartition(".")[2]
+    if mod.startswith("models.hf_") or mod in ("models.sampling", "evaluation.training"):
+        return True
+    return mod.startswith("models.interfaces.") and leaf not in (
+        "base_interface", "baseline_interface", "openai_api_interface", "__init__")
+
+
+def heavy_imports() -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+    """([(module, package) imported at module top], [(module, package) imported in a function])."""
+    top, inner = set(), set()
+    for mod, path in modules().items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        nested = {id(sub) for f in funcs for sub in ast.walk(f)}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for n in names:
+                root = n.split(".")[0]
+                if root in HEAVY:
+                    (inner if id(node) in nested else top).add((mod, root))
+    return sorted(top), sorted(inner)
+
+
+def test_heavy_packages_load_only_where_used():
+    """At module top only in the in-process model stack; anywhere else inside the one function
+    that needs it, and every such place listed in docs/architecture.md (module and package)."""
+    top, inner = heavy_imports()
+    bad = [f"{m} imports {p} at module top" for m, p in top if not _is_hf_stack(m)]
+    assert not bad, bad
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+        doc = f.read()
+    section = doc.split("## Heavy imports", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(" `"): line for line in section.splitlines()
+            if line.startswith("| `")}
+    missing = [f"{m} ({p})" for m, p in inner if not _is_hf_stack(m)
+               and not (m in rows and f"`{p}`" in rows[m])]
+    assert not missing, f"function-level heavy imports not listed in docs/architecture.md: {missing}"
+    stale = [m for m in rows if m not in {x for x, _ in inner}]
+    assert not stale, f"docs/architecture.md lists heavy imports that are gone: {stale}"

@@ -26,11 +26,10 @@ RELEASE_CSV = os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv")
 
 def _scored(pred: str) -> dict:
     """The results run_loader_eval wrote for a prediction file (``<stem>.scored-<hash>``)."""
-    stem = pred[:-5]
-    found = [f for f in os.listdir(os.path.dirname(pred))
-             if f.startswith(os.path.basename(stem) + ".scored-") and f.endswith(".results.json")]
+    from evaluation.reporting.scoring import results_files
+    found = [f for f in results_files(pred) if ".scored-" in os.path.basename(f)]
     assert len(found) == 1, found
-    with open(os.path.join(os.path.dirname(pred), found[0]), encoding="utf-8") as f:
+    with open(found[0], encoding="utf-8") as f:
         return json.load(f)
 
 

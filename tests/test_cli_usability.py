@@ -197,10 +197,10 @@ def test_usage_errors_and_repeated_keys_are_one_line(tmp_path, capsys):
 
 
 def test_an_internal_error_names_the_stage_it_happened_in(tmp_path, capsys, monkeypatch):
-    import evaluation.execute as execute
+    import evaluation.calls as calls
     def boom(*a, **k):
         raise ZeroDivisionError("simulated bug")
-    monkeypatch.setattr(execute._BatchLoop, "run", boom)
+    monkeypatch.setattr(calls.Runner, "run", boom)
     rc = run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
                         "--dataset_subsample", "2", "--output_dir", str(tmp_path / "o")])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]

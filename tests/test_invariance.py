@@ -1,7 +1,9 @@
 """Identical results on every axis: batch size and world size never change a prediction file.
 
 One reference run per cell (batch 1, one process); every other batch size, and two ranks under
-torchrun, must write the byte-identical prediction file and identical metrics. Cells cross
+torchrun, must write the byte-identical prediction file and identical metrics. Every cell that
+runs under two ranks does so in ONE torchrun launch (tests/torchrun_cells.py), shared through
+the ``two_rank_runs`` fixture; those tests run on one xdist worker (``TWO_RANKS``). Cells cross
 benchmark (iWISDM, MME placeholder images, MMMT-IF release-only and an MMDU-style multi-image
 set, custom), method (generation, likelihood, sampled generation) and model (tiny LLaVA, tiny
 Qwen2-VL, the random baseline, and the known-skill LLaVA on trials it answers right). The quick slice runs one cell per benchmark; the full cross is
@@ -19,6 +21,7 @@ import pytest
 import run_eval
 from build.mme import write_placeholder_release
 from evaluation.plan import plan_batches
+from evaluation.reporting.scoring import results_files
 from tests.conftest import ROOT, prediction_files, write_custom_dataset
 from tests.test_mmmt_if_run import write_mmdu
 
@@ -55,22 +58,18 @@ def data(tmp_path_factory):
     }
 
 
-def _run(argv, out, ranks=1):
-    argv = [*argv, "--output_dir", str(out), "--do_eval"]
-    if ranks == 1:
-        assert run_eval.main(argv) == 0
-    else:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               os.path.join(ROOT, "run_eval.py"), *argv]
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+def _run(argv, out):
+    assert run_eval.main([*argv, "--output_dir", str(out), "--do_eval"]) == 0
+    return _outputs(out)
+
+
+def _outputs(out):
+    """(prediction file name, its bytes, metrics) of the one run in ``out``."""
     (pred,) = prediction_files(out)
     with open(pred, "rb") as f:
         content = f.read()
-    stem = pred[:-len(".json")]
-    results = [n for n in os.listdir(out) if n.startswith(os.path.basename(stem)) and n.endswith(".results.json")]
-    with open(os.path.join(str(out), results[0]), encoding="utf-8") as f:
+    results = results_files(pred)
+    with open(results[0], encoding="utf-8") as f:
         metrics = json.load(f)["metrics"]
     return os.path.basename(pred), content, metrics
 
@@ -92,8 +91,51 @@ def same_predictions(a: bytes, b: bytes, method: str) -> bool:
     return True
 
 
-def check_cell(data, tmp_path, bench, method, model, batch_sizes=(3, 8), ranks=False):
-    argv = [*MODELS[model], *data[bench], *METHODS[method], "--seed", "3"]
+def _argv(data, bench, method, model):
+    return [*MODELS[model], *data[bench], *METHODS[method], "--seed", "3"]
+
+
+#: tests whose cells also run under two ranks share one torchrun, so they run on one worker
+TWO_RANKS = pytest.mark.xdist_group("invariance-two-ranks")
+#: the cells of the quick slice that run under two ranks (the wide part: qwen2_vl generation)
+QUICK_TWO_RANKS = {"test_iwisdm_likelihood_batch_and_two_ranks": ("iWISDM", "lik", "llava"),
+                   "test_trained_model_likelihood_batch_and_two_ranks": ("iWISDM-identify", "lik", "trained")}
+
+
+def _two_rank_cell(item):
+    """(bench, method, model) when this test item of this module also runs its cell under two ranks."""
+    if getattr(item, "module", None) is None or item.module.__name__ != __name__:
+        return None
+    if item.originalname in QUICK_TWO_RANKS:
+        return QUICK_TWO_RANKS[item.originalname]
+    if item.originalname == "test_matrix":
+        cell = tuple(item.callspec.params[k] for k in ("bench", "method", "model"))
+        return cell if cell[2] == "qwen2_vl" and cell[1] == "gen" else None
+    return None
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(request, data, tmp_path_factory):
+    """{cell: (file name, bytes, metrics)} of every selected two-rank cell, all run in one
+    torchrun process group (batch size 2 per rank)."""
+    import json as _json
+    cells = list(dict.fromkeys(c for c in map(_two_rank_cell, request.session.items) if c))
+    root = tmp_path_factory.mktemp("two_ranks")
+    argvs = [[*_argv(data, *cell), "--per_gpu_eval_batch_size", "2", "--output_dir", str(root / f"cell{i}"),
+              "--do_eval"] for i, cell in enumerate(cells)]
+    (root / "cells.json").write_text(_json.dumps(argvs))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "tests", "torchrun_cells.py"), str(root / "cells.json")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300 + 240 * len(cells))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {cell: _outputs(root / f"cell{i}") for i, cell in enumerate(cells)}
+
+
+def check_cell(data, tmp_path, bench, method, model, batch_sizes=(3, 8), ranks=None):
+    """Batch 1 is the reference; every other batch size, and ``ranks`` (the cell's two-rank run
+    from ``two_rank_runs``) when given, must give the same file name, predictions and metrics."""
+    argv = _argv(data, bench, method, model)
     name, ref, ref_metrics = _run([*argv, "--per_gpu_eval_batch_size", "1"], tmp_path / "b1")
     records = json.loads(ref)
     assert records and all("prediction" in r for r in records)
@@ -102,8 +144,8 @@ def check_cell(data, tmp_path, bench, method, model, batch_sizes=(3, 8), ranks=F
         assert got[0] == name, "batch size must not change the run identity"
         assert same_predictions(got[1], ref, method), f"{bench}/{method}/{model}: batch {bs} changed the predictions"
         assert got[2] == ref_metrics
-    if ranks:
-        got = _run([*argv, "--per_gpu_eval_batch_size", "2"], tmp_path / "w2", ranks=2)
+    if ranks is not None:
+        got = ranks[(bench, method, model)]
         assert got[0] == name and same_predictions(got[1], ref, method), \
             f"{bench}/{method}/{model}: two ranks changed the predictions"
         assert got[2] == ref_metrics
@@ -117,12 +159,14 @@ def test_mmmt_if_release_multi_turn_any_batch_size(data, tmp_path):
     assert len({r["meta"]["chat_id"] for r in records}) == 3
 
 
-def test_iwisdm_likelihood_batch_and_two_ranks(data, tmp_path):
-    check_cell(data, tmp_path, "iWISDM", "lik", "llava", ranks=True)
+@TWO_RANKS
+def test_iwisdm_likelihood_batch_and_two_ranks(data, tmp_path, two_rank_runs):
+    check_cell(data, tmp_path, "iWISDM", "lik", "llava", ranks=two_rank_runs)
 
 
-def test_trained_model_likelihood_batch_and_two_ranks(data, tmp_path):
-    records = check_cell(data, tmp_path, "iWISDM-identify", "lik", "trained", ranks=True)
+@TWO_RANKS
+def test_trained_model_likelihood_batch_and_two_ranks(data, tmp_path, two_rank_runs):
+    records = check_cell(data, tmp_path, "iWISDM-identify", "lik", "trained", ranks=two_rank_runs)
     right = sum(r["prediction"] == r["answer"] for r in records)
     assert right >= 0.75 * len(records), f"the known-skill model got {right} of {len(records)}"
 
@@ -153,9 +197,12 @@ WIDE = [c for c in WIDE if c not in {("MMMT-IF-release", "gen", "llava"), ("iWIS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bench,method,model", WIDE)
-def test_matrix(data, tmp_path, bench, method, model):
-    check_cell(data, tmp_path, bench, method, model, ranks=(model == "qwen2_vl" and method == "gen"))
+@pytest.mark.spread
+@pytest.mark.parametrize("bench,method,model", [pytest.param(*c, marks=[TWO_RANKS] if c[1:] == ("gen", "qwen2_vl") else [])
+                                                for c in WIDE])
+def test_matrix(request, data, tmp_path, bench, method, model):
+    two = request.getfixturevalue("two_rank_runs") if (model, method) == ("qwen2_vl", "gen") else None
+    check_cell(data, tmp_path, bench, method, model, ranks=two)
 
 
 # -- the batch plan itself ------------------------------------------------------------------------

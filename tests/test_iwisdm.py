@@ -19,6 +19,7 @@ from build.iwisdm.presets import PRESETS
 from build.iwisdm.stimuli import DirectoryStimuli, ProceduralStimuli, procedural_set
 from metrics import evaluate
 from utils.errors import ReformError
+from utils.paths import cache_root
 from utils.seeding import rng_for
 
 STIM = procedural_set()
@@ -217,8 +218,7 @@ def test_export_writes_original_layout_and_round_trips(tmp_path):
 
 
 #: the venv bench/iwisdm_gen.py creates (or one named by IWISDM_ORIG_PYTHON)
-ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON") or os.path.join(
-    os.path.expanduser(os.environ.get("REFORM_CACHE") or "~/.cache/reform_eval"), "iwisdm_orig_venv", "bin", "python")
+ORIG_PYTHON = os.environ.get("IWISDM_ORIG_PYTHON") or os.path.join(cache_root(), "iwisdm_orig_venv", "bin", "python")
 
 
 @pytest.mark.skipif(not os.path.exists(ORIG_PYTHON), reason="no venv with the original iwisdm==0.1.3")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -248,14 +249,19 @@ def test_batch_with_a_failing_item_returns_nothing(server):
 
 
 def test_forward_generation_and_likelihood_refused(server):
+    """An endpoint without prompt log-probabilities (this one) is refused for likelihood in one
+    line after one probe request (models.openai_likelihood; a vLLM server is scored:
+    tests/test_openai_likelihood.py, tests/test_vllm_engine.py)."""
     model, prep = _model(server)
     sample = _sample(1)
     assert model.forward("generation", [sample], [prep(sample)]) == ["echo: What is shown?"]
-    assert model.supports_likelihood is False
-    with pytest.raises(ReformError, match="likelihood needs a white-box model"):
+    sent = len(server.requests)
+    with pytest.raises(ReformError, match="cannot score candidates .*prompt_logprobs.*use --infer_method generation"):
         model.raw_predict(sample["images"], prep(sample), ["yes", "no"])
-    with pytest.raises(ReformError, match="likelihood needs a white-box model"):
+    with pytest.raises(ReformError, match="cannot score candidates"):
         model.forward("likelihood", [dict(sample, candidates=["a"])], [prep(sample)])
+    assert len(server.requests) == sent + 2  # one probe per refused call, no candidate request
+    assert server.requests[-1]["prompt_logprobs"] == 0 and server.requests[-1]["max_tokens"] == 1
 
 
 def test_config_from_environment(server, monkeypatch):
@@ -287,7 +293,8 @@ def test_run_eval_records_no_failed_call(server, tmp_path):
     args = ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "custom",
             "--dataset_config", cfg, "--formulation", "Generation", "--output_dir", str(out),
             "--model_option", f"base_url={server.url}", "--model_option", "max_retries=1",
-            "--model_option", "backoff_base=0.001", "--model_option", "timeout=0.5"]
+            "--model_option", "backoff_base=0.001", "--model_option", "timeout=0.5",
+            "--model_option", "max_concurrency=1"]  # one at a time: the script's order is the samples'
     server.script = ["ok", 500, 500]  # sample 0 answers, sample 1 fails twice
     assert run_eval.main(args) != 0
     recorded = []
@@ -534,11 +541,25 @@ def test_reply_usage_is_kept_with_the_text(server):
                                      "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
 
 
-def _run_args(server, tmp_path, *extra: str, n: int = 3) -> List[str]:
+def _text_only_dataset(directory: str, n: int) -> str:
+    """n items without images (the budget's estimates are then the text's alone)."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "items.jsonl"), "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"sample_id": f"q{i}", "images": [], "question": "Which colour is the sky?",
+                                "answer": "blue"}) + "\n")
+    cfg = os.path.join(directory, "custom.yaml")
+    with open(cfg, "w") as f:
+        f.write("data_file: items.jsonl\n")
+    return cfg
+
+
+def _run_args(server, tmp_path, *extra: str, n: int = 3, images: bool = True) -> List[str]:
     """run_eval's arguments against ``server``; an ``extra`` base_url replaces the plain one (a key
     may be given once only)."""
     from tests.conftest import write_custom_dataset
-    cfg = write_custom_dataset(str(tmp_path / "data"), n=n, formulation="Generation")
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=n, formulation="Generation") if images else \
+        _text_only_dataset(str(tmp_path / "data"), n)
     own_url = any(str(e).startswith("base_url=") for e in extra)
     return ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "custom",
             "--dataset_config", cfg, "--formulation", "Generation", "--output_dir", str(tmp_path / "out"),
@@ -548,8 +569,8 @@ def _run_args(server, tmp_path, *extra: str, n: int = 3) -> List[str]:
 
 
 def _records(out) -> List[Dict[str, Any]]:
-    import glob
-    files = [f for f in glob.glob(str(out / "*.json")) if not f.endswith(("results.json", "per_sample.json", ".run.json"))]
+    from evaluation.reporting.scoring import prediction_files
+    files = prediction_files(str(out))
     assert len(files) == 1, files
     with open(files[0]) as f:
         data = json.load(f)
@@ -562,7 +583,8 @@ def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_res
     line, the two answers are saved, and the command with a raised budget finishes the same run."""
     import run_eval
     server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
-    args = _run_args(server, tmp_path, "--model_option", "max_total_tokens=40")
+    args = _run_args(server, tmp_path, "--model_option", "max_concurrency=1", "--model_option", "max_total_tokens=40",
+                     images=False)
     assert run_eval.main(args) == 2
     err = capsys.readouterr().err
     assert "max_total_tokens=40" in err and "26 tokens used (20 prompt + 6 completion)" in err

@@ -35,9 +35,9 @@ def _count(text: str) -> int:
     ("The papers came from the U.K. Parliament archive.", ["The papers came from the U.K. Parliament archive."]),
     ("The papers came from the U.K. They were old.", ["The papers came from the U.K.", "They were old."]),
     ("She studied in the U.S. for two years.", ["She studied in the U.S. for two years."]),
-    # the rule for the ambiguous case: a capitalised word that opens no sentence is read as
-    # part of a name after an initialism
-    ("The kit was made in the U.S. Birds love it.", ["The kit was made in the U.S. Birds love it."]),
+    # the name of a place, body or degree ("the U.K.", "a Ph.D.", ", D.C.") ends a sentence before
+    # any capitalised word that does not continue the name; a person's initials never do
+    ("The kit was made in the U.S. Birds love it.", ["The kit was made in the U.S.", "Birds love it."]),
     ("The kit was made in the U.S. Everyone loves it.", ["The kit was made in the U.S.", "Everyone loves it."]),
     # "St." is a street after a name, a saint before one
     ("Birds nest on Main St. The street is quiet.", ["Birds nest on Main St.", "The street is quiet."]),
@@ -59,6 +59,32 @@ def _count(text: str) -> int:
     ("Is it No. 5? No. It is No. 6.", ["Is it No. 5?", "No.", "It is No. 6."]),
 ])
 def test_abbreviations_by_context(text: str, expected: List[str]) -> None:
+    assert split_sentences(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    # issue 26: an abbreviation that can end a sentence (no title, no connector such as "e.g.")
+    # ends one before a capitalised new sentence, whatever word opens it
+    ("She moved to the U.K. Her brother stayed.", ["She moved to the U.K.", "Her brother stayed."]),
+    ("She moved to the U.K. Mary stayed.", ["She moved to the U.K.", "Mary stayed."]),
+    ("He earned a Ph.D. Mary did too.", ["He earned a Ph.D.", "Mary did too."]),
+    ("It is in Washington, D.C. Storks nest there.", ["It is in Washington, D.C.", "Storks nest there."]),
+    ("The city fell in 500 B.C. Rome rose.", ["The city fell in 500 B.C.", "Rome rose."]),
+    ("We ordered from Acme Inc. Mary paid.", ["We ordered from Acme Inc.", "Mary paid."]),
+    ("It is 6 ft. Storks are taller.", ["It is 6 ft.", "Storks are taller."]),
+    # ... and not where it reads into the next word: titles, connectors, a name it belongs to,
+    # a person's initials, an era opening the sentence
+    ("I met Dr. Smith there.", ["I met Dr. Smith there."]),
+    ("Big cities, e.g. Paris, are loud.", ["Big cities, e.g. Paris, are loud."]),
+    ("The singer, a.k.a. Mary, sang.", ["The singer, a.k.a. Mary, sang."]),
+    ("She met the U.N. Security Council.", ["She met the U.N. Security Council."]),
+    ("The U.S. Supreme Court ruled.", ["The U.S. Supreme Court ruled."]),
+    ("The book by J.K. Rowling sold well.", ["The book by J.K. Rowling sold well."]),
+    ("J.R.R. Tolkien wrote it.", ["J.R.R. Tolkien wrote it."]),
+    ("In 79 A.D. Pompeii was buried.", ["In 79 A.D. Pompeii was buried."]),
+    ("A.D. 79 was a bad year.", ["A.D. 79 was a bad year."]),
+])
+def test_an_abbreviation_ends_a_sentence_before_a_capitalised_new_one(text: str, expected: List[str]) -> None:
     assert split_sentences(text) == expected
 
 

@@ -56,7 +56,8 @@ def test_mme_per_sample_cluster_is_the_image():
     ps = evaluate(recs, "Generation", "generation")["per_sample"]
     assert ps[0] == {"sample_id": "OCR/0001.jpg/0", "dup_index": 0, "cluster": "OCR/0001.jpg",
                      "question": "Is it 0? Please answer yes or no.", "answer_text": "Yes",
-                     "prediction": "Yes, it is.", "extracted": "yes", "subtask": "OCR", "category": "perception",
+                     "prediction": "Yes, it is.", "extracted": "yes", "item_key": "mme:0877206bdfc40c66",
+                     "subtask": "OCR", "category": "perception",
                      "image": "0001.jpg", "question_index": 0, "gt": "yes", "parsed": "yes", "correct": True}
     assert (ps[1]["cluster"], ps[1]["extracted"], ps[1]["correct"]) == ("OCR/0001.jpg", "other", False)
     assert (ps[2]["cluster"], ps[2]["category"], ps[2]["correct"]) == ("code_reasoning/0001.jpg", "cognition", True)

@@ -96,11 +96,15 @@ def test_torchrun_matches_single_process(custom_cfg, tmp_path):
 
 
 def test_torchrun_failure_stops_all_ranks(custom_cfg, tmp_path):
-    """A rank that fails (here: a sample whose image is corrupt) stops the run with the error."""
+    """A rank that fails (here: a sample whose image is corrupt, met by a model that decodes its
+    images; a baseline never opens them) stops the run with the error."""
     data = os.path.dirname(custom_cfg)
     with open(os.path.join(data, "img3.png"), "wb") as f:
         f.write(b"not a png")
-    proc = torchrun(base_args(custom_cfg, tmp_path / "o") + ["--per_gpu_eval_batch_size", "1"])
+    args = base_args(custom_cfg, tmp_path / "o") + ["--per_gpu_eval_batch_size", "1"]
+    args[args.index("random")] = "llava"
+    args[2:2] = ["--model_name", "tiny"]
+    proc = torchrun(args)
     assert proc.returncode != 0
     assert "img3.png: image cannot be decoded" in proc.stderr
     assert not [f for f in os.listdir(tmp_path / "o") if f.endswith(".json") and f.startswith("custom_")]

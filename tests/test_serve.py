@@ -10,7 +10,6 @@ one thread, is stopped by its PID, and a watchdog kills it if the test outlives 
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
@@ -116,8 +115,8 @@ def served(tmp_path_factory) -> Any:
 
 
 def _predictions(out: str) -> Dict[Tuple[str, int], Dict[str, Any]]:
-    files = [f for f in glob.glob(os.path.join(out, "*.json"))
-             if not f.endswith((".run.json", ".results.json", ".per_sample.json"))]
+    from evaluation.reporting.scoring import prediction_files
+    files = prediction_files(out)
     assert len(files) == 1, files
     with open(files[0]) as f:
         data = json.load(f)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from evaluation.reporting.scoring import load_records, score_records
+from evaluation.reporting.scoring import load_records, prediction_files, results_paths, score_records
 from evaluation.trackers import log_run, parse_markdown_table, run_content
 from utils.errors import ReformError
 
@@ -23,8 +23,8 @@ def scored(tmp_path_factory):
     out = tmp_path_factory.mktemp("tracked")
     assert run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
                           "--dataset_subsample", "12", "--output_dir", str(out), "--do_eval"]) == 0
-    pred = [f for f in glob.glob(str(out / "*.json")) if f.count(".") == 1][0]
-    with open(pred[:-5] + ".results.json") as f:
+    (pred,) = prediction_files(out)
+    with open(results_paths(pred)["json"]) as f:
         saved = json.load(f)
     result = score_records(load_records(pred), prediction_file=pred, write=False, quiet=True)
     config = dict(saved["config"], model_option=[f"api_key={SECRET}", "timeout=3"], api_key=SECRET)
@@ -133,7 +133,7 @@ def test_run_eval_and_run_loader_eval_log_to_mlflow(tmp_path, monkeypatch):
 
     import run_eval
     import run_loader_eval
-    from tests.conftest import prediction_files, write_custom_dataset
+    from tests.conftest import write_custom_dataset
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)  # whatever MLflow writes by default stays out of the repository

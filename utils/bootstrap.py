@@ -11,37 +11,89 @@ import numpy as np
 from utils.seeding import np_rng_for
 
 
+#: resamples drawn (and summed) per block: memory is a block's draws, never all of them at once
+BLOCK = 64
+
+
+class Resamples:
+    """The cluster bootstrap's draw counts, kept per CLUSTER in small integers
+    ((n_boot + 1) x n_clusters bytes), never per entry as floats: at 50,000 samples and 1,000
+    resamples a dense float matrix is 400 MB, this is 50 MB (issue 24: flat memory).
+
+    Reads like the (n_boot + 1, n_entries) matrix it stands for: ``shape``; ``W[:, cols]`` is the
+    same resamples over a subset of entries; any other index (``W[0]``, ``W[:, 3]``) or ``==``
+    gives the dense values (tests); ``wmean`` sums block by block."""
+
+    def __init__(self, counts: np.ndarray, inv: np.ndarray) -> None:
+        self.counts = counts  # (n_boot + 1, n_clusters), row 0 all ones
+        self.inv = inv        # entry -> its cluster's column
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self.counts.shape[0], len(self.inv))
+
+    def dense(self) -> np.ndarray:
+        return self.counts[:, self.inv].astype(float)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None) and \
+                not isinstance(key[1], (int, np.integer)):
+            return Resamples(self.counts, self.inv[key[1]])
+        return self.dense()[key]
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return self.dense() == (other.dense() if isinstance(other, Resamples) else other)
+
+    def sums(self, x: np.ndarray, mask: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """(sum of weight * x, sum of weight) per resample, over the entries under ``mask``:
+        x is first added up per cluster, so the work is (n_boot + 1) x n_clusters."""
+        inv, xv = (self.inv, x) if mask is None else (self.inv[mask], x[mask])
+        n_c = self.counts.shape[1]
+        per_x = np.bincount(inv, weights=xv, minlength=n_c)
+        per_n = np.bincount(inv, minlength=n_c).astype(float)
+        num = np.empty(self.counts.shape[0])
+        tot = np.empty(self.counts.shape[0])
+        for start in range(0, self.counts.shape[0], BLOCK):
+            block = self.counts[start:start + BLOCK].astype(float)
+            num[start:start + BLOCK] = block @ per_x
+            tot[start:start + BLOCK] = block @ per_n
+        return num, tot
+
+
 def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int, key: str,
-                    strata: Optional[Sequence[Any]] = None) -> np.ndarray:
-    """(n_boot + 1, n_entries) draw counts; row 0 is the data itself (all ones)."""
+                    strata: Optional[Sequence[Any]] = None) -> Resamples:
+    """The draw counts of ``n_boot`` cluster resamples (row 0 is the data itself: all ones),
+    whole clusters drawn within each stratum. The draws are made block by block from one
+    generator, the same numbers one (n_boot, m) draw gives, in bounded memory."""
     uniq, inv = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
     n_c = len(uniq)
-    counts = np.ones((n_boot + 1, n_c))
+    counts = np.ones((n_boot + 1, n_c), dtype=np.uint8)
     if n_boot and n_c:
         rng = np_rng_for(seed, "bootstrap", key)
         stratum_of = np.zeros(n_c, dtype=int)
         if strata is not None:
             s_uniq, s_inv = np.unique(np.asarray([str(s) for s in strata]), return_inverse=True)
             stratum_of[inv] = s_inv
-        boot = np.zeros((n_boot, n_c))
         for s in np.unique(stratum_of):
             members = np.flatnonzero(stratum_of == s)
             m = len(members)
-            draws = rng.integers(0, m, size=(n_boot, m))
-            flat = (draws + (np.arange(n_boot) * m)[:, None]).ravel()
-            boot[:, members] = np.bincount(flat, minlength=n_boot * m).reshape(n_boot, m)
-        counts[1:] = boot
-    return counts[:, inv]
+            for start in range(0, n_boot, BLOCK):
+                b = min(BLOCK, n_boot - start)
+                draws = rng.integers(0, m, size=(b, m))
+                flat = (draws + (np.arange(b) * m)[:, None]).ravel()
+                got = np.bincount(flat, minlength=b * m).reshape(b, m)
+                if got.max() > np.iinfo(counts.dtype).max:  # exact counts, whatever they are
+                    counts = counts.astype(np.uint32)
+                counts[1 + start:1 + start + b, members] = got
+    return Resamples(counts, inv)
 
 
-def wmean(W: np.ndarray, x: Sequence[float], mask: Optional[np.ndarray] = None) -> np.ndarray:
+def wmean(W: Resamples, x: Sequence[float], mask: Optional[np.ndarray] = None) -> np.ndarray:
     """Weighted mean per resample (NaN where a resample holds no entry)."""
     xv = np.asarray(x, dtype=float)
-    if mask is not None:
-        W, xv = W[:, mask], xv[mask]
-    tot = W.sum(axis=1)
+    num, tot = W.sums(xv, mask)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tot > 0, (W @ xv) / np.where(tot > 0, tot, 1), np.nan)
+        return np.where(tot > 0, num / np.where(tot > 0, tot, 1), np.nan)
 
 
 #: a group whose entries come from fewer clusters shows no interval (docs/metrics.md): with 1 or 2

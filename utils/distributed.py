@@ -1,13 +1,14 @@
-"""torch.distributed helpers: one process without torchrun, gloo on CPU, nccl on GPU."""
+"""torch.distributed helpers: one process without torchrun, gloo on CPU, nccl on GPU.
+
+torch is imported only where a process group or a device is really needed: a single-process
+baseline or API run never loads it (issue 24: every start paid for the whole ML stack).
+"""
 from __future__ import annotations
 
 import datetime
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
-
-import torch
-import torch.distributed as dist
 
 from utils.errors import ReformError
 
@@ -17,6 +18,9 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    #: the process group was started by ``init_distributed``, so ``shutdown`` ends it; a group the
+    #: caller started (a program running several evaluations in one group) is left to the caller
+    owns_group: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -41,16 +45,20 @@ def init_distributed(timeout_s: float = 6 * 3600, gpus_per_rank: int = 1) -> Dis
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
+    import torch  # heavy: only a torchrun launch needs a process group
+    import torch.distributed as dist
+
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     first_gpu = local_rank * max(1, int(gpus_per_rank))
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > first_gpu
     if use_cuda:
         torch.cuda.set_device(first_gpu)
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group("nccl" if use_cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    return DistInfo(rank, world, local_rank)
+    return DistInfo(rank, world, local_rank, owns_group=owns)
 
 
 def sample_sharding(info: DistInfo, model_options: Dict[str, Any]) -> Tuple[int, int]:
@@ -63,16 +71,23 @@ def sample_sharding(info: DistInfo, model_options: Dict[str, Any]) -> Tuple[int,
     return info.rank, info.world_size
 
 
+def _dist() -> Any:
+    """torch.distributed, which ``init_distributed`` has imported whenever a group exists."""
+    import torch.distributed as dist  # already loaded by init_distributed: no cost
+
+    return dist
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
-        dist.barrier()
+        _dist().barrier()
 
 
 def all_gather_objects(info: DistInfo, obj: Any) -> List[Any]:
     if not info.enabled:
         return [obj]
     out: List[Any] = [None] * info.world_size
-    dist.all_gather_object(out, obj)
+    _dist().all_gather_object(out, obj)
     return out
 
 
@@ -80,14 +95,18 @@ def shutdown(info: DistInfo) -> None:
     """Leave the process group together: a final barrier first, so no rank tears its group down
     while a peer is still working (rank 0 scores and writes the report alone; measured on a
     loaded 2-core machine, a rank that left early was aborted with "terminate called without an
-    active exception" about one run in two)."""
-    if info.enabled and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    active exception" about one run in two). A group the caller started stays up for its next
+    evaluation (re-creating a group in one torchrun can hang: measured 1 in 4)."""
+    if info.enabled and _dist().is_initialized():
+        _dist().barrier()
+        if info.owns_group:
+            _dist().destroy_process_group()
 
 
 def default_device(info: DistInfo, gpus_per_rank: int = 1) -> str:
     """This rank's (first) device: ``cuda:<local_rank * gpus_per_rank>``, or cpu."""
+    import torch  # heavy: asked only by a family that runs on a device
+
     if torch.cuda.is_available():
         return f"cuda:{info.local_rank * max(1, int(gpus_per_rank))}"
     return "cpu"
@@ -110,6 +129,8 @@ def cpu_threads() -> int:
 
 def configure_cpu_threads() -> int:
     """Apply ``cpu_threads()`` to torch; returns the count."""
+    import torch  # heavy: asked only by a family that runs on the CPU
+
     n = cpu_threads()
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)

@@ -2,8 +2,14 @@
 
 A prediction file is reused only when the samples that would be run now are the samples it
 was made from. The fingerprint covers every field of every sample (question, options, answer,
-history, meta, ...) and every image: a file image by (path, size, mtime), cheap for 100k
-files; an in-memory image (iWISDM frames) by a hash of its pixels.
+history, meta, ...) and the content of every image: a file image by a hash of its bytes (never
+its path or modification time: the same data moved, copied or touched is the same sample),
+remembered under the file's stat key so 100k files are read once per machine
+(``utils.file_hashes``); an in-memory image (iWISDM frames) by a hash of its pixels.
+
+The image's place in the sample is part of the sample's JSON body as written (a path string);
+only the image token is content-based. So that a moved dataset keeps its identity, the body
+that is hashed holds each image as its content token, not its path.
 """
 from __future__ import annotations
 
@@ -13,16 +19,18 @@ import os
 from typing import Any, Dict, Iterable, List, Tuple
 
 from utils.errors import input_error
+from utils.file_hashes import file_digest
 
 
 def image_token(image: Any, cache: Dict[int, str]) -> str:
-    """A short stable description of one image: file stat, or a pixel hash for PIL images."""
+    """A short stable description of one image's content: a file's bytes hash, or a pixel hash
+    for PIL images. A missing or unreadable file is named by its path (loading it fails later
+    with the one-line error that names the sample)."""
     if isinstance(image, str):
         try:
-            st = os.stat(image)
+            return "file:" + file_digest(image)
         except (OSError, ValueError):
             return f"missing:{image}"
-        return f"file:{os.path.abspath(image)}:{st.st_size}:{st.st_mtime_ns}"
     key = id(image)
     if key not in cache:
         h = hashlib.blake2b(digest_size=16)

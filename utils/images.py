@@ -13,6 +13,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from utils.errors import input_error
@@ -98,6 +99,55 @@ def thumbnail_jpeg(path: str, size: int, quality: int = 70) -> bytes:
         buf = io.BytesIO()
         im.save(buf, format="JPEG", quality=quality)
         return buf.getvalue()
+
+
+class SyntheticImage:
+    """A stand-in image made only when it is loaded: a blank (black) or a seeded uniform-noise
+    RGB image of ``size`` (width, height), for ``--image_ablation`` (``build.ablation``).
+
+    Why not a PIL image: an ablated MME or MMMT-IF run replaces thousands of file images, and
+    holding each as decoded pixels would take gigabytes, while (kind, size, seed) is a few
+    bytes; the loaders (``build.ReformDataset``) make the pixels per item. It answers ``mode``,
+    ``size`` and ``tobytes()`` as a PIL image does, so the run's fingerprint
+    (``utils.fingerprint.image_token``) hashes the pixels it stands for."""
+
+    KINDS = ("blank", "noise")
+    mode = "RGB"
+    __slots__ = ("kind", "size", "seed")
+
+    def __init__(self, kind: str, size: Tuple[int, int], seed: Optional[int] = None) -> None:
+        if kind not in self.KINDS or (kind == "noise") != (seed is not None):
+            raise ValueError(f"SyntheticImage({kind!r}, seed={seed!r}): a blank has no seed, a noise image has one")
+        self.kind, self.size, self.seed = kind, (int(size[0]), int(size[1])), seed
+
+    def to_pil(self) -> Image.Image:
+        w, h = self.size
+        if self.kind == "blank":
+            return Image.new("RGB", (w, h))
+        pixels = np.random.default_rng(self.seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        return Image.fromarray(pixels, "RGB")
+
+    def tobytes(self) -> bytes:
+        return bytes(3 * self.size[0] * self.size[1]) if self.kind == "blank" else self.to_pil().tobytes()
+
+    def __repr__(self) -> str:
+        seed = "" if self.seed is None else f", seed={self.seed}"
+        return f"SyntheticImage({self.kind}, {self.size[0]}x{self.size[1]}{seed})"
+
+    def __getstate__(self) -> Tuple[str, Tuple[int, int], Optional[int]]:  # (__slots__: DataLoader workers)
+        return (self.kind, self.size, self.seed)
+
+    def __setstate__(self, state: Tuple[str, Tuple[int, int], Optional[int]]) -> None:
+        self.kind, self.size, self.seed = state
+
+
+def image_size(image: Any, record: Optional[Any] = None) -> Tuple[int, int]:
+    """(width, height) of a PIL image, a ``SyntheticImage`` or an image file; a file's is read from
+    its header through the pixel guard, without decoding the pixels."""
+    if isinstance(image, str):
+        with guarded_open(image, record) as im:
+            return im.size
+    return tuple(image.size)  # type: ignore[return-value]
 
 
 def noise_image(seed: int, size: Tuple[int, int] = (40, 30)) -> Image.Image:

@@ -21,6 +21,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -32,6 +33,8 @@ DEFAULT_MAX_INPUT_BYTES = 4 * 1024 ** 3
 MAX_DEPTH = 64
 #: largest integer magnitude accepted (a 64-bit signed integer)
 MAX_INT = 2 ** 63 - 1
+#: a run of digits long enough to be an integer past 64 bits (then the slow walk decides)
+_LONG_NUMBER = re.compile(r"\d{19,}")
 #: longest CSV field accepted (characters; the MMMT-IF release's longest field is ~1.3k)
 MAX_CSV_FIELD = 1024 * 1024
 
@@ -174,8 +177,36 @@ def check_value(value: Any, file: Optional[str] = None, record: Optional[Any] = 
                 stack.extend((x, depth + 1) for x in v)
 
 
+def _quick_ok(value: Any) -> bool:
+    """True when ``value`` certainly passes ``check_value``: the C encoder refuses non-finite
+    numbers, lone surrogates (on UTF-8 encoding) and deep nesting; integers are checked by their
+    digits. False means: walk it to find (and name) the problem, if there is one."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, check_circular=False)
+        text.encode("utf-8")
+    except (ValueError, UnicodeEncodeError, RecursionError, TypeError):
+        return False
+    return not _LONG_NUMBER.search(text) and _depth_ok(text)
+
+
+def _depth_ok(text: str) -> bool:
+    """Nesting of a JSON text at most MAX_DEPTH - 1 (brackets inside strings make it conservative)."""
+    if text.count("[") + text.count("{") < MAX_DEPTH - 1:
+        return True
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest < MAX_DEPTH - 1
+
+
 def check_record(rec: Any, file: Optional[str], record: Any) -> None:
     """``check_value`` for one record, the error naming the top-level field it is in."""
+    if isinstance(rec, dict) and _quick_ok(rec):
+        return
     if isinstance(rec, dict):
         for k, v in rec.items():
             check_value(k, file, record)
@@ -261,16 +292,17 @@ def _parses(line: str) -> bool:
 
 
 # --------------------------------------------------------------------------- CSV
-def read_csv(path: str, what: str = "CSV file", required: Sequence[str] = ()) -> Tuple[List[str], List[Dict[str, str]]]:
-    """(header, rows as dicts) of a UTF-8 CSV file. Refused in one line: a field over
-    ``MAX_CSV_FIELD`` characters, a row of another width than the header, a missing
-    ``required`` column, malformed quoting."""
+def read_csv(path: str, what: str = "CSV file", required: Sequence[str] = (),
+             delimiter: str = ",") -> Tuple[List[str], List[Dict[str, str]]]:
+    """(header, rows as dicts) of a UTF-8 CSV file (``delimiter="\t"``: a TSV file). Refused in
+    one line: a field over ``MAX_CSV_FIELD`` characters, a row of another width than the header,
+    a missing ``required`` column, malformed quoting."""
     text = read_text(path, what)
     old = csv.field_size_limit()
     rows: List[Dict[str, str]] = []
     try:
         csv.field_size_limit(MAX_CSV_FIELD)
-        reader = csv.reader(io.StringIO(text, newline=""))
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
         try:
             header = next(reader, [])
             for row in reader:

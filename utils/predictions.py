@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from utils.commit import TMP_PREFIX, Commit, owner_prefix
 from utils.errors import ReformError, input_error
 from utils.inputs import check_name, check_record, read_records
 from utils.schema import HEAVY_KEYS
+from utils.surrogates import clean_surrogates
+from utils.world import WORLD_ERRNOS, os_error_line
+
+logger = logging.getLogger(__name__)
 
 RecordKey = Tuple[str, int]
 
@@ -47,6 +53,61 @@ PREDICTION_FILE_READERS: Dict[Tuple[str, str], Callable[[str], List[Dict[str, An
 def register_prediction_file_reader(benchmark: str, extension: str,
                                     reader: Callable[[str], List[Dict[str, Any]]]) -> None:
     PREDICTION_FILE_READERS[(benchmark, extension.lower())] = reader
+
+
+class ForeignRecords(list):
+    """Prediction records read from another harness's output, carrying what that output tells
+    of the run's settings (``provenance``, the agreed provenance shape, unknown values None).
+
+    Why a list: every consumer of records keeps working; scoring records the provenance."""
+
+    def __init__(self, records: Iterable[Dict[str, Any]], provenance: Dict[str, Any]) -> None:
+        super().__init__(records)
+        self.provenance = provenance
+
+
+#: readers of other harnesses' files, tried in order on any prediction file:
+#: (name, accepts(path) -> bool from the name and the first bytes, reader(path) -> records)
+FOREIGN_READERS: List[Tuple[str, Callable[[str], bool], Callable[[str], List[Dict[str, Any]]]]] = []
+
+
+def register_foreign_reader(name: str, accepts: Callable[[str], bool],
+                            reader: Callable[[str], List[Dict[str, Any]]]) -> None:
+    """Register a reader of another harness's output (e.g. lmms-eval's samples JSONL)."""
+    FOREIGN_READERS[:] = [r for r in FOREIGN_READERS if r[0] != name] + [(name, accepts, reader)]
+
+
+#: predicates naming files that belong to another harness's output without being predictions
+#: (lmms-eval's ``<date>_results.json`` beside its samples): skipped when a folder is listed
+FOREIGN_COMPANIONS: List[Callable[[str], bool]] = []
+
+
+def register_foreign_companion(is_companion: Callable[[str], bool]) -> None:
+    FOREIGN_COMPANIONS.append(is_companion)
+
+
+def is_foreign_companion(path: str) -> bool:
+    return any(pred(path) for pred in FOREIGN_COMPANIONS)
+
+
+def foreign_reader(path: str) -> Optional[Tuple[str, Callable[[str], List[Dict[str, Any]]]]]:
+    """(name, reader) of the first registered reader that accepts the file, else None."""
+    if not os.path.isfile(path):
+        return None
+    for name, accepts, reader in FOREIGN_READERS:
+        if accepts(path):
+            return name, reader
+    return None
+
+
+def head_text(path: str, size: int = 65536) -> str:
+    """The first ``size`` bytes of a file as text (undecodable bytes replaced): enough for a
+    reader to recognise a format by its first line without reading a large file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(size).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def record_key(rec: Dict[str, Any]) -> RecordKey:
@@ -99,6 +160,26 @@ def make_record(sample: Dict[str, Any], prediction: Any, prompt: Any = None,
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
+
+
+def shard_line(rec: Dict[str, Any], path: str) -> bytes:
+    """One record as a UTF-8 JSONL line. Text UTF-8 cannot hold (lone surrogates, from a reply's
+    ``"\\ud800"``) is stored as U+FFFD and counted in the record's ``replaced_chars``
+    (``utils.surrogates``); a number JSON cannot hold (NaN, infinity) is refused naming the sample,
+    since our own reader would refuse the line later, blaming the shard."""
+    where = f"{path}: sample {rec.get('sample_id')!r} (duplicate {rec.get('dup_index', 0)})"
+    try:
+        text = json.dumps(rec, ensure_ascii=False, allow_nan=False)
+    except ValueError as e:
+        raise ReformError(f"{where}: the record holds a number JSON cannot store ({e}); nothing of it was "
+                          "written") from None
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        clean, n = clean_surrogates(rec)
+        clean["replaced_chars"] = int(rec.get("replaced_chars", 0) or 0) + n
+        logger.warning("%s: %d lone surrogate(s) stored as U+FFFD", where, n)
+        return (json.dumps(clean, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
 def ensure_writable_dir(path: str, flag: str = "output directory") -> None:
@@ -176,31 +257,49 @@ class ShardWriter:
     def __init__(self, path: str, run_id: Optional[str] = None) -> None:
         self.path = path
         self.run_id = run_id
-        self._f: Optional[Any] = None
+        self._fd: Optional[int] = None
+        self._lock = threading.Lock()  # an endpoint's window workers write side by side
 
     def write(self, records: Iterable[Dict[str, Any]]) -> None:
-        lines = "".join(dumps({**r, "run_id": self.run_id} if self.run_id else r) + "\n" for r in records)
-        if not lines:
+        """Append the records as whole lines; every line is encoded before the file is touched, so
+        a record that cannot be stored leaves the shard as it was (never a created, empty one), and
+        a write that fails (a full disk) is cut back: the shard keeps whole lines only."""
+        data = b"".join(shard_line({**r, "run_id": self.run_id} if self.run_id else r, self.path) for r in records)
+        if not data:
             return
         try:
-            if self._f is None:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                self._f = open(self.path, "a", encoding="utf-8")
-            self._f.write(lines)
-            self._f.flush()
+            with self._lock:
+                if self._fd is None:
+                    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                start = os.lseek(self._fd, 0, os.SEEK_END)
+                view = memoryview(data)
+                try:
+                    while view:
+                        view = view[os.write(self._fd, view):]
+                except OSError:
+                    try:
+                        os.ftruncate(self._fd, start)  # this rank's own file: no torn line stays
+                    except OSError:
+                        pass
+                    raise
         except OSError as e:
-            raise ReformError(f"{self.path}: cannot write predictions ({e.strerror or e}); the records "
-                              "written before are kept, re-run the same command to continue") from None
+            if e.filename is None:
+                e.filename = self.path
+            reason = os_error_line(e) if e.errno in WORLD_ERRNOS else f"{self.path}: {e.strerror or e}"
+            if "re-running the same command resumes" not in reason:
+                reason += "; the records written before are kept, re-running the same command resumes"
+            raise ReformError(reason) from None
 
     def close(self) -> None:
         """Close the shard; a failure here (disk full while the error is already being reported)
         loses nothing that was not already reported."""
-        if self._f is not None:
+        if self._fd is not None:
             try:
-                self._f.close()
+                os.close(self._fd)
             except OSError:
                 pass
-            self._f = None
+            self._fd = None
 
     def __enter__(self) -> "ShardWriter":
         return self

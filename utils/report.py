@@ -68,9 +68,15 @@ def scalar_table(metrics: Dict[str, Any], notes: Optional[Dict[str, str]] = None
     return markdown_table(["metric", "value"], scalars)
 
 
+def headline_report(result: Dict[str, Any], title: str = "Metrics") -> str:
+    """The title and the table of top-level scalar metrics: what a command prints on the console
+    (every other table goes to the results file's ``.md``)."""
+    return f"## {md_text(title)}\n\n" + scalar_table(result.get("metrics", {}), result.get("notes"))
+
+
 def metrics_report(result: Dict[str, Any], title: str = "Metrics") -> str:
     """The summary table of top-level scalar metrics followed by the metric's own tables."""
-    parts = [f"## {md_text(title)}", scalar_table(result.get("metrics", {}), result.get("notes"))]
+    parts = [headline_report(result, title)]
     for name, table in result.get("tables", {}).items():
         parts += [f"### {md_text(name)}", table]
     return "\n\n".join(parts) + "\n"

@@ -291,3 +291,33 @@ def interval_table(per_sample: List[Dict[str, Any]], result: Dict[str, Any], key
         for g, row in groups.items():
             rows += [cells(f"{name} {g}", row["n"], k, c) for k, c in row.items() if k != "n"]
     return markdown_table(["group", "n", "number", "value", "95% interval"], rows)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], clusters: Sequence[str],
+                      strata: Optional[Sequence[Any]], groups: Dict[str, np.ndarray], n_boot: int = 1000,
+                      seed: int = 0, key: str = "") -> Dict[str, Dict[str, Any]]:
+    """Per group: the mean of ``a``, the mean of ``b`` (paired entries: entry i of ``a`` and of
+    ``b`` are one item measured twice) and their difference ``a - b``, each with its 95% interval.
+
+    Paired: one set of cluster resamples (``cluster_weights``, the same seed, key and strata as
+    ``bootstrap``) weighs both sides, so the difference's interval holds only the spread of the
+    within-item changes. Values are per-entry proportions in [0, 1]. When no entry of a group
+    changes (a = b everywhere) every resample gives 0 and the percentile interval collapses;
+    then the exact bound for 0 changed clusters of n is used, as ``utils.bootstrap.interval``
+    does at a bound: |difference| <= the share of changed clusters <= 1 - 0.025^(1/n)."""
+    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    W = cluster_weights(clusters, n_boot, seed, key, strata)
+    c_arr = np.asarray([str(c) for c in clusters], dtype=object)
+    s_arr = None if strata is None else np.asarray([str(x) for x in strata], dtype=object)
+    out: Dict[str, Dict[str, Any]] = {}
+    for g, mask in groups.items():
+        ok = _enough_clusters(c_arr, s_arr, mask)
+        n_c = _n_clusters(c_arr, mask)
+        mean_a, mean_b = wmean(W, a_arr, mask), wmean(W, b_arr, mask)
+        diff = interval(mean_a - mean_b, ok, n_c, None)
+        if ok and diff["low"] is None and diff["value"] is not None and np.array_equal(a_arr[mask], b_arr[mask]):
+            width = 1.0 - 0.025 ** (1.0 / n_c)
+            diff = {"value": diff["value"], "low": -width, "high": width, "method": "clopper-pearson"}
+        out[g] = {"n": int(mask.sum()), "a": interval(mean_a, ok, n_c, (0.0, 1.0)),
+                  "b": interval(mean_b, ok, n_c, (0.0, 1.0)), "difference": diff}
+    return out

@@ -16,8 +16,10 @@ import numpy as np
 
 from metrics.single_choice import instability
 from utils.errors import ReformError
+from utils.references import beside, describe, load_references, match
 from utils.report import markdown_table, md_text
 from evaluation.reporting.bootstrap import bootstrap, family_of
+from evaluation.reporting.image_dependence import dependence_notes, dependence_table, image_dependence
 
 #: headline metrics shown per family, in order, with their labels
 HEADLINE_LABELS: Dict[str, Sequence[Tuple[str, str]]] = {
@@ -72,11 +74,16 @@ Content = Tuple[Optional[str], Optional[str]]
 
 def sample_shas(run: Dict[str, Any]) -> Dict[Key, Content]:
     """(sample_id, dup_index) -> (``item_sha``, ``sample_sha``) of what the model was asked, from
-    the run's records and per_sample entries (entries without either are absent)."""
+    the run's records and per_sample entries (entries without either are absent). A record made
+    with ``--image_ablation`` counts as the item it was made from (``image_ablation.intact_item_sha``):
+    it pairs with that item asked with its images, and with nothing else."""
     out: Dict[Key, Content] = {}
     for src in (run.get("records") or [], run["result"].get("per_sample") or []):
         for r in src:
             item, sample = r.get("item_sha"), r.get("sample_sha")
+            ablation = r.get("image_ablation")
+            if isinstance(ablation, dict) and ablation.get("intact_item_sha") is not None:
+                item = ablation["intact_item_sha"]
             if item is None and sample is None:
                 continue
             key = (str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))
@@ -116,6 +123,61 @@ def pair_keys(keys_a: Sequence[Key], keys_b: Sequence[Key], sha_a: Dict[Key, Con
     return paired, len(shared) - len(paired)
 
 
+def item_keys(run: Dict[str, Any]) -> Dict[Key, str]:
+    """(sample_id, dup_index) -> the benchmark's ``item_key`` (what was asked, in a form another
+    harness's output has too: for MME subtask, image file name and question), where the scorer
+    gives one."""
+    return {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): str(p["item_key"])
+            for p in run["result"].get("per_sample") or [] if p.get("item_key")}
+
+
+def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key]], int]:
+    """(pairs of entry keys (a's, b's) made from the same item, the number refused): the one
+    pairing of compare, paired tests and ``explain``.
+
+    First by (sample_id, dup_index) under ``pair_keys``' content rule (our runs: unchanged).
+    Then, for the entries left, by (``item_key``, dup_index) where at least one of the two has no
+    content hash (``item_sha``/``sample_sha``): a row of another harness's log (lmms-eval,
+    VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
+    answered. Two of our runs never pair by item key alone: their hashes decide."""
+    ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
+    kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
+    sha_a, sha_b = sample_shas(run_a), sample_shas(run_b)
+    same, _ = pair_keys(ka, kb, sha_a, sha_b)
+    pairs: List[Tuple[Key, Key]] = [(k, k) for k in same]
+    done_a, done_b = set(same), set(same)
+    ik_a, ik_b = item_keys(run_a), item_keys(run_b)
+    by_item_b = {(ik_b[k], k[1]): k for k in kb if k in ik_b and k not in done_b}
+    for k in ka:
+        if k in done_a or k not in ik_a:
+            continue
+        other = by_item_b.get((ik_a[k], k[1]))
+        if other is None or other in done_b:
+            continue
+        if card_key(sha_a.get(k)) and card_key(sha_b.get(other)):
+            continue  # both ours: their content hashes decided above
+        pairs.append((k, other))
+        done_a.add(k)
+        done_b.add(other)
+    refused = len([k for k in set(ka) & set(kb) if k not in done_a or k not in done_b])
+    return sorted(pairs), refused
+
+
+def flips(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Dict[str, Any]:
+    """What changed between two runs on the items both answered (``pair_runs``): ``flips``, the
+    pairs whose verdict differs, and ``answer_changes``, those whose parsed answer differs
+    (MME's yes/no/other, else the extracted answer), each as (a's key, b's key)."""
+    pairs, refused = pair_runs(run_a, run_b)
+    ea = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_a["result"]["per_sample"]}
+    eb = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_b["result"]["per_sample"]}
+
+    def answer(p: Dict[str, Any]) -> Any:
+        return p.get("parsed", p.get("extracted"))
+    return {"n_pairs": len(pairs), "n_refused": refused,
+            "flips": [(a, b) for a, b in pairs if bool(ea[a].get("correct")) != bool(eb[b].get("correct"))],
+            "answer_changes": [(a, b) for a, b in pairs if answer(ea[a]) != answer(eb[b])]}
+
+
 def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> Dict[str, Any]:
     """Exact McNemar test: a two-sided binomial test on the discordant pairs."""
     from scipy.stats import binomtest
@@ -142,12 +204,11 @@ def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, 
     ``n_refused`` counts the shared keys whose content differs or cannot be compared."""
     field = "pif" if family == "pif" else "correct"
     values = {r["name"]: _paired_values(r["result"]["per_sample"], field) for r in runs}
-    shas = {r["name"]: sample_shas(r) for r in runs}
     out = []
     for ra, rb in combinations(runs, 2):
         va, vb = values[ra["name"]], values[rb["name"]]
-        keys, refused = pair_keys(list(va), list(vb), shas[ra["name"]], shas[rb["name"]])
-        a, b = [va[k] for k in keys], [vb[k] for k in keys]
+        keys, refused = pair_runs(ra, rb)
+        a, b = [va[k] for k, _ in keys], [vb[k] for _, k in keys]
         row: Dict[str, Any] = {"a": ra["name"], "b": rb["name"], "metric": field, "n_pairs": len(keys),
                                "n_refused": refused,
                                "mean_a": float(np.mean(a)) if keys else None,
@@ -188,6 +249,50 @@ def _chance_rows(result: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return (result.get("metrics") or {}).get("by") or {}
 
 
+#: per family, the metrics published references give (configs/reference_results.yaml)
+REFERENCE_METRICS: Dict[str, Tuple[str, ...]] = {"mme": ("perception_score", "cognition_score"), "pif": ("pif",)}
+
+
+def checkpoint_name(run: Dict[str, Any]) -> Optional[str]:
+    """The checkpoint a run evaluated: run_eval's ``--model_name``, another harness's
+    ``pretrained`` (its provenance), else the one model named in the records (``family:name``)."""
+    res = run["result"]
+    name = (res.get("config") or {}).get("model_name")
+    if name:
+        return str(name)
+    harness = (res.get("provenance") or {}).get("harness") or {}
+    if harness.get("pretrained"):
+        return str(harness["pretrained"])
+    models = {str(r["model"]) for r in run.get("records") or [] if r.get("model")}
+    if len(models) == 1:
+        model = models.pop()
+        return model.split(":", 1)[1] if ":" in model else model
+    return None
+
+
+def reference_rows(runs: Sequence[Dict[str, Any]], benchmark: str, family: str) -> List[Dict[str, Any]]:
+    """For each run whose checkpoint has a published result on this benchmark: the run's value
+    beside it, the difference and the difference in units of the known run-to-run spread
+    (``utils.references.beside``); ``note`` says when the run's total is not comparable (a subset)."""
+    metrics = REFERENCE_METRICS.get(family, ())
+    if not metrics:
+        return []
+    data = load_references()
+    out = []
+    for r in runs:
+        ref = match(checkpoint_name(r), benchmark, data)
+        if ref is None:
+            continue
+        for metric in metrics:
+            if metric not in (ref.get("results") or {}):
+                continue
+            row = beside((r["result"].get("metrics") or {}).get(metric), ref, metric, data)
+            if row is not None:
+                row.update(model=r["name"], note=(r["result"].get("notes") or {}).get(metric))
+                out.append(row)
+    return out
+
+
 def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int = 1000) -> Dict[str, Any]:
     """The comparison as data (what comparison.json holds)."""
     benchmark, metric = check_runs(runs)
@@ -211,9 +316,19 @@ def build_comparison(runs: Sequence[Dict[str, Any]], seed: int = 0, n_boot: int 
                        "headline": boot["headline"], "extra": extra, "breakdowns": boot["breakdowns"],
                        "chance_by": {name: {g: row.get("chance") for g, row in rows.items()}
                                      for name, rows in _chance_rows(res).items()}})
+    shas = {r["name"]: sample_shas(r) for r in runs}
+
+    def same_items(a: Dict[str, Any], b: Dict[str, Any]) -> Tuple[List[Key], int]:
+        """``pair_runs``' first stage (our runs pair by content hash) on the hashes computed once."""
+        keys_a = [(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)) for p in a["result"]["per_sample"]]
+        keys_b = [(str(p["sample_id"]), int(p.get("dup_index", 0) or 0)) for p in b["result"]["per_sample"]]
+        return pair_keys(keys_a, keys_b, shas[a["name"]], shas[b["name"]])
+
     return {"benchmark": benchmark, "metric": metric, "family": family, "seed": seed, "n_boot": n_boot,
             "ci": f"95% percentile interval, {n_boot} cluster-bootstrap resamples (seed {seed})",
-            "models": models, "paired_tests": paired_tests(runs, family)}
+            "models": models, "paired_tests": paired_tests(runs, family),
+            "image_dependence": image_dependence(runs, family, benchmark, metric, same_items, seed=seed, n_boot=n_boot),
+            "references": reference_rows(runs, benchmark, family)}
 
 
 def operations(run: Dict[str, Any]) -> Dict[str, Any]:
@@ -338,6 +453,14 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                          for g in groups]
                 out.append((f"{extra_stat} by subtask", ["subtask", "n"] + [m["name"] for m in comp["models"]],
                             rows2))
+    if comp.get("references"):
+        rows = [[r["model"], r["checkpoint"], r["metric"], f"{r['value']:.2f}", f"{r['reference']:g}",
+                 f"{r['diff']:+.2f}", "-" if r["spread"] is None else f"{r['spread']:.2f}",
+                 "-" if r["in_spreads"] is None else f"{r['in_spreads']:+.1f}",
+                 f"{r['source']} ({r['url']})", r.get("note") or ""] for r in comp["references"]]
+        out.append(("Published references (configs/reference_results.yaml)",
+                    ["model", "checkpoint", "metric", "run", "published", "run - published", "known spread",
+                     "in spreads", "source", "note"], rows))
     if comp["paired_tests"]:
         header = ["model A", "model B", "test", "pairs", "refused pairs", f"mean {comp['paired_tests'][0]['metric']} A",
                   "mean B", "statistic", "p-value"]
@@ -349,6 +472,11 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                          "-" if t["statistic"] is None else f"{t['statistic']:g}",
                          "-" if t["p_value"] is None else f"{t['p_value']:.4g}"])
         out.append(("Paired tests (samples both models scored, paired by content)", header, rows))
+    dependence = dependence_table(comp.get("image_dependence") or [])
+    if dependence:
+        out.append(dependence)
+    # two runs: the explanation's tables (evaluation.reporting.explain, laid out by report.compare_runs)
+    out += [tuple(t) for t in (comp.get("explain") or {}).get("tables") or []]
     return out
 
 
@@ -367,7 +495,13 @@ def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
              md_text(f"Models: {models}."), ""]
     for title, header, rows in tables(comp):
         lines += [f"## {md_text(title)}", "", markdown_table(header, rows), ""]
-        notes = pairing_notes(comp) if title.startswith("Paired tests") else []
+        notes = pairing_notes(comp) if title.startswith("Paired tests") else (
+            dependence_notes(comp.get("image_dependence") or []) if title.startswith("Image dependence") else [])
+        if title.startswith("Published references"):
+            notes = [f"{r['model']}: " + describe(r) + (f" The run's total is not comparable ({r['note']})."
+                                                      if r.get("note") else "") for r in comp["references"]]
+        if title.startswith("Explanation: differences"):  # the pairing, and the summary line
+            notes = (comp.get("explain") or {}).get("notes") or []
         lines += [f"- Note: {md_text(n)}" for n in notes] + ([""] if notes else [])
     if plots:
         lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]

@@ -221,9 +221,11 @@ def render(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], plot_files: Seq
     data = sample_data(comp, runs, max_thumb_bytes)
     title = f"{comp['benchmark'] or 'Benchmark'} report: {', '.join(m['name'] for m in comp['models'])}"
     all_tables = tables(comp)
-    summary = [t for t in all_tables if t[0].startswith(("Headline", "Operations", "Paired"))]
+    summary = [t for t in all_tables if t[0].startswith(("Headline", "Operations", "Paired", "Image dependence",
+                                                        "Published", "Explanation"))]
     tbls = "".join(_table_html(t, h, r) for t, h, r in summary)
     tbls += "".join(f"<p class='note'>{html.escape(n)}</p>" for n in pairing_notes(comp))
+    tbls += "".join(f"<p class='explain'>{html.escape(n)}</p>" for n in (comp.get("explain") or {}).get("notes") or [])
     breakdowns = "".join(_table_html(*t) for t in all_tables if t not in summary)
     plots = "".join(_plot_html(p) for p in plot_files if p.endswith(".png"))
     note = ""

@@ -11,22 +11,27 @@ import textwrap
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import matplotlib
-
+from metrics import report_spec
 from utils.errors import ReformError
 from utils.predictions import temp_prefix
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-
-from metrics import report_spec  # noqa: E402
-
-plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top": False,
-                     "axes.spines.right": False, "font.size": 9})
 
 #: every text we draw is plain text: model and group names come from users, and a ``$`` in one
 #: must be drawn as written, never parsed as mathtext or LaTeX (``$\\frac{1}{$`` would crash)
 PLAIN_TEXT = {"text.usetex": False, "text.parse_math": False}
+
+
+@functools.lru_cache(maxsize=None)
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend with our style, imported on the first plot: a run
+    or a scoring that draws nothing never pays for matplotlib."""
+    import matplotlib  # heavy (issue 24: instant start); loaded by the first plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "figure.dpi": 100, "axes.spines.top": False,
+                         "axes.spines.right": False, "font.size": 9})
+    return plt
 
 
 def plain_text(fn: Any) -> Any:
@@ -34,7 +39,7 @@ def plain_text(fn: Any) -> Any:
     settings when it is created, so every title, tick label and legend entry made inside is plain."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with plt.rc_context(PLAIN_TEXT):
+        with pyplot().rc_context(PLAIN_TEXT):
             return fn(*args, **kwargs)
     return wrapper
 
@@ -83,7 +88,7 @@ def _save(fig: Any, out_dir: str, name: str) -> List[str]:
     except OSError as e:
         raise ReformError(f"{out_dir}: cannot write plot {name} ({e.strerror or e})") from None
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return paths
 
 
@@ -141,7 +146,7 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
     series = _series(comp, breakdown, stat, groups)
     n = len(series)
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(6.4 if len(groups) * n <= 24 else 10, 3.8))
+    fig, ax = pyplot().subplots(figsize=(6.4 if len(groups) * n <= 24 else 10, 3.8))
     for i, (model, vals, lo, hi) in enumerate(series):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
         bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=legend_label(model), error_kw={"lw": 0.8})
@@ -173,7 +178,7 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
     groups = _groups(comp, breakdown)
     if not groups:
         return []
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
     xs = list(range(len(groups)))
     series = _series(comp, breakdown, stat, groups)
     for i, (model, vals, lo, hi) in enumerate(series):
@@ -208,7 +213,7 @@ def headline_bars(comp: Dict[str, Any], stat: str, label: str, out_dir: str, nam
     line: the models' ``extra[chance_key]``, or ``chance_per_group`` = (breakdown, chance of
     one group) times the groups scored (an MME total: 75 per subtask). A note on the number
     (a subsample's missing subtasks) goes under the title."""
-    fig, ax = plt.subplots(figsize=(max(3.5, 1.5 * len(comp["models"]) + 1.5), 3.4))
+    fig, ax = pyplot().subplots(figsize=(max(3.5, 1.5 * len(comp["models"]) + 1.5), 3.4))
     names, vals, lo, hi = [], [], [], []
     for m in comp["models"]:
         cell = m["headline"].get(stat) or {}
@@ -246,7 +251,7 @@ def instability_bars(comp: Dict[str, Any], out_dir: str) -> List[str]:
     rows = [(m["name"], m["extra"]["instability"]) for m in comp["models"] if "instability" in m["extra"]]
     if not rows:
         return []
-    fig, ax = plt.subplots(figsize=(max(3.5, 1.5 * len(rows) + 1.5), 3.4))
+    fig, ax = pyplot().subplots(figsize=(max(3.5, 1.5 * len(rows) + 1.5), 3.4))
     ax.bar(range(len(rows)), [v for _, v in rows], color=[f"C{i}" for i in range(len(rows))])
     _model_ticks(ax, [n for n, _ in rows])
     ax.set_ylabel("instability (mean entropy, nats)")
@@ -266,7 +271,7 @@ def pif_n_k(comp: Dict[str, Any], out_dir: str) -> List[str]:
             series.append((m["name"], ks, m))
     if not series:
         return []
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
     for name, ks, m in series:
         xs = [int(k.split("_")[-1]) for k in ks]
         vals = [m["headline"][k]["value"] for k in ks]

@@ -1,7 +1,9 @@
 """Writing a report: one run's or a comparison's tables, plots and report.html, as one unit.
 
 ``compare_runs`` writes ``comparison.md``, ``comparison.json``, ``plots/`` and ``report.html``
-into ``output_dir``; ``write_run_report`` is the one-run case. The numbers come from
+into ``output_dir``; ``write_run_report`` is the one-run case. A comparison of exactly two runs
+also explains the second against the first (``evaluation.reporting.explain``): with more runs
+there is no one pair to explain, and ``run_loader_eval --explain A B`` names the pair. The numbers come from
 ``evaluation.reporting.compare``; this module only lays them out on disk.
 """
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from evaluation.reporting.compare import _json_safe, build_comparison, markdown
+from evaluation.reporting.explain import explain_runs, explanation_notes, explanation_tables
 from evaluation.reporting.html import render
 from evaluation.reporting.plots import make_plots
 from utils.commit import Commit, clean_stale_temps
@@ -25,6 +28,9 @@ def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0,
     replacing the old folder whole, so the folder never holds plots of an earlier comparison
     beside this one's tables. With ``commit`` they join that caller's unit."""
     comp = build_comparison(runs, seed=seed, n_boot=n_boot)
+    if len(runs) == 2:  # two runs of one benchmark: why their answers differ (one pair, one section)
+        exp = explain_runs(runs[0], runs[1])
+        comp["explain"] = {**exp, "tables": explanation_tables(exp), "notes": explanation_notes(exp)}
     ensure_writable_dir(output_dir, "report directory")
     clean_stale_temps(output_dir, depth=1)
     own = commit is None

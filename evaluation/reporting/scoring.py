@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -26,6 +27,7 @@ import build  # noqa: F401  (registers the builders, for dataset-name lookups)
 import metrics  # noqa: F401  (metric modules register readers and exporters)
 from build.registry import get_builder_class
 from evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
+from evaluation.reporting.image_dependence import ablation_mode
 from evaluation.reporting.report import compare_runs
 from metrics import evaluate
 from metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
@@ -35,8 +37,9 @@ from utils.errors import ReformError, input_error
 from utils.inputs import check_name, list_dir, read_json
 from utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
 from utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
-                               ensure_writable_dir, read_predictions, record_key)
-from utils.report import markdown_table, metrics_report
+                               ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
+                               record_key)
+from utils.report import headline_report, markdown_table, metrics_report
 from utils.usage import usage_totals
 
 logger = logging.getLogger(__name__)
@@ -148,7 +151,7 @@ def _check_scores(rec: Dict[str, Any], i: int, file: Optional[str]) -> None:
 def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: Optional[str] = None) -> Dict[str, str]:
     """Where the results of ``prediction_file`` go (named after it, never shared)."""
     base = os.path.basename(os.path.normpath(prediction_file))
-    for ext in (".jsonl", ".json", ".csv"):
+    for ext in (".jsonl", ".json", ".csv", ".tsv", ".xlsx"):
         if base.endswith(ext):
             base = base[: -len(ext)]
             break
@@ -159,7 +162,34 @@ def results_paths(prediction_file: str, output_dir: Optional[str] = None, tag: O
             "md": os.path.join(directory, f"{base}.results.md"),
             "per_sample": os.path.join(directory, f"{base}.per_sample.json"),
             "run": os.path.join(directory, f"{base}.run.json"),
+            "report": os.path.join(directory, f"{base}.report"),
             "dir": directory, "stem": base}
+
+
+def prediction_files(directory: "str | os.PathLike[str]") -> List[str]:
+    """The prediction files of the runs in an output folder (``<stem>.json``/``.jsonl``), sorted:
+    never what this tool writes beside them (results, per-sample and run files, ``<stem>.report/``
+    folders, indexes, temporaries, another harness's companion files). The one lookup of a run's
+    files for the library, tests and bench/ scripts; the names of what belongs to each come from
+    ``results_paths``."""
+    directory = os.fspath(directory)
+    paths = [os.path.join(directory, n) for n in list_dir(directory, "prediction folder", suffix=(".json", ".jsonl"),
+                                                          kind="file")]
+    return [p for p in paths if not is_derived(p) and not is_foreign_companion(p)]
+
+
+def results_files(prediction_file: str) -> List[str]:
+    """Every results file written for ``prediction_file``, sorted: ``<stem>.results.json`` and the
+    tagged ones (``<stem>.eval-<hash>.results.json`` from ``run_eval --do_eval`` with other scoring
+    options, ``<stem>.scored-<hash>.results.json`` from ``run_loader_eval``)."""
+    paths = results_paths(prediction_file)
+    pattern = os.path.join(glob.escape(paths["dir"]), glob.escape(paths["stem"]) + ".*results.json")
+    return sorted(p for p in glob.glob(pattern)
+                  if p == paths["json"] or _TAG_RE.fullmatch(os.path.basename(p)[len(paths["stem"]) + 1:]))
+
+
+#: a results tag written by ``options_tag`` and what follows it
+_TAG_RE = re.compile(r"(?:eval|scored)-[0-9a-f]{8}\.results\.json")
 
 
 def options_tag(prefix: str = "scored", **options: Any) -> str:
@@ -179,15 +209,10 @@ def run_eval_tag(likelihood_reduction: str = "sum", eval_stability: bool = False
                        metric_options=metric_options or {})
 
 
-def append_run_index(directory: str, entry: Dict[str, Any]) -> None:
-    """Append one line to the directory's run index (O_APPEND: concurrent writers never interleave)."""
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **entry}
-    line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-    fd = os.open(os.path.join(directory, RUN_INDEX), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+def index_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """One line of the run index (appended by ``Commit.append_line``, journaled with the outputs
+    it names): the time, then ``entry``."""
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **entry}
 
 
 def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
@@ -259,9 +284,10 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
     if summary.get("usage"):
         result.setdefault("tables", {})["Token usage"] = markdown_table(
             ["field", "value"], [(k, v) for k, v in summary["usage"].items()])
-    report = metrics_report(result, title=f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip())
-    if not quiet:
-        print(report)
+    title = f"{records[0].get('benchmark', '')} {formulation} {infer_method}".strip()
+    report = metrics_report(result, title=title)
+    if not quiet:  # the headline table, as run_eval --do_eval prints it; every table is in the .md
+        print(headline_report(result, title=title) + "\n")
     if write:
         paths = results_paths(prediction_file or "results", output_dir, tag)
         summary["results_files"] = {k: paths[k] for k in ("json", "md", "per_sample")}
@@ -274,7 +300,7 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         except BaseException:
             c.abort()
             raise
-        c.on_commit(lambda: append_run_index(paths["dir"], {
+        c.append_line(os.path.join(paths["dir"], RUN_INDEX), index_entry({
             "tool": tool, "prediction_file": summary["prediction_file"], "results": paths["json"],
             "run_id": summary.get("run_id"), "metric": result["metric"], "headline": headline(result["metrics"])}))
         if own:
@@ -320,8 +346,7 @@ def expand_prediction_files(paths: Sequence[str]) -> List[str]:
             raise input_error("matches no prediction file", file=p)
         for m in matches:
             if os.path.isdir(m) and not _is_results_dir(m):
-                names = list_dir(m, "prediction folder", suffix=(".json", ".jsonl"))
-                found = [os.path.join(m, n) for n in names if not is_derived(os.path.join(m, n))]
+                found = prediction_files(m)
                 if not found:
                     raise input_error("holds no prediction files", file=m)
                 out.extend(found)
@@ -382,7 +407,17 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
         reader = PREDICTION_FILE_READERS.get((get_builder_class(dataset_name).name, ext))
         if reader is not None:
             return reader(prediction_file)
+    found = foreign_reader(prediction_file)  # another harness's output (lmms-eval, VLMEvalKit)
+    if found is not None:
+        return found[1](prediction_file)
     return read_predictions(prediction_file)
+
+
+def provenance_extra(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """``{"provenance": ...}`` for records read from another harness's output (what its files
+    tell of the run's settings), for the results file; None for our own prediction files."""
+    prov = getattr(records, "provenance", None)
+    return {"provenance": prov} if prov is not None else None
 
 
 #: the marker an export folder holds: which prediction file (and model) it was written from
@@ -443,10 +478,13 @@ def export_results(records: List[Dict[str, Any]], benchmark: str, directory: str
 
 
 def run_name(records: List[Dict[str, Any]], prediction_file: str) -> str:
-    """The label of a run in comparisons: the model named in its records, else the file stem."""
+    """The label of a run in comparisons: the model named in its records, else the file stem; a run
+    made with ``--image_ablation`` says which (``llava:tiny (images: blank)``)."""
     models = sorted({str(r["model"]) for r in records if r.get("model")})
     stem = results_paths(prediction_file)["stem"]
-    return models[0] if len(models) == 1 else stem
+    name = models[0] if len(models) == 1 else stem
+    mode = ablation_mode(records)
+    return f"{name} (images: {mode})" if mode else name
 
 
 def clean_output_temps(*directories: Optional[str]) -> None:
@@ -488,7 +526,7 @@ def loader_eval(prediction_file: str, formulation: Optional[str] = None, infer_m
         result = score_records(records, formulation, infer_method, eval_stability, likelihood_reduction,
                                prediction_file=prediction_file, output_dir=output_dir,
                                metric_options=metric_options, write=write, quiet=quiet, tag=tag,
-                               tool="run_loader_eval", commit=c)
+                               tool="run_loader_eval", commit=c, extra=provenance_extra(records))
         if export_mme_results:
             export_results(records, "MME", export_mme_results, prediction_file=prediction_file, commit=c,
                            likelihood_reduction=likelihood_reduction)
@@ -551,7 +589,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
                                        prediction_file=path, output_dir=output_dir,
                                        metric_options=metric_options,
                                        quiet=quiet or len(files) > 1 or len(groups) > 1,
-                                       tag=sub_tag, tool="run_loader_eval", commit=c)
+                                       tag=sub_tag, tool="run_loader_eval", commit=c,
+                                       extra=provenance_extra(records))
                 runs.append({"name": model if len(groups) > 1 else run_name(recs, path), "records": recs,
                              "result": result})
             if export_mme_results:
@@ -566,7 +605,8 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
             print(f.read())
         print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
     elif not quiet:
-        print(f"results: {runs[0]['result'].get('results_files', {}).get('json')}")
+        files = runs[0]["result"].get("results_files", {})
+        print(f"results: {files.get('json')} (every table: {files.get('md')})")
     return {"runs": runs, "comparison": comparison}
 
 

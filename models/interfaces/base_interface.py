@@ -35,6 +35,12 @@ class BaseInterface:
     name: str = ""
     #: False for black-box models (APIs): likelihood raises a clear error
     supports_likelihood: bool = True
+    #: False for a family that computes nothing on a torch device (baselines, APIs): the engine
+    #: then picks no device and never imports torch for it
+    runs_on_device: bool = True
+    #: True for a family that cannot run without an image (BLIP-2 always encodes pixels; PaliGemma's
+    #: processor requires images): ``--image_ablation none`` gives it a blank image instead
+    needs_image: bool = False
     #: ``--model_option`` keys this class reads (a subclass adds its own; ``models.model_option_names``
     #: collects them over the class hierarchy, and any other key is an error listing them)
     #: (prompt options that only some families read, ``preprocessor`` and ``roles``, are declared by those)
@@ -117,6 +123,42 @@ class BaseInterface:
         """Told of the records this run already holds before it goes on (an earlier, interrupted
         process's answers) and how many ranks share the run: an interface whose limits span the
         run (a token budget) counts them and takes its share."""
+
+    # -- one call at a time (endpoints) --------------------------------------------------------
+    def max_in_flight(self) -> int:
+        """How many calls this interface runs at once when given them one at a time (``call``).
+        1 (the default): the engine hands it batches instead, as an in-process model computes a
+        batch at once; an endpoint client returns its concurrency, and the engine then keeps
+        that many calls in flight across the whole run (``evaluation.window``)."""
+        return 1
+
+    def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> Tuple[Any, Any]:
+        """One sample's call in the calling thread (an endpoint's window worker): ``(output,
+        trace)``, output as ``forward`` returns it per sample, trace as ``take_traces``."""
+        seed = gen_kwargs.pop("seed", None)
+        if seed is not None:
+            gen_kwargs["seeds"] = [seed]
+        out = self.forward(inference_method, [sample], [prompt], **gen_kwargs)[0]
+        traces = self.take_traces()
+        return out, traces[0] if traces else None
+
+    def close(self) -> None:
+        """Release what the interface holds for the run (worker threads, connections)."""
+
+    # -- provenance: what can change an answer (docs/provenance.md) -----------------------------
+    def provenance(self) -> Dict[str, Any]:
+        """Run-level facts that can change an answer, JSON-ready; unknown values are None."""
+        pre = getattr(self, "preprocessor", None)
+        return {"engine": "baseline" if not self.runs_on_device else None,
+                "preprocessor": type(pre).__name__ if pre is not None else None,
+                "system_line": getattr(pre, "system_msg", None)}
+
+    def take_traces(self) -> Optional[List[Dict[str, Any]]]:
+        """Per-sample traces of the last ``forward`` (aligned with its samples), then forgotten:
+        ``prompt_sha`` (sha256[:16] of the exact text or messages the model or server got),
+        ``prompt_text``, ``prompt_tokens``, ``bos`` (does it start with BOS), ``pixel_sha`` (hash
+        of the pixel tensors the model got; None without images). None: not traced."""
+        return None
 
     def describe(self) -> Dict[str, Any]:
         """What identifies this model in result files and the output hash."""

@@ -24,6 +24,7 @@ _BASELINE_REFUSED = {k: "a weight-free baseline reads no prompt and generates no
 
 class _Baseline(BaseInterface):
     run_flags = ()
+    runs_on_device = False
     refused_options = _BASELINE_REFUSED
 
     def make_preprocessor(self, config: Dict[str, Any]) -> ConvProcessor:
@@ -76,6 +77,8 @@ class ReferenceBaseline(BaseInterface):
     Why: on MMMT-IF this is the PIF of instruction-unaware answers (issue 10 §3). It reads
     the answer from the sample and refuses samples that have none (``release_only`` chats).
     """
+
+    runs_on_device = False
 
     run_flags = ()
     refused_options = _BASELINE_REFUSED

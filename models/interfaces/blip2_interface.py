@@ -64,6 +64,7 @@ class Blip2Interface(HFBaseInterface):
     """BLIP-2: ViT + Q-Former (``num_query_tokens`` queries per image) + OPT or Flan-T5."""
 
     family = "blip2"
+    needs_image = True  # every prompt encodes pixel values (``_encode``)
     model_types = ("blip-2",)
     #: OPT derives its (learned, absolute) positions from the attention mask itself
     position_source = "model"
@@ -112,7 +113,7 @@ class Blip2Interface(HFBaseInterface):
         tokens; a leading image run goes before BOS, as the HF processor puts it."""
         nq = int(self.model.config.num_query_tokens)
         img = self._image_token_id()
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=self.adds_bos())["input_ids"]
         out: List[int] = []
         for t in ids:
             out.extend([img] * nq if t == img else [t])

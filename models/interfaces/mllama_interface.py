@@ -51,10 +51,10 @@ class MllamaInterface(HFBaseInterface):
     model_types = ("mllama",)
     likelihood_strategy = "expand"
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, config: Optional[Dict[str, Any]] = None, load_weights: bool = True) -> None:
         self._last_xmask: Optional[torch.Tensor] = None
         self._prefix_xmask: Optional[torch.Tensor] = None
-        super().__init__(config)
+        super().__init__(config, load_weights)
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
         return chat_template_preprocessor(self, config)

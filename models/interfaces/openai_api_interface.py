@@ -1,12 +1,20 @@
-"""``openai_api``: any OpenAI-compatible chat-completions endpoint (black-box, generation only).
+"""``openai_api``: any OpenAI-compatible chat-completions endpoint (generation; likelihood where the
+endpoint returns prompt log-probabilities, as vLLM does: ``models.openai_likelihood``).
 
 This is how users reach GPT-4o / Claude / Gemini gateways and local vLLM or SGLang servers.
-It speaks HTTP with the standard library (``urllib``) so the harness gains no dependency.
+The transport (``models.http_transport``: keep-alive connections per worker thread, one
+deadline per request, no redirects) and the limits (``models.request_limits``) have their own
+modules; this one builds requests, reads replies and runs them.
 
 Why the details below:
 
+* a run keeps ONE window of ``max_concurrency`` requests in flight from its first sample to
+  its last (``submit``: the engine starts the next request the moment a reply arrives, and
+  records each answer as it comes, ``evaluation.window``); a batch that waited for its slowest
+  reply halved the throughput against a server whose replies vary in time (issue 24);
 * images are sent inline as base64 ``data:`` URLs, in the order their ``<image>``
-  placeholders appear in the conversation, because gateways cannot reach local files;
+  placeholders appear in the conversation, because gateways cannot reach local files; each
+  distinct image is encoded once per run (``models.openai_messages.EncodedImages``);
 * 429 and 5xx replies, timeouts and dropped connections are retried with exponential
   backoff (honouring ``Retry-After``), because rate limits and overloaded servers are the
   normal state of shared endpoints; other 4xx replies are refusals and fail at once;
@@ -22,11 +30,12 @@ Why the details below:
   models use, so a served model gives the same prediction string as in-process;
 * a call that finally fails raises :class:`ReformError`; it is never returned as a
   prediction, so a re-run retries exactly the samples that failed;
-* ``timeout`` bounds the WHOLE request (send, headers and body): every socket read gets
-  the time left until one deadline, so a server that drips one byte a second cannot hold a
-  call forever (a per-read socket timeout restarts on every byte);
-* redirects are never followed (``http.client``, no redirect handler): a 3xx is an error, so
-  the ``Authorization`` header is only ever sent to the configured host;
+* ``timeout`` bounds the WHOLE request (send, headers and body), and redirects are never
+  followed (``models.http_transport``);
+* numbers from the server are validated where they enter: ``Retry-After`` is clamped to
+  ``backoff_max``, ``usage`` counts must be whole numbers from 0 up; a reply nested deeper than
+  the JSON parser follows is a malformed reply, and a lone surrogate in its text is replaced
+  by U+FFFD (each logged once);
 * credentials are held as ``utils.secrets.Secret`` values: the API key, the user info and
   credential query parameters of ``base_url`` (``?api-key=``, ``auth=``, ``X-Amz-Signature=``:
   split out at config time, ``utils.secrets.SecretURL``, and put back only on the wire) and
@@ -37,8 +46,8 @@ Why the details below:
 
 For a model served by vLLM or SGLang (``vllm serve <model>`` / ``python -m
 sglang.launch_server``), point ``base_url`` at the server's ``/v1`` and raise
-``max_concurrency`` together with ``--per_gpu_eval_batch_size``: a batch is sent with that
-many requests in flight, so the server can batch them (see docs/models.md).
+``max_concurrency``: that many requests stay in flight, so the server can batch them
+(``--per_gpu_eval_batch_size`` does not apply to an endpoint; see docs/models.md).
 
 Settings (config key, then environment variable, then default):
 
@@ -55,31 +64,30 @@ million tokens: the results' cost, ``utils.usage.usage_totals``).
 from __future__ import annotations
 
 import base64
-import http.client
-import io
+import hashlib
 import json
 import logging
 import os
-import socket
-import ssl
-import threading
 import time
 import urllib.parse
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence
 
 from PIL import Image
 
-from utils.schema import IMAGE_TOKEN
 from models import register_model
+from models.http_transport import Endpoint, Retryable, log_clamp_once, public_url
+from models.http_transport import retry_after as parse_retry_after
 from models.interfaces.base_interface import BaseInterface, CandidateScore
+from models.openai_messages import (IMAGE_FORMATS, EncodedImages, encode_image, image_format,  # noqa: F401
+                                    to_openai_messages)
+from models.openai_likelihood import score_candidates
 from models.outputs import GenText, finish_text
-from utils.secrets import (REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep,
-                           secret_options)
-from utils.errors import BudgetExhausted, ReformError
-from utils.images import open_image
+from models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
+                                   spent_usage)
+from utils.errors import ReformError
 from utils.preprocessors import ChatTemplateProcessor
+from utils.request_pool import RequestPool
+from utils.secrets import REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep, secret_options
 
 logger = logging.getLogger(__name__)
 
@@ -88,299 +96,6 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 #: statuses that say "too many requests": the adaptive limit backs off on these
 CONGESTION_STATUS = frozenset({429, 503})
-#: ``image_format`` names (case-insensitive) -> PIL format names
-IMAGE_FORMATS = {"PNG": "PNG", "JPEG": "JPEG", "JPG": "JPEG", "WEBP": "WEBP"}
-
-
-class _Retryable(Exception):
-    """A failure that another attempt may cure (carries an optional Retry-After in seconds)."""
-
-    def __init__(self, message: str, retry_after: Optional[float] = None, congestion: bool = False) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-        self.congestion = congestion
-
-
-class _DeadlinePassed(socket.timeout):
-    """The whole request outlived its deadline."""
-
-
-def _deadline_socket(base: type) -> type:
-    """``base`` (a socket class) whose reads and writes each get the time left until the
-    instance's ``deadline`` as their timeout, and fail once it has passed: a server that
-    drips one byte a second cannot keep a call alive (a plain socket timeout restarts on
-    every byte)."""
-    class DeadlineSocket(base):  # type: ignore[misc, valid-type]
-        deadline: Optional[float] = None
-
-        def _arm(self) -> None:
-            if self.deadline is not None:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    raise _DeadlinePassed("request deadline passed")
-                self.settimeout(left)
-
-        def recv_into(self, *args: Any, **kwargs: Any) -> int:
-            self._arm()
-            try:
-                return super().recv_into(*args, **kwargs)
-            except socket.timeout:
-                if self.deadline is not None and time.monotonic() >= self.deadline:
-                    raise _DeadlinePassed("request deadline passed") from None
-                raise
-
-        def recv(self, *args: Any, **kwargs: Any) -> bytes:
-            self._arm()
-            return super().recv(*args, **kwargs)
-
-        def sendall(self, *args: Any, **kwargs: Any) -> None:
-            self._arm()
-            return super().sendall(*args, **kwargs)
-
-    return DeadlineSocket
-
-
-_DeadlineSocket = _deadline_socket(socket.socket)
-_DeadlineSSLSocket = _deadline_socket(ssl.SSLSocket)
-
-
-class _DeadlineHTTPConnection(http.client.HTTPConnection):
-    """http.client (which never follows redirects) on a deadline socket."""
-
-    deadline: Optional[float] = None
-
-    def connect(self) -> None:
-        super().connect()
-        raw = self.sock
-        self.sock = _DeadlineSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
-        self.sock.settimeout(self.timeout)
-        self.sock.deadline = self.deadline
-
-
-class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS on a deadline TLS socket (the context builds ``_DeadlineSSLSocket``)."""
-
-    deadline: Optional[float] = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        ctx = ssl.create_default_context()
-        ctx.sslsocket_class = _DeadlineSSLSocket
-        super().__init__(*args, context=ctx, **kwargs)
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock.deadline = self.deadline
-
-
-def image_format(name: Any) -> str:
-    """The PIL format for an ``image_format`` option (case-insensitive; JPG means JPEG)."""
-    fmt = IMAGE_FORMATS.get(str(name).strip().upper())
-    if fmt is None:
-        raise ReformError(f"--model_option image_format: must be PNG, JPEG (or JPG) or WEBP, got {name!r}")
-    return fmt
-
-
-def encode_image(image: Union[Image.Image, str], fmt: str = "PNG") -> str:
-    """A base64 ``data:`` URL for one image (paths are opened, with errors naming the file)."""
-    if isinstance(image, str):
-        image = open_image(image)
-    if not isinstance(image, Image.Image):
-        raise ReformError(f"openai_api: cannot send an image of type {type(image).__name__}")
-    fmt = image_format(fmt)
-    im = image.convert("RGB") if fmt == "JPEG" or image.mode not in ("RGB", "RGBA", "L") else image
-    buf = io.BytesIO()
-    im.save(buf, format=fmt)
-    mime = "jpeg" if fmt == "JPEG" else fmt.lower()
-    return f"data:image/{mime};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
-
-
-def _text_to_parts(text: str, urls: List[str], cursor: List[int]) -> List[Dict[str, Any]]:
-    """Split a string on ``IMAGE_TOKEN`` into text / image_url parts, consuming ``urls`` in order."""
-    parts: List[Dict[str, Any]] = []
-    for i, piece in enumerate(text.split(IMAGE_TOKEN)):
-        if i > 0:
-            parts.append(_image_part(urls, cursor))
-        if piece.strip():
-            parts.append({"type": "text", "text": piece.strip()})
-    return parts
-
-
-def _image_part(urls: List[str], cursor: List[int]) -> Dict[str, Any]:
-    if cursor[0] >= len(urls):
-        raise ReformError(f"openai_api: the prompt has more image placeholders than the "
-                          f"{len(urls)} images given")
-    part = {"type": "image_url", "image_url": {"url": urls[cursor[0]]}}
-    cursor[0] += 1
-    return part
-
-
-def to_openai_messages(prompt: Any, image_urls: List[str]) -> List[Dict[str, Any]]:
-    """Convert a preprocessor output into chat-completions ``messages`` with images in place.
-
-    Accepts chat messages (``ChatTemplateProcessor`` output: ``{"type": "image"}`` parts) or a
-    plain string with ``<image>`` placeholders (sent as one user message). Every image must
-    be placed exactly once; a mismatch is an error rather than a silently dropped image.
-    """
-    cursor = [0]
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": _text_to_parts(prompt, image_urls, cursor)}]
-    elif isinstance(prompt, (list, tuple)):
-        messages = []
-        for msg in prompt:
-            content = msg.get("content", "")
-            if isinstance(content, str):
-                parts = _text_to_parts(content, image_urls, cursor)
-            else:
-                parts = []
-                for part in content:
-                    if part.get("type") == "image":
-                        parts.append(_image_part(image_urls, cursor))
-                    elif part.get("type") == "text":
-                        parts.extend(_text_to_parts(part.get("text", ""), image_urls, cursor))
-                    else:
-                        parts.append(part)
-            # assistant/system turns are plain strings: most servers reject parts there
-            if msg["role"] != "user" and all(p.get("type") == "text" for p in parts):
-                messages.append({"role": msg["role"], "content": "\n".join(p["text"] for p in parts)})
-            else:
-                messages.append({"role": msg["role"], "content": parts})
-    else:
-        raise ReformError(f"openai_api: unsupported prompt type {type(prompt).__name__}")
-    if cursor[0] != len(image_urls):
-        raise ReformError(f"openai_api: the prompt places {cursor[0]} images but {len(image_urls)} were given")
-    return messages
-
-
-class AdaptiveLimit:
-    """How many requests may be in flight, adapted to the endpoint (AIMD, as TCP does).
-
-    A 429/503 halves the limit (once per episode: the replies to requests sent before the last
-    cut do not cut again) and pauses new requests for the reply's ``Retry-After``; each healthy
-    reply adds ``1/limit``, about one per round trip; the limit stays in [1, maximum]. With
-    ``adaptive=False`` the limit is fixed at ``maximum``. Shared by all batches of one
-    interface, so what was learnt carries over from batch to batch."""
-
-    def __init__(self, maximum: int, adaptive: bool = True) -> None:
-        self.maximum = max(1, int(maximum))
-        self.adaptive = adaptive
-        self.limit = float(self.maximum)
-        self.in_flight = 0
-        self.paused_until = 0.0
-        self.last_cut = float("-inf")
-        self.cuts = 0
-        self._cond = threading.Condition()
-
-    def acquire(self) -> float:
-        """Wait for a free slot (and the end of any pause); returns the send time."""
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                if now < self.paused_until:
-                    self._cond.wait(self.paused_until - now)
-                elif self.in_flight < max(1, int(self.limit)):
-                    self.in_flight += 1
-                    return now
-                else:
-                    self._cond.wait()
-
-    def release(self, sent: float, outcome: str, retry_after: Optional[float] = None) -> None:
-        """``outcome``: ``ok`` (a healthy reply), ``congested`` (429/503) or ``other``."""
-        with self._cond:
-            self.in_flight -= 1
-            if self.adaptive and outcome == "ok":
-                self.limit = min(float(self.maximum), self.limit + 1.0 / self.limit)
-            elif self.adaptive and outcome == "congested":
-                now = time.monotonic()
-                if sent >= self.last_cut:
-                    self.limit = max(1.0, self.limit / 2)
-                    self.last_cut = now
-                    self.cuts += 1
-                if retry_after:
-                    self.paused_until = max(self.paused_until, now + retry_after)
-            self._cond.notify_all()
-
-
-def spent_usage(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The tokens a saved answer cost: the server's ``usage``; none for an answer served from
-    the response cache; else (a server that reports no usage) a text-length estimate, a quarter
-    of the prompt's and the response's characters, as a request is estimated before it is sent."""
-    if isinstance(record.get("usage"), dict):
-        return record["usage"]
-    if record.get("cached_responses") or "prediction" not in record:
-        return None
-    responses = record.get("predictions") or [record.get("prediction")]
-    prompt = record.get("prompt")
-    prompt_chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt, default=str))
-    return {"prompt_tokens": len(responses) * (prompt_chars // 4),
-            "completion_tokens": sum(len(str(r or "")) // 4 for r in responses)}
-
-
-class TokenBudget:
-    """``max_total_tokens`` for this process: a request is sent only while the tokens used, plus
-    those reserved by requests in flight, plus its own worst case (its ``max_tokens`` and the
-    largest prompt seen so far, or a text-length estimate before the first reply) fit. A
-    reply's ``usage`` then replaces its reservation (a reply without ``usage`` keeps it)."""
-
-    def __init__(self, limit: Optional[int]) -> None:
-        self.limit = limit
-        self.run_limit = limit  # max_total_tokens as given; ``limit`` is this process's share
-        self.prompt = 0
-        self.completion = 0
-        self.reserved = 0
-        self.largest_prompt = 0
-        self.earlier = 0  # tokens of answers saved by an earlier process of this run
-        self._lock = threading.Lock()
-
-    @property
-    def used(self) -> int:
-        return self.prompt + self.completion
-
-    def estimate(self, body: Dict[str, Any]) -> int:
-        """Worst case of one request: its ``max_tokens`` plus its prompt (largest seen, or
-        a quarter of its text's characters, whichever is larger)."""
-        chars = sum(len(p.get("text", "")) if isinstance(p, dict) else 0
-                    for m in body.get("messages", [])
-                    for p in (m["content"] if isinstance(m.get("content"), list) else [{"text": m.get("content", "")}]))
-        return int(body.get("max_tokens") or 0) + max(self.largest_prompt, chars // 4)
-
-    def reserve(self, need: int, what: str) -> None:
-        if self.limit is None:
-            return
-        with self._lock:
-            if self.used + self.reserved + need > self.limit:
-                raise BudgetExhausted(
-                    f"openai_api: token budget max_total_tokens={self.run_limit} reached before {what}"
-                    + (f" (this rank's share: {self.limit})" if self.limit != self.run_limit else "") + ": "
-                    f"{self.used} tokens used ({self.prompt} prompt + {self.completion} completion"
-                    + (f"; {self.earlier} by answers saved earlier" if self.earlier else "") + "), "
-                    f"{self.reserved} reserved by requests in flight, and it could need up to {need} more; "
-                    "the finished samples are saved: re-running the same command resumes (raise "
-                    "max_total_tokens to go on)")
-            self.reserved += need
-
-    def settle(self, reserved: int, usage: Optional[Dict[str, Any]]) -> None:
-        with self._lock:
-            if self.limit is not None:
-                self.reserved -= reserved
-            if usage:
-                self.prompt += int(usage.get("prompt_tokens") or 0)
-                self.completion += int(usage.get("completion_tokens") or 0)
-                self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
-            elif self.limit is not None:  # unknown cost: charge the worst case
-                self.completion += reserved
-
-    def charge_recorded(self, usages: Iterable[Any], world_size: int = 1) -> None:
-        """Count the tokens of records this run already holds (an earlier, interrupted process's
-        answers being resumed), and keep this rank to its share of what is left: the budget is
-        the run's, not one process's, so ranks together never pass it."""
-        with self._lock:
-            for usage in usages:
-                if isinstance(usage, dict):
-                    p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-                    self.prompt, self.completion, self.earlier = self.prompt + p, self.completion + c, self.earlier + p + c
-                    self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
-            if self.run_limit is not None and world_size > 1:
-                self.limit = self.used + max(0, self.run_limit - self.used) // world_size
 
 
 @register_model("openai_api")
@@ -401,7 +116,9 @@ class OpenAIAPIInterface(BaseInterface):
     #: the served model id (``--model_name``) and a variant label; precision is the server's
     run_flags = ("model_name", "model_type")
 
-    supports_likelihood = False
+    #: where the endpoint returns prompt log-probabilities (vLLM): models.openai_likelihood probes it
+    supports_likelihood = True
+    runs_on_device = False
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
@@ -442,11 +159,16 @@ class OpenAIAPIInterface(BaseInterface):
         path = pub.path.rstrip("/")
         path = path if path.endswith("/chat/completions") else path + "/chat/completions"
         self.url = urllib.parse.urlunsplit((pub.scheme, pub.netloc, path, pub.query, ""))
-        #: where requests go: the URL with its credentials put back (only ever used on the wire)
-        self._parts = urllib.parse.urlsplit(join_url_secrets(self.url, self.base_url.secrets))
+        #: the transport, to the URL with its credentials put back (only ever used on the wire)
+        self.endpoint = Endpoint(join_url_secrets(self.url, self.base_url.secrets), self.timeout, self.scrub)
         #: the endpoint as logs and errors show it (no credentials, no query)
         self.public_url = public_url(self.url)
         self._sample_tags: Optional[List[str]] = None
+        self.images = EncodedImages(self.image_format)
+        #: what the server reported about itself (first reply): model id, fingerprint, Server header
+        self.served: Dict[str, Any] = {}
+        #: the run's request workers (one keep-alive connection each), started on the first submit
+        self.pool = RequestPool(self.max_concurrency, name="openai_api")
 
     def _secret_values(self) -> List[str]:
         """This client's credentials in the clear (for scrubbing replies), longest first."""
@@ -458,8 +180,12 @@ class OpenAIAPIInterface(BaseInterface):
 
     def scrub(self, text: str) -> str:
         """``text`` without this client's credentials (a server may echo them back)."""
-        for value in self._secret_values():
-            text = text.replace(value, REDACTED)
+        values = self.__dict__.get("_scrub_values")
+        if values is None:  # the credentials never change: listed once
+            values = self.__dict__["_scrub_values"] = self._secret_values()
+        for value in values:
+            if value in text:
+                text = text.replace(value, REDACTED)
         return text
 
     def make_preprocessor(self, config: Dict[str, Any]) -> ChatTemplateProcessor:
@@ -476,8 +202,11 @@ class OpenAIAPIInterface(BaseInterface):
     def build_request(self, images: Sequence[Any], prompt: Any, **gen_kwargs: Any) -> Dict[str, Any]:
         """The JSON body for one sample; HF-style generation kwargs are mapped to API names.
         Credentials of ``extra_body`` stay Secrets here; ``request`` reveals them on the wire."""
-        urls = [encode_image(im, self.image_format) for im in images]
-        body: Dict[str, Any] = {"model": self.model, "messages": to_openai_messages(prompt, urls)}
+        urls = [self.images.url(im) for im in images]
+        return self._body(to_openai_messages(prompt, urls), **gen_kwargs)
+
+    def _body(self, messages: List[Dict[str, Any]], **gen_kwargs: Any) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"model": self.model, "messages": messages}
         body["max_tokens"] = int(gen_kwargs.get("max_new_tokens", gen_kwargs.get("max_tokens", self.max_new_tokens)))
         temperature = float(gen_kwargs.get("temperature") or 0.0)
         do_sample = gen_kwargs.get("do_sample", temperature > 0)
@@ -494,9 +223,9 @@ class OpenAIAPIInterface(BaseInterface):
         return body
 
     # -- transport -------------------------------------------------------------------
-    def _post_once(self, payload: bytes) -> Dict[str, Any]:
+    def _post_once(self, payload: bytes) -> Any:
         """One HTTP attempt, bounded as a whole by ``timeout``; no redirects.
-        Raises _Retryable for transient failures, ReformError otherwise."""
+        Raises Retryable for transient failures, ReformError otherwise."""
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "User-Agent": "reform-eval"}
         if self.api_key:
@@ -504,33 +233,21 @@ class OpenAIAPIInterface(BaseInterface):
         elif "userinfo" in self.base_url.secrets:
             token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
             headers["Authorization"] = f"Basic {token}"
-        conn, target = self._connection(time.monotonic() + self.timeout)
-        try:
-            conn.request("POST", target, body=payload, headers=headers)
-            resp = conn.getresponse()
-            status, reason = resp.status, resp.reason
-            raw = resp.read()
-            resp_headers = resp.headers
-        except _DeadlinePassed:
-            raise _Retryable(f"no complete reply within {self.timeout:g} s") from None
-        except (socket.timeout, TimeoutError):
-            raise _Retryable(f"no reply within {self.timeout:g} s") from None
-        except (ConnectionRefusedError, socket.gaierror) as e:
-            raise _Retryable(f"cannot reach endpoint ({e})") from None
-        except (OSError, http.client.HTTPException) as e:
-            raise _Retryable(self.scrub(f"connection failed ({type(e).__name__}: {e})")) from None
-        finally:
-            conn.close()
+        reply = self.endpoint.post(payload, headers)
+        status, raw, resp_headers = reply.status, reply.body, reply.headers
+        if self.served.get("server") is None and resp_headers.get("Server"):
+            self.served["server"] = str(resp_headers.get("Server"))[:100]
         if 300 <= status < 400:
             location = public_url(resp_headers.get("Location") or "?")
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} redirected "
                               f"(HTTP {status}) to {location}; redirects are not followed so the API key "
                               "is never sent to another host: set base_url to the final URL")
         if status >= 400 or status < 200:
-            detail = _error_detail(self.scrub(raw.decode("utf-8", "replace")), reason)
+            detail = _error_detail(self.scrub(raw.decode("utf-8", "replace")), reply.reason)
             if status in RETRYABLE_STATUS:
-                raise _Retryable(f"HTTP {status}: {detail}", _retry_after(resp_headers),
-                                 congestion=status in CONGESTION_STATUS)
+                raise Retryable(f"HTTP {status}: {detail}",
+                                parse_retry_after(resp_headers, self.backoff_max, f"openai_api {self.public_url}"),
+                                congestion=status in CONGESTION_STATUS)
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} refused the request "
                               f"(HTTP {status}: {detail})")
         try:
@@ -539,30 +256,9 @@ class OpenAIAPIInterface(BaseInterface):
             shown = redact_text(self.scrub(raw.decode("utf-8", "replace")))[:200]
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with "
                               f"malformed JSON: {shown!r}") from None
-
-    def _connection(self, deadline: float) -> "tuple[http.client.HTTPConnection, str]":
-        """A connection to the endpoint whose every socket read and write must finish before
-        ``deadline`` (through ``http(s)_proxy`` when the environment sets one for this host),
-        and the request target."""
-        p = self._parts
-        path = (p.path or "/") + (f"?{p.query}" if p.query else "")
-        https = p.scheme == "https"
-        port = p.port or (443 if https else 80)
-        host, conn_port, target = p.hostname, port, path
-        proxy = urllib.request.getproxies().get(p.scheme)
-        if proxy and not urllib.request.proxy_bypass(p.hostname):
-            pp = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-            host, conn_port = pp.hostname, pp.port or 8080
-            if not https:
-                target = f"http://{p.hostname}:{port}{path}"
-        if https:
-            conn: http.client.HTTPConnection = _DeadlineHTTPSConnection(host, conn_port, timeout=self.timeout)
-            if host != p.hostname:
-                conn.set_tunnel(p.hostname, port)
-        else:
-            conn = _DeadlineHTTPConnection(host, conn_port, timeout=self.timeout)
-        conn.deadline = deadline
-        return conn, target
+        except RecursionError:
+            raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with JSON "
+                              "nested deeper than the parser follows (a malformed or hostile reply)") from None
 
     def _parse(self, reply: Any) -> GenText:
         """The assistant text of a chat-completions reply (credentials scrubbed, normalised by
@@ -587,30 +283,37 @@ class OpenAIAPIInterface(BaseInterface):
                                   f"(choices[0].message.content is {type(content).__name__}): {self._show(reply)}")
             logger.warning("openai_api model '%s' refused to answer: %s", self.model, self.scrub(refusal)[:200])
             text = refusal
-        usage = _usage(reply.get("usage") if isinstance(reply, dict) else None)
+        if "model" not in self.served and isinstance(reply, dict):  # what the server says answered
+            self.served["model"] = str(reply.get("model"))[:200] if reply.get("model") is not None else None
+            fp = reply.get("system_fingerprint")
+            self.served["system_fingerprint"] = str(fp)[:200] if fp is not None else None
+        usage = clean_usage(reply.get("usage") if isinstance(reply, dict) else None,
+                            f"openai_api {self.public_url}")
         tokens = usage.get("completion_tokens") if usage else None
-        return GenText(finish_text(self.scrub(text)), tokens=tokens, usage=usage)
+        return GenText(finish_text(self.scrub(well_formed(text, self.public_url))), tokens=tokens, usage=usage)
 
     def _show(self, reply: Any) -> str:
         """A reply, short, for an error message: credentials scrubbed before it is cut."""
         return redact_text(self.scrub(json.dumps(reply, default=str)))[:200]
 
-    def request(self, body: Dict[str, Any], tag: str = "") -> GenText:
+    def request(self, body: Dict[str, Any], tag: str = "", image_tokens: int = 0, parse: Optional[Any] = None) -> GenText:
         """POST with retries and backoff (through the adaptive limit and the token budget);
-        returns the reply text with its usage, or raises ReformError naming ``tag``."""
-        payload = json.dumps(reveal_deep(body)).encode("utf-8")
+        returns the reply text with its usage (``parse(reply)`` instead, when given: an object
+        with ``usage``), or raises ReformError naming ``tag``. ``image_tokens``: the budget's
+        estimate of the prompt tokens the body's images cost."""
+        payload = json.dumps(reveal_deep(body) if self.extra_body else body).encode("utf-8")
         label = f" {tag}" if tag else ""
         last = ""
         for attempt in range(self.max_retries + 1):
-            need = self.budget.estimate(body)
+            need = self.budget.estimate(body, image_tokens) if self.budget.limit is not None else 0
             self.budget.reserve(need, tag or "the next request")
             sent = self.limiter.acquire()
             outcome, retry_after, usage = "other", None, None
             try:
-                out = self._parse(self._post_once(payload))
+                out = (parse or self._parse)(self._post_once(payload))
                 outcome, usage = "ok", out.usage
                 return out
-            except _Retryable as e:
+            except Retryable as e:
                 last, retry_after = str(e), e.retry_after
                 if e.congestion:
                     outcome = "congested"
@@ -618,7 +321,10 @@ class OpenAIAPIInterface(BaseInterface):
                 raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
             finally:
                 self.limiter.release(sent, outcome, retry_after)
-                self.budget.settle(need, usage if outcome == "ok" else {"prompt_tokens": 0})
+                # a reply that does not say both counts is charged its worst case (issue 25: a server's
+                # numbers never switch the budget off)
+                counted = usage if usage and {"prompt_tokens", "completion_tokens"} <= set(usage) else None
+                self.budget.settle(need, counted if outcome == "ok" else {"prompt_tokens": 0})
             if attempt == self.max_retries:
                 break
             delay = min(self.backoff_max, self.backoff_base * (2 ** attempt))
@@ -656,52 +362,86 @@ class OpenAIAPIInterface(BaseInterface):
 
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                            **gen_kwargs: Any) -> List[str]:
-        """Send the batch with up to ``max_concurrency`` requests in flight (adaptive).
+        """Send the batch through the run's request workers (``max_concurrency`` in flight).
 
         If any sample fails, the whole batch raises (after the in-flight requests end), so
         no failed call is ever returned as a prediction; the error names the failing sample.
-        With a token budget, a batch that might not fit is refused before any request is sent.
+        (``run_eval`` does not batch an endpoint: it keeps a window of calls in flight across the
+        run and records every answer as it arrives, ``submit``.)
         """
         seeds = gen_kwargs.pop("seeds", None)  # run_eval's per-sample seeds -> the API's ``seed``
         if seeds is not None and len(seeds) != len(prompts):
             raise ReformError(f"openai_api: {len(seeds)} seeds for {len(prompts)} prompts")
         n = len(prompts)
-        bodies = []
-        for i, (im, p) in enumerate(zip(images_list, prompts)):
-            try:
-                bodies.append(self.build_request(im, p, **gen_kwargs,
-                                                 **({"seed": int(seeds[i])} if seeds is not None else {})))
-            except ReformError as e:
-                tag = self._tag(i, n)
-                raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
         if self.budget.limit is not None and n > 1:  # all or nothing: no paid reply is thrown away
-            need = sum(self.budget.estimate(b) for b in bodies)
+            need = 0
+            for im, p in zip(images_list, prompts):
+                body = self.build_request(im, p, **gen_kwargs)
+                need += self.budget.estimate(body, sum(image_tokens_upper(_image_size(x)) for x in im))
             self.budget.reserve(need, f"a batch of {n} requests")
             self.budget.settle(need, {"prompt_tokens": 0})
-        if n <= 1 or self.max_concurrency == 1:
-            return [self.request(b, tag=self._tag(i, n)) for i, b in enumerate(bodies)]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, n),
-                                thread_name_prefix="openai_api") as pool:
-            futures = [pool.submit(self.request, b, self._tag(i, n)) for i, b in enumerate(bodies)]
-            results: List[str] = []
-            for fut in futures:
-                exc = fut.exception()
-                if exc is not None:
-                    for other in futures:
-                        other.cancel()
-                    raise exc
-                results.append(fut.result())
-        return results
+        kwargs = [dict(gen_kwargs, **({"seed": int(seeds[i])} if seeds is not None else {})) for i in range(n)]
+        if n <= 1 or self.max_concurrency == 1:  # one at a time: the first failure stops the rest unsent
+            return [self._generate_one(im, p, self._tag(i, n), kwargs[i])[0]
+                    for i, (im, p) in enumerate(zip(images_list, prompts))]
+        return [out for out, _ in self.pool.map_all(self._generate_one, [
+            (im, p, self._tag(i, n), kwargs[i]) for i, (im, p) in enumerate(zip(images_list, prompts))])]
 
-    def raw_predict(self, images: Sequence[Any], prompt: Any,
-                    candidates: Sequence[str]) -> List[CandidateScore]:
-        raise ReformError(f"model 'openai_api' ({self.model}) is black-box: likelihood needs a white-box "
-                          "model; use --infer_method generation")
+    def _generate_one(self, images: Sequence[Any], prompt: Any, tag: str,
+                      gen_kwargs: Dict[str, Any]) -> "tuple[GenText, Dict[str, Any]]":
+        """One sample's request, in a worker thread: (the reply, its trace)."""
+        try:
+            urls = [self.images.url(im) for im in images]
+            body = self._body(to_openai_messages(prompt, urls), **gen_kwargs)
+            digests = [self.images.digest(u) for u in urls]
+            # the same messages with each image as the hash of its bytes: what the trace hashes
+            shown = json.dumps(to_openai_messages(prompt, [f"sha:{d}" for d in digests]), ensure_ascii=False,
+                               sort_keys=True)
+            image_tokens = sum(image_tokens_upper(_image_size(im)) for im in images) \
+                if self.budget.limit is not None else 0
+        except ReformError as e:
+            raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
+        out = self.request(body, tag=tag, image_tokens=image_tokens)
+        usage = out.usage or {}
+        # what this request showed the server: its messages (each image by a hash of the bytes
+        # sent) and those bytes; the prompt's token count as the server reports it
+        return out, {"prompt_sha": hashlib.sha256(shown.encode("utf-8", "surrogatepass")).hexdigest()[:16],
+                     "prompt_text": shown, "prompt_tokens": usage.get("prompt_tokens"), "bos": None,
+                     "pixel_sha": hashlib.sha256("".join(digests).encode()).hexdigest()[:16] if digests else None}
+
+    def max_in_flight(self) -> int:
+        return self.max_concurrency
+
+    def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> "tuple[Any, Any]":
+        """One sample's call in the calling thread (a window worker, with its own keep-alive
+        connection): (reply, trace)."""
+        tag = f"sample {sample.get('sample_id')} (dup_index {sample.get('dup_index', 0)})"
+        if inference_method == "generation":
+            return self._generate_one(sample["images"], prompt, tag, gen_kwargs)
+        return score_candidates(self, [sample["images"]], [prompt], [sample.get("candidates") or []], [tag],
+                                parallel=False)[0], None
+
+    def close(self) -> None:
+        """The request workers end after their current request; connections are closed."""
+        self.pool.close()
+        self.pool = RequestPool(self.max_concurrency, name="openai_api")
+        self.endpoint.close()
+
+    def provenance(self) -> Dict[str, Any]:
+        """What the client knows of what answered: the endpoint and the model id it was asked for
+        (the server's own template, BOS and image processing are not visible from here)."""
+        return {**super().provenance(), "engine": "openai_api",
+                "endpoint": {"url": self.public_url, "requested_model": self.model,
+                             "served_model": self.served.get("model"),
+                             "server_version": self.served.get("system_fingerprint") or self.served.get("server")},
+                "image_format": self.image_format, "extra_body_keys": sorted(self.extra_body)}
 
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
-        raise ReformError(f"model 'openai_api' ({self.model}) is black-box: likelihood needs a white-box "
-                          "model; use --infer_method generation")
+        """Candidate scores from the endpoint's prompt log-probabilities (``models.openai_likelihood``);
+        an endpoint without them is refused in one line."""
+        n = len(prompts)
+        return score_candidates(self, images_list, prompts, candidates_list, [self._tag(i, n) for i in range(n)])
 
 
 def _secrets_in(obj: Any) -> List[Secret]:
@@ -715,25 +455,26 @@ def _secrets_in(obj: Any) -> List[Secret]:
     return []
 
 
-def _usage(raw: Any) -> Optional[Dict[str, int]]:
-    """The numeric fields of a reply's ``usage`` (prompt, completion, total tokens), or None."""
-    if not isinstance(raw, dict):
-        return None
-    out = {k: int(v) for k, v in raw.items()
-           if isinstance(v, (int, float)) and not isinstance(v, bool) and k.endswith("_tokens")}
-    return out or None
-
-
-def public_url(url: str) -> str:
-    """``url`` without user info and query (where keys hide: ``https://k@host/?api-key=...``)."""
+def _image_size(image: Any) -> Optional[Sequence[int]]:
+    """An image's (width, height): a PIL image's, or a file's header read without decoding."""
+    if isinstance(image, Image.Image):
+        return image.size
     try:
-        p = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    host = p.hostname or ""
-    if p.port:
-        host += f":{p.port}"
-    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+        with Image.open(str(image)) as im:
+            return im.size
+    except (OSError, ValueError):
+        return None
+
+
+def well_formed(text: str, source: str) -> str:
+    """``text`` with any lone surrogate (a reply's ``"\\ud800"``, which JSON allows but UTF-8
+    cannot hold) replaced by U+FFFD, logged once: a prediction must be writable as it is."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        log_clamp_once("surrogate", f"openai_api {source}: a reply held a lone surrogate; replaced by U+FFFD")
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _error_detail(body: str, reason: str = "") -> str:
@@ -742,15 +483,6 @@ def _error_detail(body: str, reason: str = "") -> str:
         msg = json.loads(body).get("error", {})
         if isinstance(msg, dict) and msg.get("message"):  # servers may echo the key back
             return redact_text(str(msg["message"]))[:200]
-    except (json.JSONDecodeError, AttributeError):
+    except (json.JSONDecodeError, AttributeError, RecursionError):
         pass
     return redact_text(str(body.strip() or reason or ""))[:200]
-
-
-def _retry_after(headers: Any) -> Optional[float]:
-    """Seconds from a numeric ``Retry-After`` header, if any."""
-    value = headers.get("Retry-After") if headers else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None

@@ -72,6 +72,7 @@ class PaliGemmaInterface(HFBaseInterface):
     """PaliGemma: SigLIP tower, linear projector, Gemma (1 or 2) text model, prefix-LM mask."""
 
     family = "paligemma"
+    needs_image = True  # the processor refuses a prompt without images
     model_types = ("paligemma",)
     likelihood_strategy = "expand"
     #: Gemma positions are 1-indexed (explicit in a left-padded batched prefix pass)

@@ -1,0 +1,146 @@
+"""VLMEvalKit's MME prediction file (``<model>_MME.xlsx``, or ``.tsv`` with ``PRED_FORMAT=tsv``),
+read as prediction records and scored by our MME scorer.
+
+Why: a user with VLMEvalKit's predictions can score them exactly as ours, and pair them with our
+run of the same checkpoint, question by question. VLMEvalKit is never imported: its file is read.
+
+The layout (VLMEvalKit ``vlmeval/inference.py``, ``infer_data_job``): the rows of its ``MME.tsv``
+without the ``image`` column, plus ``prediction``; written by pandas, xlsx with the xlsxwriter
+engine, tsv tab-separated with every field quoted. Columns read here (docs/foreign_logs.md):
+
+  index       the row's id in MME.tsv (kept in ``meta.vlmevalkit_index``; never used to match)
+  category    the MME subtask (``OCR``, ``artwork``, ...)
+  image_path  the image; its last path component is the image file name we key on
+  question    the question as VLMEvalKit asked it
+  answer      Yes / No
+  prediction  the model's response
+  extracted, score  (optional, VLMEvalKit's ``_auxmatch`` file) kept in ``meta`` for comparison
+
+Rows map to our items by (category, image file name, question) (``metrics.mme.item_key``), never
+by position. VLMEvalKit's own exact-matching extraction is word-level (yes without no, no without
+yes), so the records are scored with ``--mme_parse word`` unless another rule is asked for.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from build.mme import canonical_subtask, normalize_gt
+from metrics.mme import check_unique_items, foreign_record
+from utils.errors import ReformError, input_error
+from utils.inputs import max_input_bytes, read_csv
+from utils.predictions import ForeignRecords, head_text, register_foreign_reader
+
+HARNESS = "VLMEvalKit"
+COLUMNS = ("index", "category", "image_path", "question", "answer", "prediction")
+#: VLMEvalKit's exact-matching answer extraction is word-level: our ``word`` rule
+PARSE_RULE = "word"
+
+
+def accepts(path: str) -> bool:
+    """An ``.xlsx`` (we write none), or a ``.tsv`` whose header has VLMEvalKit's prediction columns."""
+    low = path.lower()
+    if low.endswith(".xlsx"):
+        return True
+    if not low.endswith(".tsv"):
+        return False
+    header = head_text(path).split("\n", 1)[0]
+    names = {c.strip().strip('"') for c in header.split("\t")}
+    return {"index", "question", "prediction"} <= names
+
+
+def _cell(value: Any) -> Any:
+    """A spreadsheet cell as pandas would give it to VLMEvalKit: None and NaN are missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value
+
+
+def _xlsx_rows(path: str) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """(header, rows) of the first sheet; openpyxl only here (it is optional: tsv needs nothing)."""
+    if os.path.getsize(path) > max_input_bytes():
+        raise input_error(f"is larger than {max_input_bytes()} bytes (REFORM_MAX_INPUT_BYTES)", file=path)
+    try:
+        import openpyxl  # optional dependency, needed for .xlsx only
+    except ImportError:
+        raise ReformError(f"{path}: reading .xlsx needs openpyxl (pip install openpyxl), or write VLMEvalKit's "
+                          "predictions as tsv (PRED_FORMAT=tsv)") from None
+    try:
+        wb = openpyxl.load_workbook(path, read_only=True, data_only=True)
+    except Exception as e:  # openpyxl raises many kinds for a file that is not a workbook
+        raise input_error(f"not a readable xlsx workbook ({type(e).__name__}: {e})", file=path) from None
+    try:
+        rows = wb.worksheets[0].iter_rows(values_only=True)
+        header = [str(c) if c is not None else "" for c in next(rows, ())]
+        out = [dict(zip(header, (_cell(v) for v in r))) for r in rows if any(v is not None for v in r)]
+    finally:
+        wb.close()
+    return header, out
+
+
+def _text(row: Dict[str, Any], column: str, path: str, no: int, required: bool = True) -> str:
+    value = row.get(column)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise input_error("is empty", file=path, record=f"row {no}", field=column)
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def read_vlmevalkit_predictions(path: str) -> ForeignRecords:
+    """VLMEvalKit's MME prediction file -> prediction records (one per row) with the run's
+    provenance (what the file tells: the model name in its file name, the answer rule)."""
+    if path.lower().endswith(".xlsx"):
+        header, rows = _xlsx_rows(path)
+    else:
+        header, rows = read_csv(path, "VLMEvalKit prediction file", delimiter="\t")
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise input_error(f"missing column(s) {', '.join(missing)} of VLMEvalKit's MME prediction file "
+                          f"(has {', '.join(h for h in header if h) or 'none'})", file=path,
+                          record="row 1", field=missing[0])
+    stem = os.path.splitext(os.path.basename(path))[0]
+    model = stem[: -len("_MME")] if stem.endswith("_MME") else stem
+    records = []
+    for i, row in enumerate(rows):
+        no = i + 2  # the header is row 1, as a spreadsheet numbers them
+        raw_cat = _text(row, "category", path, no)
+        sub = canonical_subtask(raw_cat)
+        if sub is None:
+            raise input_error(f"{raw_cat!r} is not an MME subtask", file=path, record=f"row {no}", field="category")
+        image = os.path.basename(_text(row, "image_path", path, no).strip().replace("\\", "/"))
+        if not image:
+            raise input_error("names no image file", file=path, record=f"row {no}", field="image_path")
+        gt = normalize_gt(_text(row, "answer", path, no))
+        if gt is None:
+            raise input_error(f"must be Yes or No, got {row.get('answer')!r}", file=path, record=f"row {no}",
+                              field="answer")
+        meta: Dict[str, Any] = {"vlmevalkit_index": _text(row, "index", path, no)}
+        for extra in ("extracted", "score"):
+            if row.get(extra) is not None:
+                meta[f"vlmevalkit_{extra}"] = row[extra]
+        records.append(foreign_record(HARNESS, sub, image, _text(row, "question", path, no), gt,
+                                      _text(row, "prediction", path, no, required=False), path, no,
+                                      model=f"{model} (VLMEvalKit)", parse_rule=PARSE_RULE, meta=meta))
+    if not records:
+        raise input_error("holds no prediction rows", file=path)
+    check_unique_items(records, path, unit="row")
+    return ForeignRecords(records, provenance(path, model))
+
+
+def provenance(path: str, model: Optional[str]) -> Dict[str, Any]:
+    """The run-level provenance VLMEvalKit's prediction file tells: little (no settings are
+    written there); every unknown value is None."""
+    return {"engine": None, "model_class": None, "dtype": None, "device": None, "attn_implementation": None,
+            "chat_template_sha": None, "system_line": None, "preprocessor": None, "bos_token": None,
+            "adds_bos": None, "image_processor": {"class": None, "backend": None, "output_size": None},
+            "versions": {"torch": None, "transformers": None, "accelerate": None, "vllm": None},
+            "generation": None, "parse_mode": PARSE_RULE,
+            "harness": {"name": HARNESS, "version": None, "model": model, "file": os.path.abspath(path),
+                        "layout": "xlsx" if path.lower().endswith(".xlsx") else "tsv"}}
+
+
+register_foreign_reader("vlmevalkit-mme", accepts, read_vlmevalkit_predictions)

@@ -1,0 +1,397 @@
+"""HTTP for the endpoint clients: keep-alive connections, one deadline per request, no redirects.
+
+Why hand-written on sockets rather than httpx (docs/models.md says more):
+
+* ``timeout`` bounds the WHOLE request (send, headers and body): every socket read and write
+  gets the time left until one deadline, so a server that drips one byte a second cannot hold
+  a call forever. httpx's timeouts are per phase and per read (a read timeout restarts on
+  every byte), which cannot keep that promise;
+* redirects are never followed (a 3xx is returned to the caller, who refuses it): the
+  ``Authorization`` header only ever goes to the configured host;
+* each worker thread keeps ONE keep-alive HTTP/1.1 connection per endpoint and reuses it for
+  every request it sends; a connection the server closed while idle is replaced and the
+  request sent again once, before any byte of a reply was read;
+* the reply is read straight from the socket (``_Connection``): ``http.client`` parses each
+  reply's headers with the email package, which cost more CPU per request than the rest of
+  the client; ``bench/api_ceiling.py`` measures the client against a plain ``http.client``
+  keep-alive client at the loopback limit;
+* a reply is read up to ``MAX_REPLY_BYTES``: a hostile or broken server cannot fill memory.
+
+Numbers that arrive from outside are validated where they enter (``retry_after``): a
+``Retry-After`` of a day is clamped to the caller's ``backoff_max`` and logged once.
+"""
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Dict, NamedTuple, Optional, Set
+
+logger = logging.getLogger(__name__)
+
+#: the largest reply body read (bytes); a longer one is an error naming the endpoint
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+
+
+class Retryable(Exception):
+    """A failure that another attempt may cure (carries an optional Retry-After in seconds)."""
+
+    def __init__(self, message: str, retry_after: Optional[float] = None, congestion: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.congestion = congestion
+
+
+class DeadlinePassed(socket.timeout):
+    """The whole request outlived its deadline."""
+
+
+def _deadline_socket(base: type) -> type:
+    """``base`` (a socket class) whose reads and writes each get the time left until the
+    instance's ``deadline`` as their timeout, and fail once it has passed."""
+    class DeadlineSocket(base):  # type: ignore[misc, valid-type]
+        deadline: Optional[float] = None
+
+        def _arm(self) -> None:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadlinePassed("request deadline passed")
+                self.settimeout(left)
+
+        def _read(self, read: Any, *args: Any, **kwargs: Any) -> Any:
+            self._arm()
+            try:
+                return read(*args, **kwargs)
+            except socket.timeout:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    raise DeadlinePassed("request deadline passed") from None
+                raise
+
+        def recv_into(self, *args: Any, **kwargs: Any) -> int:
+            return self._read(super().recv_into, *args, **kwargs)
+
+        def recv(self, *args: Any, **kwargs: Any) -> bytes:
+            return self._read(super().recv, *args, **kwargs)
+
+        def sendall(self, *args: Any, **kwargs: Any) -> None:
+            self._arm()
+            return super().sendall(*args, **kwargs)
+
+    return DeadlineSocket
+
+
+_DeadlineSocket = _deadline_socket(socket.socket)
+_DeadlineSSLSocket = _deadline_socket(ssl.SSLSocket)
+
+
+class Reply(NamedTuple):
+    status: int
+    reason: str
+    headers: Any
+    body: bytes
+
+
+def public_url(url: str) -> str:
+    """``url`` without user info and query (where keys hide: ``https://k@host/?api-key=...``)."""
+    try:
+        p = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    host = p.hostname or ""
+    if p.port:
+        host += f":{p.port}"
+    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+
+
+class Headers:
+    """A reply's header fields, looked up without regard to case (``get("Retry-After")``)."""
+
+    def __init__(self, fields: Dict[str, str]) -> None:
+        self._fields = fields
+
+    def get(self, name: str, default: Optional[str] = None) -> Optional[str]:
+        return self._fields.get(name.lower(), default)
+
+    def __contains__(self, name: str) -> bool:
+        return name.lower() in self._fields
+
+
+class ProtocolError(Exception):
+    """The server broke HTTP/1.1 (a malformed status line, header or chunk)."""
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection: a request is written in one ``sendall`` and the reply
+    read straight from the socket (status line, header fields, a body by Content-Length, by
+    chunks, or up to the close). ``http.client`` parses every reply's header block with the
+    email package, which cost more CPU per request than everything else the client does
+    (``bench/api_ceiling.py``)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.used = False
+
+    def _fill(self, what: str) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionResetError(f"connection closed by the server {what}")
+        self.buf += data
+
+    def _line(self, limit: int = 65536) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n")
+            if end >= 0:
+                line = bytes(self.buf[:end])
+                del self.buf[:end + 2]
+                return line
+            if len(self.buf) > limit:
+                raise ProtocolError("header line too long")
+            self._fill("in the middle of a reply")
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill("in the middle of a reply body")
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def request(self, head: bytes, payload: bytes) -> "tuple[Reply, bool]":
+        """Send one request; (the reply, whether the connection may be used again)."""
+        self.used = True
+        self.sock.sendall(head + payload)
+        while True:  # 1xx interim replies are skipped
+            status_line = self._line()
+            parts = status_line.split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+                raise ProtocolError(f"malformed status line {status_line[:60]!r}")
+            version, status = parts[0], int(parts[1])
+            reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
+            fields: Dict[str, str] = {}
+            size = 0
+            while True:
+                line = self._line()
+                if not line:
+                    break
+                size += len(line)
+                if size > 65536:
+                    raise ProtocolError("header block longer than 64 KB")
+                name, sep, value = line.partition(b":")
+                if not sep:
+                    raise ProtocolError(f"malformed header field {line[:60]!r}")
+                key = name.strip().lower().decode("latin-1")
+                text = value.strip().decode("latin-1")
+                fields[key] = f"{fields[key]}, {text}" if key in fields else text
+            if not 100 <= status < 200:
+                break
+        headers = Headers(fields)
+        connection = (headers.get("connection") or "").lower()
+        keep = version == b"HTTP/1.1" and "close" not in connection or "keep-alive" in connection
+        if status in (204, 304):
+            return Reply(status, reason, headers, b""), keep
+        if "chunked" in (headers.get("transfer-encoding") or "").lower():
+            body = bytearray()
+            while True:
+                size_line = self._line().split(b";")[0].strip()
+                try:
+                    n = int(size_line, 16)
+                except ValueError:
+                    raise ProtocolError(f"malformed chunk size {size_line[:20]!r}") from None
+                if n == 0:
+                    while self._line():  # trailer fields
+                        pass
+                    break
+                if len(body) + n > MAX_REPLY_BYTES:
+                    raise Retryable(f"reply longer than {MAX_REPLY_BYTES // (1024 * 1024)} MB")
+                body += self._exactly(n)
+                self._line()
+            return Reply(status, reason, headers, bytes(body)), keep
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.strip().isdigit():
+                raise ProtocolError(f"malformed Content-Length {length[:20]!r}")
+            n = int(length)
+            if n > MAX_REPLY_BYTES:
+                raise Retryable(f"reply longer than {MAX_REPLY_BYTES // (1024 * 1024)} MB")
+            return Reply(status, reason, headers, self._exactly(n)), keep
+        while True:  # no length: the body ends when the server closes the connection
+            if len(self.buf) > MAX_REPLY_BYTES:
+                raise Retryable(f"reply longer than {MAX_REPLY_BYTES // (1024 * 1024)} MB")
+            data = self.sock.recv(65536)
+            if not data:
+                break
+            self.buf += data
+        body = bytes(self.buf)
+        self.buf.clear()
+        return Reply(status, reason, headers, body), False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Endpoint:
+    """POSTs to one URL over per-thread keep-alive connections.
+
+    ``url`` is the URL as sent on the wire (credentials already put back); ``scrub`` removes
+    credentials from any text that goes into an error message."""
+
+    def __init__(self, url: str, timeout: float, scrub: Callable[[str], str] = str) -> None:
+        p = urllib.parse.urlsplit(url)
+        self._parts = p
+        self.timeout = float(timeout)
+        self.scrub = scrub
+        self.https = p.scheme == "https"
+        self.host = p.hostname or ""
+        self.port = p.port or (443 if self.https else 80)
+        self.path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        default = 443 if self.https else 80
+        self.host_header = (f"[{self.host}]" if ":" in self.host else self.host) + \
+            (f":{self.port}" if self.port != default else "")
+        self._local = threading.local()
+        self._all: Set[_Connection] = set()
+        self._lock = threading.Lock()
+
+    def _proxy(self) -> Optional["tuple[str, int]"]:
+        proxy = urllib.request.getproxies().get(self._parts.scheme)
+        if not proxy or urllib.request.proxy_bypass(self.host):
+            return None
+        pp = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        return pp.hostname or "", pp.port or 8080
+
+    def _new_connection(self, deadline: float) -> "tuple[_Connection, str]":
+        """A connection to the endpoint (through ``http(s)_proxy`` when the environment sets one
+        for this host: an absolute target for http, a CONNECT tunnel for https) and the target."""
+        proxy = self._proxy()
+        host, port = proxy or (self.host, self.port)
+        raw = socket.create_connection((host, port), timeout=max(0.001, deadline - time.monotonic()))
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = _DeadlineSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
+        sock.deadline = deadline
+        target = self.path
+        if proxy and not self.https:
+            target = f"http://{self.host_header}{self.path}"
+        if self.https:
+            if proxy:
+                tunnel = _Connection(sock)
+                reply, _ = tunnel.request(f"CONNECT {self.host}:{self.port} HTTP/1.1\r\nHost: {self.host}:{self.port}"
+                                          f"\r\n\r\n".encode("latin-1"), b"")
+                if reply.status != 200:
+                    sock.close()
+                    raise OSError(f"proxy {host}:{port} refused the tunnel (HTTP {reply.status})")
+            ctx = ssl.create_default_context()
+            ctx.sslsocket_class = _DeadlineSSLSocket
+            tls = ctx.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+            tls.deadline = deadline
+            tls.do_handshake()
+            sock = tls
+        conn = _Connection(sock)
+        with self._lock:
+            self._all.add(conn)
+        return conn, target
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+            with self._lock:
+                self._all.discard(conn)
+
+    def post(self, payload: bytes, headers: Dict[str, str]) -> Reply:
+        """One HTTP attempt, bounded as a whole by ``timeout``. Raises ``Retryable`` for
+        transient failures (the connection is then discarded)."""
+        deadline = time.monotonic() + self.timeout
+        for fresh_try in (False, True):
+            conn = getattr(self._local, "conn", None)
+            reused = conn is not None
+            try:
+                if conn is None:
+                    conn, self._local.target = self._new_connection(deadline)
+                    self._local.conn = conn
+                conn.sock.deadline = deadline
+                head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                head = (f"POST {self._local.target} HTTP/1.1\r\nHost: {self.host_header}\r\n{head}"
+                        f"Content-Length: {len(payload)}\r\n\r\n")
+                reply, keep = conn.request(head.encode("latin-1"), payload)
+                if not keep:
+                    self._drop()
+                return reply
+            except DeadlinePassed:
+                self._drop()
+                raise Retryable(f"no complete reply within {self.timeout:g} s") from None
+            except (socket.timeout, TimeoutError):
+                self._drop()
+                raise Retryable(f"no reply within {self.timeout:g} s") from None
+            except (ConnectionRefusedError, socket.gaierror) as e:
+                self._drop()
+                raise Retryable(f"cannot reach endpoint ({e})") from None
+            except (BrokenPipeError, ConnectionResetError) as e:
+                stale = reused and not fresh_try and not conn.buf
+                self._drop()
+                if stale:
+                    continue  # the server closed the idle keep-alive connection: once more, fresh
+                raise Retryable(self.scrub(f"connection failed ({type(e).__name__}: {e})")) from None
+            except Retryable:
+                self._drop()
+                raise
+            except (OSError, ProtocolError) as e:
+                self._drop()
+                raise Retryable(self.scrub(f"connection failed ({type(e).__name__}: {e})")) from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close every connection of every thread (an interrupted run's requests end at once)."""
+        with self._lock:
+            conns, self._all = list(self._all), set()
+        for conn in conns:
+            conn.close()
+
+
+_clamped: Set[str] = set()
+
+
+def log_clamp_once(what: str, message: str) -> None:
+    """A warning the first time an outside number of kind ``what`` is clamped or refused."""
+    if what not in _clamped:
+        _clamped.add(what)
+        logger.warning("%s (said once)", message)
+
+
+def retry_after(headers: Any, cap: float, source: str = "endpoint") -> Optional[float]:
+    """Seconds from a ``Retry-After`` header (seconds or an HTTP date), clamped to [0, ``cap``]:
+    one 429 with ``Retry-After: 86400`` must not stall a run for a day when the user set
+    ``backoff_max``. None when absent or unreadable."""
+    value = headers.get("Retry-After") if headers else None
+    if value is None:
+        return None
+    text = str(value).strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            log_clamp_once("retry-after-bad", f"{source}: unreadable Retry-After {text[:40]!r} ignored")
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        log_clamp_once("retry-after-bad", f"{source}: Retry-After {text[:40]!r} is not a finite number; ignored")
+        return None
+    if seconds < 0:
+        return 0.0
+    if seconds > cap:
+        log_clamp_once("retry-after-cap", f"{source}: Retry-After {text[:40]} s clamped to backoff_max={cap:g} s")
+        return float(cap)
+    return seconds

@@ -1,0 +1,192 @@
+"""What limits an endpoint client: requests in flight (``AdaptiveLimit``), the run's token
+budget (``TokenBudget``), and the numbers a server reports about itself (``clean_usage``).
+
+Why here, apart from the transport: these are the client's promises about what it spends and
+how hard it pushes, each with its own tests (docs/reliability.md).
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from typing import Any, Dict, Iterable, Optional, Sequence
+
+from models.http_transport import log_clamp_once
+from utils.errors import BudgetExhausted
+
+#: the largest token count a server may report for one request (a larger one is refused)
+MAX_REPORTED_TOKENS = 10 ** 9
+
+
+def clean_usage(raw: Any, source: str = "endpoint") -> Optional[Dict[str, int]]:
+    """The ``*_tokens`` counts of a reply's ``usage``, validated where they enter: each must be a
+    whole number from 0 to ``MAX_REPORTED_TOKENS``. A negative, fractional, boolean, non-finite
+    or absurd count is dropped (logged once), so a hostile or broken server can neither make
+    token totals and cost negative nor switch the budget off; a reply whose counts are all
+    dropped counts as one without usage (the budget then charges its worst case)."""
+    if not isinstance(raw, dict):
+        return None
+    out: Dict[str, int] = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.endswith("_tokens")):
+            continue
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) \
+            and 0 <= v <= MAX_REPORTED_TOKENS
+        if ok:
+            out[k] = int(v)
+        else:
+            log_clamp_once(f"usage-{k}", f"{source}: usage.{k} = {str(v)[:40]!r} is not a token count "
+                                         f"(0 to {MAX_REPORTED_TOKENS}); ignored")
+    return out or None
+
+
+def image_tokens_upper(size: Optional[Sequence[int]]) -> int:
+    """A conservative count of the prompt tokens one image may cost on an endpoint whose image
+    processing is unknown: the largest of the published rules (OpenAI's high-detail tiles,
+    Anthropic's pixels / 750, Qwen2-VL's 28-pixel patches up to 16384) and LLaVA-1.5's fixed
+    576. Unknown size: 16384."""
+    if not size or len(size) != 2:
+        return 16384
+    w, h = max(1, int(size[0])), max(1, int(size[1]))
+    scale = min(1.0, 2048 / max(w, h))
+    ow, oh = w * scale, h * scale
+    scale = min(1.0, 768 / min(ow, oh))
+    ow, oh = ow * scale, oh * scale
+    openai_high = 85 + 170 * math.ceil(ow / 512) * math.ceil(oh / 512)
+    s = min(1.0, 1568 / max(w, h))
+    anthropic = math.ceil(w * s * h * s / 750)
+    qwen = min(16384, math.ceil(w / 28) * math.ceil(h / 28))
+    return max(576, openai_high, anthropic, qwen)
+
+
+class AdaptiveLimit:
+    """How many requests may be in flight, adapted to the endpoint (AIMD, as TCP does).
+
+    A 429/503 halves the limit (once per episode: the replies to requests sent before the last
+    cut do not cut again) and pauses new requests for the reply's ``Retry-After``; each healthy
+    reply adds ``1/limit``, about one per round trip; the limit stays in [1, maximum]. With
+    ``adaptive=False`` the limit is fixed at ``maximum``. Shared by all batches of one
+    interface, so what was learnt carries over from batch to batch."""
+
+    def __init__(self, maximum: int, adaptive: bool = True) -> None:
+        self.maximum = max(1, int(maximum))
+        self.adaptive = adaptive
+        self.limit = float(self.maximum)
+        self.in_flight = 0
+        self.paused_until = 0.0
+        self.last_cut = float("-inf")
+        self.cuts = 0
+        self._cond = threading.Condition()
+
+    def acquire(self) -> float:
+        """Wait for a free slot (and the end of any pause); returns the send time."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if now < self.paused_until:
+                    self._cond.wait(self.paused_until - now)
+                elif self.in_flight < max(1, int(self.limit)):
+                    self.in_flight += 1
+                    return now
+                else:
+                    self._cond.wait()
+
+    def release(self, sent: float, outcome: str, retry_after: Optional[float] = None) -> None:
+        """``outcome``: ``ok`` (a healthy reply), ``congested`` (429/503) or ``other``."""
+        with self._cond:
+            self.in_flight -= 1
+            if self.adaptive and outcome == "ok":
+                self.limit = min(float(self.maximum), self.limit + 1.0 / self.limit)
+            elif self.adaptive and outcome == "congested":
+                now = time.monotonic()
+                if sent >= self.last_cut:
+                    self.limit = max(1.0, self.limit / 2)
+                    self.last_cut = now
+                    self.cuts += 1
+                if retry_after:
+                    self.paused_until = max(self.paused_until, now + retry_after)
+            self._cond.notify_all()
+
+
+def spent_usage(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The tokens a saved answer cost: the server's ``usage``; none for an answer served from
+    the response cache; else (a server that reports no usage) a text-length estimate, a quarter
+    of the prompt's and the response's characters, as a request is estimated before it is sent."""
+    if isinstance(record.get("usage"), dict):
+        return record["usage"]
+    if record.get("cached_responses") or "prediction" not in record:
+        return None
+    responses = record.get("predictions") or [record.get("prediction")]
+    prompt = record.get("prompt")
+    prompt_chars = len(prompt) if isinstance(prompt, str) else len(json.dumps(prompt, default=str))
+    return {"prompt_tokens": len(responses) * (prompt_chars // 4),
+            "completion_tokens": sum(len(str(r or "")) // 4 for r in responses)}
+
+
+class TokenBudget:
+    """``max_total_tokens`` for this process: a request is sent only while the tokens used, plus
+    those reserved by requests in flight, plus its own worst case (its ``max_tokens`` and the
+    largest prompt seen so far, or a text-length estimate before the first reply) fit. A
+    reply's ``usage`` then replaces its reservation (a reply without ``usage`` keeps it)."""
+
+    def __init__(self, limit: Optional[int]) -> None:
+        self.limit = limit
+        self.run_limit = limit  # max_total_tokens as given; ``limit`` is this process's share
+        self.prompt = 0
+        self.completion = 0
+        self.reserved = 0
+        self.largest_prompt = 0
+        self.earlier = 0  # tokens of answers saved by an earlier process of this run
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        return self.prompt + self.completion
+
+    def estimate(self, body: Dict[str, Any], image_tokens: int = 0) -> int:
+        """Worst case of one request: its ``max_tokens`` plus its prompt (the largest seen, or a
+        quarter of its text's characters plus ``image_tokens``, whichever is larger)."""
+        chars = sum(len(p.get("text", "")) if isinstance(p, dict) else 0
+                    for m in body.get("messages", [])
+                    for p in (m["content"] if isinstance(m.get("content"), list) else [{"text": m.get("content", "")}]))
+        return int(body.get("max_tokens") or 0) + max(self.largest_prompt, chars // 4 + int(image_tokens))
+
+    def reserve(self, need: int, what: str) -> None:
+        if self.limit is None:
+            return
+        with self._lock:
+            if self.used + self.reserved + need > self.limit:
+                raise BudgetExhausted(
+                    f"openai_api: token budget max_total_tokens={self.run_limit} reached before {what}"
+                    + (f" (this rank's share: {self.limit})" if self.limit != self.run_limit else "") + ": "
+                    f"{self.used} tokens used ({self.prompt} prompt + {self.completion} completion"
+                    + (f"; {self.earlier} by answers saved earlier" if self.earlier else "") + "), "
+                    f"{self.reserved} reserved by requests in flight, and it could need up to {need} more; "
+                    "the finished samples are saved: re-running the same command resumes (raise "
+                    "max_total_tokens to go on)")
+            self.reserved += need
+
+    def settle(self, reserved: int, usage: Optional[Dict[str, Any]]) -> None:
+        with self._lock:
+            if self.limit is not None:
+                self.reserved -= reserved
+            if usage:
+                self.prompt += int(usage.get("prompt_tokens") or 0)
+                self.completion += int(usage.get("completion_tokens") or 0)
+                self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
+            elif self.limit is not None:  # unknown cost: charge the worst case
+                self.completion += reserved
+
+    def charge_recorded(self, usages: Iterable[Any], world_size: int = 1) -> None:
+        """Count the tokens of records this run already holds (an earlier, interrupted process's
+        answers being resumed), and keep this rank to its share of what is left: the budget is
+        the run's, not one process's, so ranks together never pass it."""
+        with self._lock:
+            for usage in usages:
+                if isinstance(usage, dict):
+                    p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                    self.prompt, self.completion, self.earlier = self.prompt + p, self.completion + c, self.earlier + p + c
+                    self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
+            if self.run_limit is not None and world_size > 1:
+                self.limit = self.used + max(0, self.run_limit - self.used) // world_size

@@ -1,0 +1,134 @@
+"""commands/*.sh as a newcomer meets them (issue 26, part 5): an installed venv is recognised
+at once, a missing data file is one line with the way on, one cache root for every entry point,
+and no launcher (or its banner) around a one-process run."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def scratch(tmp_path) -> str:
+    """A checkout-like tree (entries linked to the repository's; no .venv, data or output) with a
+    fake .venv whose python logs every call to ``calls.log`` and runs this interpreter, except
+    ``python -m pip`` (a no-op: nothing is installed anywhere)."""
+    work = tmp_path / "clone"
+    work.mkdir()
+    for name in os.listdir(ROOT):
+        if name not in (".git", ".venv", "output", "data", ".pytest_cache", ".cache"):
+            os.symlink(os.path.join(ROOT, name), work / name)
+    bin_dir = work / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    (bin_dir / "python").write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> "{log}"\n'
+        'if [ "$1" = -m ] && [ "$2" = pip ]; then exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    (bin_dir / "activate").write_text(f'export VIRTUAL_ENV="{work}/.venv"\nexport PATH="{bin_dir}:$PATH"\n')
+    return str(work)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env.update(PATH="/usr/bin:/bin")
+    return env
+
+
+def _calls(tmp_path) -> list:
+    path = tmp_path / "calls.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_an_installed_venv_is_recognised_without_pip_or_heavy_imports(tmp_path):
+    work = scratch(tmp_path)
+    first = subprocess.run(["bash", "commands/_setup.sh"], cwd=work, env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert any("pip install" in c for c in _calls(tmp_path))  # the first call installs
+    stamp = open(os.path.join(work, ".venv", ".project-installed")).read().strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", stamp)
+
+    (tmp_path / "calls.log").unlink()
+    again = subprocess.run(["bash", "commands/_setup.sh"], cwd=work, env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    calls = _calls(tmp_path)
+    # one python call, a find_spec lookup: no pip, no `import torch`, no import of the project
+    assert len(calls) == 1 and "find_spec" in calls[0] and "import torch" not in calls[0], calls
+
+    # a changed input (here: the stamp of another setup.py) installs again
+    with open(os.path.join(work, ".venv", ".project-installed"), "w") as f:
+        f.write("0" * 32 + "\n")
+    (tmp_path / "calls.log").unlink()
+    third = subprocess.run(["bash", "commands/_setup.sh"], cwd=work, env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert third.returncode == 0 and any("pip install" in c for c in _calls(tmp_path))
+
+
+def test_mmmt_if_script_without_mmdu_is_one_line_and_the_way_on(tmp_path):
+    work = scratch(tmp_path)
+    done = subprocess.run(["bash", "commands/mmmt_if_llava.sh"], cwd=work, env=_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == f"error: {work}/data/mmdu/benchmark.json: MMDU benchmark file not found " \
+                       "(configs/datasets/mmmt_if.yaml)"
+    rest = "\n".join(lines[1:])
+    assert "--dataset_config configs/datasets/mmmt_if_release_only.yaml" in rest  # the quick run
+    assert "--dataset_option mmdu_json=" in rest  # the option that names the file
+    assert "Traceback" not in done.stderr and len(lines) <= 6
+    assert not any("run_eval.py" in c for c in _calls(tmp_path))  # nothing was started
+
+
+def _shell(work: str, script: str, **env: str) -> str:
+    e = _env()
+    e.pop("REFORM_CACHE", None)
+    e.pop("OMP_NUM_THREADS", None)
+    e.update(env)
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=e, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_scripts_keep_the_library_cache_root_and_run_one_process_without_a_launcher(tmp_path):
+    work = scratch(tmp_path)
+    probe = 'source commands/_python.sh >/dev/null; echo "${REFORM_CACHE-unset}|${RUN[*]}|${OMP_NUM_THREADS-unset}"'
+    # no cache of their own: run_eval run directly and the scripts use the same root (utils/paths.py)
+    assert _shell(work, probe) == "unset|python|unset"
+    two = _shell(work, probe, NPROC="2").split("|")
+    assert two[0] == "unset" and "torch.distributed.run --standalone --nproc_per_node=2" in two[1]
+    assert two[2].isdigit()  # set for torchrun, which would otherwise print its OMP_NUM_THREADS banner
+    assert _shell(work, probe, NPROC="2", OMP_NUM_THREADS="3").endswith("|3")  # the user's value is kept
+
+
+def test_one_cache_root_in_the_library(monkeypatch):
+    from utils.paths import cache_root
+    monkeypatch.delenv("REFORM_CACHE", raising=False)
+    assert cache_root() == os.path.expanduser(os.path.join("~", ".cache", "reform_eval"))
+    monkeypatch.setenv("REFORM_CACHE", "/somewhere/else")
+    assert cache_root() == "/somewhere/else"
+    spelled = []
+    for top in ("build", "models", "metrics", "utils", "evaluation", "bench"):
+        for base, _dirs, files in os.walk(os.path.join(ROOT, top)):
+            for name in (n for n in files if n.endswith(".py")):
+                text = open(os.path.join(base, name), encoding="utf-8").read()
+                if re.search(r"[\"']reform_eval[\"']", text):
+                    spelled.append(os.path.relpath(os.path.join(base, name), ROOT))
+    assert spelled == [os.path.join("utils", "paths.py")], "the cache root is spelled out in one place only"
+
+
+def test_a_missing_mme_release_says_how_to_set_it(tmp_path):
+    from build import build_dataset
+    from utils.errors import ReformError
+    with pytest.raises(ReformError) as e:
+        build_dataset("MME", "Generation", {"root": str(tmp_path / "nowhere")})
+    msg = str(e.value)
+    assert "MME release folder not found" in msg and "--dataset_option root=" in msg
+    assert "commands/mme_llava.sh" in msg  # the placeholder run

@@ -1,0 +1,95 @@
+"""The response cache and the run identity follow what the data holds, never where it lies or when
+it was touched (issue 24): a file image is keyed by a hash of its bytes, remembered under its stat
+key so each file is read once per machine (``utils.file_hashes``)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+from PIL import Image
+
+import run_eval
+from tests.test_request_window import Server, dataset, ok_body, saved
+from utils.file_hashes import FileHashes, hash_bytes_of
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    monkeypatch.delenv("REFORM_NO_CACHE", raising=False)
+    server = Server(lambda body, n: (0.0, 200, {}, ok_body("red")))
+    yield server
+    server.close()
+
+
+def _run(server: Server, cfg: str, out, cache) -> int:
+    before = len(server.bodies)
+    assert run_eval.main(["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "custom",
+                          "--formulation", "Generation", "--dataset_config", cfg, "--output_dir", str(out),
+                          "--cache_dir", str(cache), "--model_option", f"base_url={server.url}"]) == 0
+    return len(server.bodies) - before
+
+
+def test_moved_touched_edited_data_costs_exactly_the_changed_requests(counting, tmp_path):
+    cfg = dataset(tmp_path, 8)
+    cache = tmp_path / "cache"
+    assert _run(counting, cfg, tmp_path / "out1", cache) == 8
+    # the same data in another folder, every image touched: nothing is asked again
+    moved = tmp_path / "elsewhere" / "data"
+    shutil.copytree(tmp_path / "data", moved)
+    later = time.time() + 3600
+    for name in os.listdir(moved):
+        os.utime(moved / name, (later, later))
+    assert _run(counting, str(moved / "custom.yaml"), tmp_path / "out2", cache) == 0
+    # one pixel of one image changed: that sample only
+    img = Image.open(moved / "img3.png").convert("RGB")
+    img.putpixel((0, 0), (1, 2, 3))
+    img.save(moved / "img3.png")
+    assert _run(counting, str(moved / "custom.yaml"), tmp_path / "out3", cache) == 1
+    # one question edited: that sample only
+    items = [json.loads(x) for x in (moved / "items.jsonl").read_text().splitlines()]
+    items[5]["question"] = "Which colour fills image five?"
+    (moved / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
+    assert _run(counting, str(moved / "custom.yaml"), tmp_path / "out4", cache) == 1
+    assert len(saved(tmp_path / "out4")) == 8
+
+
+def test_the_run_identity_ignores_where_the_data_lies(tmp_path):
+    """The data fingerprint is the same for a copy elsewhere with new modification times (the
+    prediction file of the copy is then the same run's)."""
+    from evaluation.config import RunConfig, build_parser
+    from evaluation.plan import make_plan, read_dataset_config
+
+    def plan_of(cfg: str):
+        config = RunConfig.from_namespace(build_parser().parse_args(
+            ["--model", "random", "--dataset_name", "custom", "--formulation", "Generation", "--dataset_config", cfg,
+             "--output_dir", str(tmp_path / "o")])).validated()
+        path, content = read_dataset_config(config)
+        return make_plan(config, path, content)
+    cfg = dataset(tmp_path, 5)
+    a = plan_of(cfg)
+    moved = tmp_path / "copy"
+    shutil.copytree(tmp_path / "data", moved)
+    for name in os.listdir(moved):
+        os.utime(moved / name, (1, 1))
+    b = plan_of(str(moved / "custom.yaml"))
+    assert a.fingerprint == b.fingerprint and a.run_id == b.run_id
+    Image.new("RGB", (32, 32), (0, 0, 1)).save(moved / "img0.png")
+    assert plan_of(str(moved / "custom.yaml")).fingerprint != a.fingerprint
+
+
+def test_each_file_is_read_once_per_stat_key(tmp_path):
+    f = tmp_path / "x.bin"
+    f.write_bytes(b"abc" * 1000)
+    memo = FileHashes(str(tmp_path / "memo"))
+    first = memo.digest(str(f))
+    assert first == hash_bytes_of(str(f)) and memo.read_files == 1
+    assert memo.digest(str(f)) == first and memo.read_files == 1
+    again = FileHashes(str(tmp_path / "memo"))  # another process: the memo is on disk
+    assert again.digest(str(f)) == first and again.read_files == 0
+    os.utime(f, (5, 5))  # touched: read once more, same content hash
+    assert again.digest(str(f)) == first and again.read_files == 1
+    f.write_bytes(b"abd" * 1000)
+    assert again.digest(str(f)) != first

@@ -1,0 +1,73 @@
+"""Full provenance in every run (issue 27 part 1): per run, what can change an answer (engine,
+model class, dtype, device, attention, template hash, system line, BOS, image processor and its
+backend and size, versions); per sample, the hash and token count of the exact rendered prompt,
+whether it starts with BOS, and a hash of the pixel tensor the model got."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+import run_eval
+from tests.conftest import prediction_files
+
+TRIALS = ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_identify_category", "--dataset_subsample", "6"]
+
+
+def _run(out, *extra: str) -> tuple:
+    assert run_eval.main(["--model", "llava", "--model_name", "tiny-trained", *TRIALS, "--output_dir", str(out),
+                          *extra]) == 0
+    pred = prediction_files(out)[0]
+    info = pred[:-len(".json")] + ".run.json"
+    return json.load(open(pred)), json.load(open(info))
+
+
+def test_a_transformers_run_records_what_the_model_was_given(tmp_path):
+    recs, info = _run(tmp_path / "lik", "--infer_method", "likelihood")
+    p = info["provenance"]
+    assert p["engine"] == "transformers" and p["model_class"] == "LlavaForConditionalGeneration"
+    assert p["dtype"] == "float32" and p["device"] == "cpu" and p["attn_implementation"]
+    assert p["preprocessor"] == "ChatTemplateProcessor" and p["system_line"] == ""
+    assert len(p["chat_template_sha"]) == 16
+    assert p["bos_token"] == "<s>" and p["adds_bos"] is True
+    ip = p["image_processor"]
+    assert ip["class"] == "LlavaImageProcessorPil" and ip["backend"] == "pil"
+    assert ip["output_size"]["size"] == {"shortest_edge": 64}
+    assert p["versions"]["torch"] and p["versions"]["transformers"]
+    assert "USER:" in p["prompt_example"] and "ASSISTANT:" in p["prompt_example"]
+    assert len(recs) == 6
+    for r in recs:
+        t = r["trace"]
+        assert t["bos"] is True and t["prompt_tokens"] > 16  # the 16 image tokens of a 64-px frame and the text
+        assert len(t["prompt_sha"]) == 16 and len(t["pixel_sha"]) == 16
+    # the first record's rendered prompt is the recorded example: its hash is the record's
+    assert recs[0]["trace"]["prompt_sha"] == hashlib.sha256(p["prompt_example"].encode()).hexdigest()[:16]
+    # six trials, six images, six different pixel tensors; the prompts share the template
+    assert len({r["trace"]["pixel_sha"] for r in recs}) == 6
+
+
+@pytest.mark.slow
+def test_generation_traces_match_likelihood_traces_and_survive_the_cache(tmp_path, monkeypatch):
+    """The same item asked by generation renders the same prompt and pixels as by likelihood
+    (``models.hf_inputs`` is their one path); an answer served from the response cache keeps the
+    trace of the call that made it."""
+    lik, _ = _run(tmp_path / "lik", "--infer_method", "likelihood")
+    monkeypatch.delenv("REFORM_NO_CACHE", raising=False)
+    cache = str(tmp_path / "cache")
+    gen, _ = _run(tmp_path / "gen", "--cache_dir", cache)
+    again, info = _run(tmp_path / "again", "--cache_dir", cache)
+    assert info["response_cache"]["hits"] == 6 and info["response_cache"]["misses"] == 0
+    by_id = {r["sample_id"]: r for r in lik}
+    for g, a in zip(gen, again):
+        assert g["trace"] == a["trace"]
+        assert g["trace"]["pixel_sha"] == by_id[g["sample_id"]]["trace"]["pixel_sha"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option,field,value", [("system_msg=You are terse.", "system_line", "You are terse."),
+                                                 ("dtype=bfloat16", "dtype", "bfloat16")])
+def test_a_changed_setting_shows_in_the_provenance(tmp_path, option, field, value):
+    _, info = _run(tmp_path / "out", "--infer_method", "likelihood", "--model_option", option)
+    assert info["provenance"][field] == value

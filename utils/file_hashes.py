@@ -1,0 +1,177 @@
+"""Content hashes of files, with a stat-keyed memo so each file is read once per machine.
+
+Why: the run identity and the response cache must follow what a file holds, never where it is
+or when it was touched (issue 24: the same data in another folder, or after a ``touch``, missed
+on every request). Reading 100k image files on every start would be slow, so a file's hash is
+remembered under its stat key (device, inode, size, modification and change times): a moved,
+copied or touched file gets a new stat key, is read once more, and hashes to the same content.
+
+Store: one folder per data directory under ``$REFORM_CACHE/file_hashes/`` (named by a hash of
+the directory's path), so a run reads the memos of the directories it uses and no others.
+In it, append-only JSONL segments, one per writing process (no locks: safe for ranks and
+concurrent runs), read once per process on first use; a torn or foreign line is skipped. When a
+directory's memo has many segments, those of finished processes are merged into one, keeping
+only entries whose file still has that stat key (a memo never grows without bound).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import secrets
+import socket
+import threading
+from typing import Dict, Optional, Tuple
+
+from utils.paths import cache_root
+from utils.runlock import pid_alive
+
+logger = logging.getLogger(__name__)
+
+#: merge the segments of finished processes once a directory has more than this many
+MAX_SEGMENTS = 16
+
+def stat_key(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def hash_bytes_of(path: str) -> str:
+    """blake2b-128 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _DirMemo:
+    """The memo of one data directory: file name -> (stat key, hash)."""
+
+    def __init__(self, folder: str, data_dir: str) -> None:
+        self.folder, self.data_dir = folder, data_dir
+        self.known: Dict[Tuple[str, str], str] = {}
+        self._fd: Optional[int] = None
+        names = []
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.startswith("seg-") and n.endswith(".jsonl"))
+        except OSError:
+            pass
+        for name in names:
+            try:
+                with open(os.path.join(folder, name), "rb") as f:
+                    for line in f:
+                        self._parse(line)
+            except OSError:
+                continue
+        if len(names) > MAX_SEGMENTS:
+            self._compact(names)
+
+    def _parse(self, line: bytes) -> None:
+        if not line.endswith(b"\n"):
+            return
+        try:
+            entry = json.loads(line)
+            name, key, value = entry["f"], entry["k"], entry["h"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if isinstance(name, str) and isinstance(key, str) and isinstance(value, str) and len(value) == 32:
+            self.known[(name, key)] = value
+
+    def _compact(self, names: list) -> None:
+        """One segment holding the entries that are still true; the segments of processes that
+        are gone are removed (a live process may still append to its own)."""
+        dead = [n for n in names if _owner_gone(n)]
+        if len(dead) < 2:
+            return
+        merged = os.path.join(self.folder, f"seg-{socket.gethostname()}-0-{secrets.token_hex(4)}.jsonl")
+        tmp = merged + ".tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for (name, key), value in self.known.items():
+                    try:
+                        current = stat_key(os.stat(os.path.join(self.data_dir, name)))
+                    except OSError:
+                        continue
+                    if current == key:
+                        f.write(_line(name, key, value))
+            os.replace(tmp, merged)
+            for n in dead:
+                os.unlink(os.path.join(self.folder, n))
+        except OSError as e:  # a memo that cannot be tidied is still a correct memo
+            logger.debug("file hashes: compaction skipped (%s)", e)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def append(self, name: str, key: str, value: str) -> None:
+        try:
+            if self._fd is None:
+                os.makedirs(self.folder, exist_ok=True)
+                seg = f"seg-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+                self._fd = os.open(os.path.join(self.folder, seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, _line(name, key, value).encode("utf-8"))
+        except OSError as e:  # no memo on a read-only or full disk: hashes are still right, only slower
+            logger.debug("file hashes: memo not written (%s)", e)
+
+
+def _line(name: str, key: str, value: str) -> str:
+    return json.dumps({"f": name, "k": key, "h": value}, ensure_ascii=False) + "\n"
+
+
+class FileHashes:
+    """The memo: ``digest(path)`` reads the file only when its stat key is new."""
+
+    def __init__(self, directory: Optional[str] = None) -> None:
+        self.directory = directory
+        self._dirs: Dict[str, _DirMemo] = {}
+        self._lock = threading.Lock()
+        self.read_files = 0
+
+    def _memo(self, data_dir: str) -> _DirMemo:
+        memo = self._dirs.get(data_dir)
+        if memo is None:
+            root = self.directory or os.path.join(cache_root(), "file_hashes")
+            tag = hashlib.sha256(data_dir.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+            memo = self._dirs[data_dir] = _DirMemo(os.path.join(root, tag), data_dir)
+        return memo
+
+    def digest(self, path: str, st: Optional[os.stat_result] = None) -> str:
+        """The content hash of ``path`` (``OSError`` if it cannot be read)."""
+        st = st or os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block the reader, a folder fail it
+            raise OSError(f"not a regular file: {path}")
+        key = stat_key(st)
+        full = os.path.abspath(path)
+        data_dir, name = os.path.split(full)
+        memo = self._dirs.get(data_dir)  # (a plain read: the memo of a folder is made once)
+        if memo is None:
+            with self._lock:
+                memo = self._memo(data_dir)
+        found = memo.known.get((name, key))
+        if found is not None:
+            return found
+        value = hash_bytes_of(path)
+        with self._lock:
+            self.read_files += 1
+            memo.known[(name, key)] = value
+            memo.append(name, key, value)
+        return value
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the process that wrote segment ``name`` (``seg-<host>-<pid>-<nonce>.jsonl``) is gone."""
+    parts = name[:-len(".jsonl")].split("-")
+    try:
+        host, pid = "-".join(parts[1:-2]), int(parts[-2])
+    except (ValueError, IndexError):
+        return False
+    return host == socket.gethostname() and (pid == 0 or not pid_alive(pid))
+
+
+_memo = FileHashes()
+
+
+def file_digest(path: str, st: Optional[os.stat_result] = None) -> str:
+    """The content hash of an image file, through this process's memo."""
+    return _memo.digest(path, st)
