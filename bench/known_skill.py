@@ -3,13 +3,21 @@ held-out trials (the shipped configs' seed 0; training used other seeds), throug
 as a user runs it (``evaluation.evaluate``, the same records and scorers).
 
 Measures: SingleChoice likelihood accuracy on single-frame category and location identification
-(chance 1/8 and 1/4); generation format hit rate and accuracy on the same trials; accuracy at the
-three iWISDM levels (likelihood); MME-style acc and acc+ on the synthetic yes/no set.
+(chance 1/8 and 1/4); generation format hit rate and accuracy on the same trials; single-frame
+true/false against a named category or location (likelihood, chance 1/2); MME-style acc and acc+
+on the synthetic yes/no set; accuracy at the three iWISDM levels (likelihood).
+
+The known-skill targets (issue 26), each 1 when the measured values reach it:
+``target_yesno`` (acc >= 0.8 and acc+ >= 0.6), ``target_single_frame`` (category and location
+true/false each >= 0.75, chance 0.5), ``target_levels`` (acc_low > acc_medium > acc_high and
+acc_low >= 0.6, chance 0.5); ``targets_met`` counts them.
 
 Usage: ``python bench/known_skill.py [--trials 200] [--model_name tiny-trained] [--smoke]``
+(``--model_name`` may also be a checkpoint folder, e.g. an earlier round's weights.)
 
 Prints: category_lik_acc=... location_lik_acc=... gen_format_hit_rate=... gen_acc=...
-yesno_acc=... yesno_acc_plus=... acc_low=... acc_medium=... acc_high=...
+sf_category_acc=... sf_location_acc=... yesno_acc=... yesno_acc_plus=... acc_low=... acc_medium=...
+acc_high=... target_yesno=... target_single_frame=... target_levels=... targets_met=...
 """
 from __future__ import annotations
 
@@ -65,6 +73,10 @@ def main() -> None:
             acc += m["accuracy"] * args.trials
             total += args.trials
         line["gen_format_hit_rate"], line["gen_acc"] = hits / total, acc / total
+        for feat in ("category", "location"):
+            m = run(args.model_name, out, "iWISDM", f"iwisdm_single_frame_{feat}", "likelihood", "SingleChoice", n)
+            line[f"sf_{feat}_acc"] = m["accuracy"]
+            print(f"single_frame_{feat:9s} true/false likelihood accuracy {m['accuracy']:.3f}")
         yesno = write_yesno_release(os.path.join(tmp, "yesno"), n_images=args.yesno_images, seed=1)
         m = run(args.model_name, out, "MME", "mme_synthetic", "likelihood", "Generation", {"root": yesno})
         subs = m["subtasks"].values()  # acc+ over all images: both questions of an image right
@@ -75,9 +87,21 @@ def main() -> None:
             m = run(args.model_name, out, "iWISDM", f"iwisdm_{level}", "likelihood", "SingleChoice", n)
             line[f"acc_{level}"] = m["accuracy"]
             print(f"iWISDM {level:6s}        likelihood accuracy {m['accuracy']:.3f}")
+    line.update(targets(line))
     print(" ".join(f"{k}={line[k]:.3f}" for k in ("category_lik_acc", "location_lik_acc", "gen_format_hit_rate",
-                                                   "gen_acc", "yesno_acc", "yesno_acc_plus", "acc_low",
-                                                   "acc_medium", "acc_high")))
+                                                   "gen_acc", "sf_category_acc", "sf_location_acc", "yesno_acc",
+                                                   "yesno_acc_plus", "acc_low", "acc_medium", "acc_high"))
+          + " " + " ".join(f"{k}={line[k]}" for k in ("target_yesno", "target_single_frame", "target_levels",
+                                                       "targets_met")))
+
+
+def targets(line: Dict[str, float]) -> Dict[str, int]:
+    """Which of issue 26's known-skill targets the measured ``line`` reaches (1 or 0), and how many."""
+    met = {"target_yesno": int(line["yesno_acc"] >= 0.8 and line["yesno_acc_plus"] >= 0.6),
+           "target_single_frame": int(line["sf_category_acc"] >= 0.75 and line["sf_location_acc"] >= 0.75),
+           "target_levels": int(line["acc_low"] > line["acc_medium"] > line["acc_high"] and line["acc_low"] >= 0.6)}
+    met["targets_met"] = sum(met.values())
+    return met
 
 
 if __name__ == "__main__":
