@@ -34,6 +34,9 @@ COLOUR_NAMES: Tuple[str, ...] = tuple(c for c, _ in COLOURS)
 LOCATION_NAMES: Tuple[str, ...] = tuple(LOCATIONS)
 
 SAME: Tuple[str, ...] = ("different", "same")
+TRUTH: Tuple[str, ...] = ("false", "true")
+#: what an operand of a 'low' comparison can be: a category, a location, or one object (category/identity)
+OPERANDS: Tuple[str, ...] = CATEGORIES + LOCATION_NAMES + tuple(f"{c}/{i}" for c in CATEGORIES for i in range(8))
 
 #: probe name -> (its classes, whether it names a word of the question). Question probes are asked
 #: from the word on to the answer (every later position), so the word is carried forward by
@@ -46,10 +49,14 @@ PROBES: Dict[str, Tuple[Tuple[str, ...], bool]] = {
     "img_col": (COLOUR_NAMES, False), "img_shape": (SHAPES, False),
     "q_col": (COLOUR_NAMES, True), "q_shape": (SHAPES, True),
     "match": (SAME, False), "colour_match": (SAME, False), "shape_match": (SAME, False),
+    "clause1": (TRUTH, False), "clause2": (TRUTH, False),
+    "c1a": (OPERANDS, False), "c1b": (OPERANDS, False), "c2a": (OPERANDS, False), "c2b": (OPERANDS, False),
 }
 #: the probes that say whether two operands are equal; they are read one layer above the others
 #: (the operands must be present before their equality can be computed)
-MATCH_PROBES: Tuple[str, ...] = ("match", "colour_match", "shape_match")
+MATCH_PROBES: Tuple[str, ...] = ("match", "colour_match", "shape_match", "c1a", "c1b", "c2a", "c2b")
+#: the truth of each comparison of a 'low' trial, read one layer above its operands
+CLAUSE_PROBES: Tuple[str, ...] = ("clause1", "clause2")
 
 #: a frame label: ("object", category, identity, location), ("blank",), ("drawn", colour, shape), or None
 FrameLabel = Optional[Tuple[Any, ...]]
@@ -108,6 +115,9 @@ def probe_targets(sample: Dict[str, Any], truth: Dict[Tuple[str, str], Tuple[str
                 for k, obj in enumerate(objs, 1):
                     out[f"o{k}_cat"], out[f"o{k}_loc"] = obj["category"], obj["location"]
                 out["match"] = _same(objs[0][dms.group(1)], objs[1][dms.group(1)])
+            else:  # a 'low' trial: two comparisons joined by and / or; the truth of each
+                for k, (a, b, value) in enumerate(clauses(ins, objs), 1):
+                    out[f"clause{k}"], out[f"c{k}a"], out[f"c{k}b"] = TRUTH[int(value)], a, b
     elif "categories" in meta and len(meta["categories"]) == 2:  # build.frame_order
         out["o1_cat"], out["o2_cat"] = meta["categories"]
     else:
@@ -119,6 +129,48 @@ def probe_targets(sample: Dict[str, Any], truth: Dict[Tuple[str, str], Tuple[str
                 out["q_col"], out["colour_match"] = colour, _same(colour, truth[key][0])
             if shape:
                 out["q_shape"], out["shape_match"] = shape, _same(shape, truth[key][1])
+    return out
+
+
+_TERM = r"(?:(category|location|identity) of object (\d+)|([a-z]+(?: [a-z]+)?))"
+_CLAUSE = re.compile(rf"{_TERM} (not )?equals {_TERM}")
+
+
+def _term(feature: Optional[str], index: Optional[str], word: Optional[str], objs: List[Dict[str, Any]],
+          other: Optional[str]) -> Optional[str]:
+    if feature:
+        k = int(index) - 1
+        if not 0 <= k < len(objs):
+            return None
+        # an identity is one of a category's 8 objects: equal identities are the same object
+        return f"{objs[k]['category']}/{objs[k]['identity']}" if feature == "identity" else str(objs[k][feature])
+    return word if other in ("category", "location") else None
+
+
+def clause_truths(instruction: str, objs: List[Dict[str, Any]]) -> List[bool]:
+    """The truth of each of the two comparisons of "..., A and B?" / "..., A or B?" (no
+    if/then), or [] when the instruction is not of that shape."""
+    return [value for _a, _b, value in clauses(instruction, objs)]
+
+
+def clauses(instruction: str, objs: List[Dict[str, Any]]) -> List[Tuple[str, str, bool]]:
+    """(left operand, right operand, truth) of each of the two comparisons of "..., A and B?" /
+    "..., A or B?" (no if/then), or [] when the instruction is not of that shape."""
+    m = re.fullmatch(r".*?, ((?:(?!if )[^,])+) (?:and|or) ([^,?]+)\?", instruction)
+    if not m or " if " in instruction:
+        return []
+    out = []
+    for part in m.groups():
+        c = _CLAUSE.fullmatch(part.split(", ")[-1].strip())
+        if not c:
+            return []
+        a = _term(c.group(1), c.group(2), c.group(3), objs, c.group(5))
+        b = _term(c.group(5), c.group(6), c.group(7), objs, c.group(1))
+        if a is None or b is None:
+            return []
+        if a not in OPERANDS or b not in OPERANDS:
+            return []
+        out.append((a, b, (a == b) != bool(c.group(4))))
     return out
 
 

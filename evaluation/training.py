@@ -57,8 +57,8 @@ from build import load_reform_dataset
 from build.frame_order import write_frame_order_set
 from build.mme_synthetic import write_yesno_release
 from build.mme_synthetic import SHAPES
-from evaluation.skill_targets import (CATEGORIES, COLOUR_NAMES, LOCATION_NAMES, MATCH_PROBES, PROBES, drawn_truth,
-                                      frame_labels, probe_targets)
+from evaluation.skill_targets import (CATEGORIES, CLAUSE_PROBES, COLOUR_NAMES, LOCATION_NAMES, MATCH_PROBES, PROBES,
+                                      drawn_truth, frame_labels, probe_targets)
 from models import get_model
 from models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, SHIPPED_VERSIONS, TINY_CORPUS, llava_parts,
                          register_tiny_builder, sha256_file, train_tiny_tokenizer)
@@ -95,8 +95,8 @@ TASKS: Tuple[Task, ...] = (
     Task("dms_category", "iWISDM", "SingleChoice", {"preset": "dms_category"}, 320, short=True),
     Task("dms_location", "iWISDM", "SingleChoice", {"preset": "dms_location"}, 320, short=True),
     Task("frame_order", "custom", "SingleChoice", {}, 320),
-    Task("low", "iWISDM", "SingleChoice", {"preset": "low"}, 200),
-    Task("medium", "iWISDM", "SingleChoice", {"preset": "medium"}, 100),
+    Task("low", "iWISDM", "SingleChoice", {"preset": "low"}, 800),
+    Task("medium", "iWISDM", "SingleChoice", {"preset": "medium"}, 200),
     Task("high", "iWISDM", "SingleChoice", {"preset": "high"}, 100),
 )
 METHODS = ("likelihood", "generation")
@@ -122,7 +122,7 @@ STAGES: Tuple[Stage, ...] = (
     Stage("vision", 300),
     Stage("compare", 1000, ("yesno", "frame_order") + _SHORT),
     Stage("full", 700, ("yesno", "frame_order") + _SHORT + _FULL_FEW),
-    Stage("levels", 300, tuple(t.name for t in TASKS) + _SHORT),
+    Stage("levels", 800, tuple(t.name for t in TASKS) + _SHORT),
 )
 #: batch weights relative to a task's size (the yes/no set has the most sequences, the short
 #: identification copies are learnt fastest)
@@ -131,9 +131,13 @@ TASK_WEIGHTS = {"yesno": 0.4, "identify_location": 0.5, "identify_category": 0.5
 BATCH, LR, WARMUP = 16, 2e-3, 40
 VISION_BATCH, VISION_LR = 64, 2e-3
 #: the probes read the first decoder layer's output (the operands) and the second's (whether they match)
-OPERAND_LAYER, MATCH_LAYER = 0, 1
+OPERAND_LAYER, MATCH_LAYER, CLAUSE_LAYER = 0, 1, 2
 #: how many trials of each shipped config (seed 0) are kept out of training
 HELD_OUT = 500
+#: the language-model step whose weights' hash the manifest records for the cheap reproducibility
+#: check (``--check``: the data, the tower and this many steps, about 2 CPU minutes, instead of the
+#: whole recipe)
+CHECK_STEPS = 100
 
 
 class Example:
@@ -416,7 +420,7 @@ class Trainer:
             mask[r, :len(e.ids)] = 1
         frames = [self.features[k] for e in batch for k in e.frame_keys] if any(e.frame_keys for e in batch) else []
         feats = torch.stack(frames) if frames else None
-        hidden, at = self.forward(ids, mask, feats, (OPERAND_LAYER, MATCH_LAYER))
+        hidden, at = self.forward(ids, mask, feats, (OPERAND_LAYER, MATCH_LAYER, CLAUSE_LAYER))
         rows, cols, targets = [], [], []
         probes: Dict[Tuple[str, int], List[Tuple[int, int, int]]] = {}
         for r, e in enumerate(batch):
@@ -426,7 +430,8 @@ class Trainer:
                 cols.append(p)
                 targets.append(e.ids[p + 1])
             for name, value in e.probes.items():
-                layer = MATCH_LAYER if name in MATCH_PROBES else OPERAND_LAYER
+                layer = (CLAUSE_LAYER if name in CLAUSE_PROBES else MATCH_LAYER if name in MATCH_PROBES
+                         else OPERAND_LAYER)
                 spread = PROBES[name][1] and e.spread_from is not None
                 where = range(e.spread_from, len(e.ids) - 1) if spread else answer
                 probes.setdefault((name, layer), []).extend((r, p, value) for p in where)
@@ -483,7 +488,8 @@ def train_language_model(trainer: Trainer, examples: Sequence[Example], pad_id: 
                          on_stage: Callable[[str, int], bool]) -> None:
     """AdamW over the curriculum (projector and language model; the tower is frozen), warm-up,
     then constant, then a linear decay over the last fifth. ``on_stage(name, steps)`` runs at the
-    end of every stage; it returns False to stop there."""
+    end of every stage and, as ``("check", CHECK_STEPS)``, after step ``CHECK_STEPS``; it returns
+    False to stop there."""
     plan = batch_plan(examples, seed)
     model = trainer.model
     params = [p for p in model.parameters() if p.requires_grad] + list(trainer.heads.parameters())
@@ -510,6 +516,12 @@ def train_language_model(trainer: Trainer, examples: Sequence[Example], pad_id: 
             logger.info("step %d/%d (%s) answer loss %.4f probe loss %.4f (%.0fs)", step + 1, total, stage, a, p,
                         time.perf_counter() - t0)
         done += 1
+        if step + 1 == CHECK_STEPS:
+            model.eval()
+            go_on = on_stage("check", CHECK_STEPS)
+            model.train()
+            if not go_on:
+                break
         if step + 1 == total or plan[step + 1][0] != stage:
             model.eval()
             go_on = on_stage(stage, done)
@@ -526,8 +538,9 @@ StageRecord = Dict[str, Any]
 def build_trained_llava(out_dir: str, size: str = "trained", seed: int = SEED,
                         stop_after: Optional[str] = None) -> List[StageRecord]:
     """Write the trained tiny LLaVA to ``out_dir`` (see the module docstring); returns each stage's
-    record (name, steps, the SHA-256 of the data or weights at its end). ``stop_after`` (a stage
-    name, or ``data``) stops there, leaving the checkpoint unfinished."""
+    record (name, steps, the SHA-256 of the data or weights at its end; ``check``: the weights after
+    ``CHECK_STEPS`` language-model steps). ``stop_after`` (a stage name, ``data`` or ``check``)
+    stops there, leaving the checkpoint unfinished."""
     logger.warning("training the known-skill LLaVA (about 8 CPU minutes) into %s", out_dir)
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
