@@ -541,7 +541,7 @@ def build_trained_llava(out_dir: str, size: str = "trained", seed: int = SEED,
     record (name, steps, the SHA-256 of the data or weights at its end; ``check``: the weights after
     ``CHECK_STEPS`` language-model steps). ``stop_after`` (a stage name, ``data`` or ``check``)
     stops there, leaving the checkpoint unfinished."""
-    logger.warning("training the known-skill LLaVA (about 8 CPU minutes) into %s", out_dir)
+    logger.warning("training the known-skill LLaVA (about 7 CPU minutes) into %s", out_dir)
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)  # one thread: the same floating-point sums on every machine
