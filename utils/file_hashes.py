@@ -6,7 +6,12 @@ on every request). Reading 100k image files on every start would be slow, so a f
 remembered under its stat key (device, inode, size, modification and change times): a moved,
 copied or touched file gets a new stat key, is read once more, and hashes to the same content.
 
-Store: one folder per data directory under ``$REFORM_CACHE/file_hashes/`` (named by a hash of
+Image files are also checked where they are read (``file_digest``: a readable image within the
+pixel limit, header and ``verify``, no pixels decoded), and only a file that passed is remembered:
+a broken image is refused in one line naming its sample whichever model runs (a baseline never
+decodes it), and each good file is checked once per machine, not once per run.
+
+Store: one folder per data directory under ``$REFORM_CACHE/checked_images/`` (named by a hash of
 the directory's path), so a run reads the memos of the directories it uses and no others.
 In it, append-only JSONL segments, one per writing process (no locks: safe for ranks and
 concurrent runs), read once per process on first use; a torn or foreign line is skipped. When a
@@ -23,8 +28,9 @@ import stat
 import secrets
 import socket
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
+from utils.images import check_image
 from utils.paths import cache_root
 from utils.runlock import pid_alive
 
@@ -122,8 +128,10 @@ def _line(name: str, key: str, value: str) -> str:
 class FileHashes:
     """The memo: ``digest(path)`` reads the file only when its stat key is new."""
 
-    def __init__(self, directory: Optional[str] = None) -> None:
+    def __init__(self, directory: Optional[str] = None,
+                 check: Optional[Callable[[bytes, str, Any], None]] = None) -> None:
         self.directory = directory
+        self.check = check
         self._dirs: Dict[str, _DirMemo] = {}
         self._lock = threading.Lock()
         self.read_files = 0
@@ -131,13 +139,14 @@ class FileHashes:
     def _memo(self, data_dir: str) -> _DirMemo:
         memo = self._dirs.get(data_dir)
         if memo is None:
-            root = self.directory or os.path.join(cache_root(), "file_hashes")
+            root = self.directory or os.path.join(cache_root(), "checked_images")
             tag = hashlib.sha256(data_dir.encode("utf-8", "surrogatepass")).hexdigest()[:24]
             memo = self._dirs[data_dir] = _DirMemo(os.path.join(root, tag), data_dir)
         return memo
 
-    def digest(self, path: str, st: Optional[os.stat_result] = None) -> str:
-        """The content hash of ``path`` (``OSError`` if it cannot be read)."""
+    def digest(self, path: str, st: Optional[os.stat_result] = None, record: Any = None) -> str:
+        """The content hash of ``path`` (``OSError`` if it cannot be read; with a ``check``, what
+        ``check(data, path, record)`` raises for bytes it refuses)."""
         st = st or os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block the reader, a folder fail it
             raise OSError(f"not a regular file: {path}")
@@ -151,7 +160,13 @@ class FileHashes:
         found = memo.known.get((name, key))
         if found is not None:
             return found
-        value = hash_bytes_of(path)
+        if self.check is None:
+            value = hash_bytes_of(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+            self.check(data, path, record)  # only a file that passed is remembered
+            value = hashlib.blake2b(data, digest_size=16).hexdigest()
         with self._lock:
             self.read_files += 1
             memo.known[(name, key)] = value
@@ -169,9 +184,14 @@ def _owner_gone(name: str) -> bool:
     return host == socket.gethostname() and (pid == 0 or not pid_alive(pid))
 
 
-_memo = FileHashes()
+def _check_image(data: bytes, path: str, record: Any) -> None:
+    check_image(data, record=record, name=path)
 
 
-def file_digest(path: str, st: Optional[os.stat_result] = None) -> str:
-    """The content hash of an image file, through this process's memo."""
-    return _memo.digest(path, st)
+_memo = FileHashes(check=_check_image)
+
+
+def file_digest(path: str, st: Optional[os.stat_result] = None, record: Any = None) -> str:
+    """The content hash of an image file, through this process's memo; a file read for the first
+    time is checked as an image (errors name ``record``, the sample, and the file)."""
+    return _memo.digest(path, st, record)
