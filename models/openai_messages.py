@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Union
 from PIL import Image
 
 from utils.errors import ReformError
+from utils.fingerprint import pixel_digest
 from utils.file_hashes import file_digest
 from utils.images import open_image
 from utils.schema import IMAGE_TOKEN
@@ -74,7 +75,7 @@ class EncodedImages:
             except OSError:
                 return None  # encode_image names the missing file
         if isinstance(image, Image.Image):
-            return ("pixels", image.mode, image.size, hashlib.blake2b(image.tobytes(), digest_size=16).digest())
+            return ("pixels", pixel_digest(image))
         return None
 
     def url(self, image: Any) -> str:

@@ -93,3 +93,24 @@ def test_each_file_is_read_once_per_stat_key(tmp_path):
     assert again.digest(str(f)) == first and again.read_files == 1
     f.write_bytes(b"abd" * 1000)
     assert again.digest(str(f)) != first
+
+
+def test_in_memory_pictures_with_the_same_bytes_are_other_images(tmp_path):
+    """A 40x30 and a 30x40 blank (what --image_ablation blank makes of a landscape and a portrait
+    image) have the same ``tobytes()``: every name of an in-memory image (the saved file of
+    ``image_paths``, the run identity's token, the API client's encoded-image memo) comes from
+    ``utils.fingerprint.pixel_digest``, which hashes mode and size too. Before, the saved files
+    hashed the bytes alone and the portrait's record pointed at the landscape's file."""
+    from evaluation.calls import save_sample_images
+    from models.openai_messages import EncodedImages
+    from utils.fingerprint import image_token, pixel_digest
+
+    land, port, grey = Image.new("RGB", (40, 30)), Image.new("RGB", (30, 40)), Image.new("L", (60, 60))
+    a = save_sample_images({"images": [land]}, str(tmp_path))[0]
+    b = save_sample_images({"images": [port]}, str(tmp_path))[0]
+    assert a != b
+    with Image.open(os.path.join(tmp_path, b)) as im:
+        assert im.size == (30, 40)
+    assert len({pixel_digest(land), pixel_digest(port), pixel_digest(grey)}) == 3
+    assert image_token(land, {}) == "pixels:" + pixel_digest(land) != image_token(port, {})
+    assert EncodedImages._key(land) != EncodedImages._key(port)
