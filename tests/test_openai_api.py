@@ -58,15 +58,24 @@ class _Server:
                     action = outer.script.pop(0) if outer.script else "ok"
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                self._counted = True
                 try:
                     if outer.delay:
                         time.sleep(outer.delay)
                     self._act(action, body)
                 finally:
+                    self._leave()
+
+            def _leave(self) -> None:
+                """Out of flight before the reply is written: the client may send its next request
+                the moment it reads this one's reply, before this thread runs again."""
+                if getattr(self, "_counted", False):
+                    self._counted = False
                     with outer.lock:
                         outer.in_flight -= 1
 
             def _send(self, code: int, payload: bytes, headers: Dict[str, str] = None) -> None:
+                self._leave()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
