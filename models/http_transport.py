@@ -110,11 +110,11 @@ def public_url(url: str) -> str:
     """``url`` without user info and query (where keys hide: ``https://k@host/?api-key=...``)."""
     try:
         p = urllib.parse.urlsplit(url)
+        host = p.hostname or ""
+        if p.port:
+            host += f":{p.port}"
     except ValueError:
         return "<unparseable url>"
-    host = p.hostname or ""
-    if p.port:
-        host += f":{p.port}"
     return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
 
 

@@ -31,12 +31,18 @@ def clean_usage(raw: Any, source: str = "endpoint") -> Optional[Dict[str, int]]:
     for k, v in raw.items():
         if not (isinstance(k, str) and k.endswith("_tokens")):
             continue
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) \
-            and 0 <= v <= MAX_REPORTED_TOKENS
+        if isinstance(v, bool):
+            ok = False
+        elif isinstance(v, int):  # compared as an int: a 400-digit count has no float
+            ok = 0 <= v <= MAX_REPORTED_TOKENS
+        else:
+            ok = isinstance(v, float) and v.is_integer() and 0 <= v <= MAX_REPORTED_TOKENS
         if ok:
             out[k] = int(v)
         else:
-            log_clamp_once(f"usage-{k}", f"{source}: usage.{k} = {str(v)[:40]!r} is not a token count "
+            shown = f"an integer of {v.bit_length()} bits" if isinstance(v, int) and v.bit_length() > 64 \
+                else repr(v)[:40]
+            log_clamp_once(f"usage-{k}", f"{source}: usage.{k} = {shown} is not a token count "
                                          f"(0 to {MAX_REPORTED_TOKENS}); ignored")
     return out or None
 
@@ -184,7 +190,8 @@ class TokenBudget:
         the run's, not one process's, so ranks together never pass it."""
         with self._lock:
             for usage in usages:
-                if isinstance(usage, dict):
+                usage = clean_usage(usage, "a saved record")
+                if usage:
                     p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
                     self.prompt, self.completion, self.earlier = self.prompt + p, self.completion + c, self.earlier + p + c
                     self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
