@@ -379,3 +379,22 @@ def test_a_malformed_base_url_is_one_line(tmp_path, capsys, url):
                           "--model_option", f"base_url={url}"])
     lines, err = _error_lines(capsys)
     assert code == 2 and "internal error" not in err and "base_url" in lines[0], err[-300:]
+
+
+def test_budget_is_not_reached_by_reservations_alone(serve, tmp_path, capsys):
+    """Only what is spent stops the run: a request that does not fit beside the worst-case
+    reservations of requests in flight waits for them to settle (``TokenBudget.reserve``). It
+    used to raise BudgetExhausted at once: 5 of 12 samples, 525 of 3000 tokens spent."""
+    usage = {"prompt_tokens": 100, "completion_tokens": 5}
+    server = serve(lambda body, n: (0.2, 200, {}, ok_body("red", usage)))
+    cfg = dataset(tmp_path, 12)
+    # each request is reserved at ~600 tokens (5 + 576 for the image + text); 12 requests really
+    # cost 12 * 105 = 1260 tokens, well inside 3000
+    code = run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=8",
+                              "--model_option", "max_total_tokens=3000"))
+    err = capsys.readouterr().err
+    recs = saved(tmp_path / "out")
+    spent = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in recs)
+    assert code == 0, f"stopped after {len(recs)} of 12 samples, {spent} of 3000 tokens spent: " + \
+        [ln for ln in err.splitlines() if ln.startswith("error")][0][:300]
+    assert len(recs) == 12 and spent == 1260
