@@ -168,11 +168,12 @@ class _Connection:
         self.replied = False
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
+        self._tls_pending = getattr(sock, "pending", None)  # bytes TLS decrypted and holds
 
     def idle_intact(self) -> bool:
         """True when the idle connection has nothing to read: no unsolicited bytes and no
         close by the server (one ``poll`` with no wait)."""
-        return not self.buf and not self._poll.poll(0)
+        return not self.buf and not self._poll.poll(0) and not (self._tls_pending and self._tls_pending())
 
     def _fill(self, what: str) -> None:
         data = self.sock.recv(65536)
