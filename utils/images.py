@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from utils.errors import input_error
+from utils.file_hashes import ChangedSinceFingerprint, bytes_as_fingerprinted
 
 #: default pixel limit (PIL's own default, about 89 megapixels); REFORM_MAX_IMAGE_PIXELS raises it
 DEFAULT_MAX_PIXELS = 89_478_485
@@ -49,11 +50,13 @@ def _check_file(path: str, where: Dict[str, Any]) -> None:
 
 
 @contextmanager
-def guarded_open(source: Union[str, bytes], record: Optional[Any] = None) -> Iterator[Image.Image]:
+def guarded_open(source: Union[str, bytes], record: Optional[Any] = None,
+                 name: Optional[str] = None) -> Iterator[Image.Image]:
     """The one pixel guard: ``Image.open`` of a regular file (or bytes) whose header says at most
     ``max_image_pixels()``; nothing is decoded yet. Every reader of images (the loaders, the
-    report's thumbnails, the builders' checks) opens through here."""
-    where = _where(source, record)
+    report's thumbnails, the builders' checks) opens through here. ``name``: the file that
+    ``source`` bytes were read from, for error messages."""
+    where = _where(name or source, record)
     if isinstance(source, str):
         _check_file(source, where)
     fp = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
@@ -81,6 +84,34 @@ def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
     """Open an image as RGB, fully decoded; errors name the sample (``record``) and the file."""
     with guarded_open(path, record) as im:
         return im.convert("RGB")
+
+
+def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]:
+    """A model's read of an image file at its turn: its bytes and content hash, which must be
+    the content the run fingerprinted when it started (``utils.file_hashes``); a file replaced
+    during the run is refused in one line naming it (the answer would be stored under the old
+    picture's cache key)."""
+    where = _where(path, record)
+    _check_file(path, where)
+    try:
+        return bytes_as_fingerprinted(path)
+    except ChangedSinceFingerprint as e:
+        raise input_error(f"image file changed during the run (content {e.args[0][:12]} when the run started, "
+                          f"{e.args[1][:12]} now): an answer about the new picture would be cached under the "
+                          "old one's key; restore the file, or re-run to evaluate the new picture", **where) from None
+    except OSError as e:
+        raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})", **where) from None
+
+
+def decode_image(data: bytes, name: str, record: Optional[Any] = None) -> Image.Image:
+    """``data`` (read from file ``name``) as RGB, fully decoded, through the pixel guard."""
+    with guarded_open(data, record, name=name) as im:
+        return im.convert("RGB")
+
+
+def open_run_image(path: str, record: Optional[Any] = None) -> Image.Image:
+    """``open_image`` for a model's turn: the file as the run fingerprinted it (``read_run_image``)."""
+    return decode_image(read_run_image(path, record)[0], path, record)
 
 
 def check_image(source: Union[str, bytes], record: Optional[Any] = None) -> None:
