@@ -227,3 +227,27 @@ def test_malformed_usage_is_dropped_not_a_crash(usage):
         s.httpd.shutdown()
     # dropped counts are charged their worst case: the budget counted every request
     assert model.budget.used > 0 and model.budget.reserved == 0
+
+
+@pytest.mark.parametrize("logprob, why", [(10 ** 400, "an integer too large for a float"), (float("nan"), "NaN"),
+                                          (0.5, "positive")])
+def test_a_logprob_that_is_no_log_probability_is_a_malformed_reply(logprob, why):
+    """A log-probability from the server must be a number <= 0: a 400-digit integer was an
+    OverflowError (an internal error), NaN or a positive number a garbage score."""
+    s = _Server("vllm")
+    handler = s.httpd.RequestHandlerClass
+    send = handler._send
+
+    def _send(self, code, payload):
+        if isinstance(payload, dict) and payload.get("prompt_logprobs"):
+            tok = next(iter(payload["prompt_logprobs"][1]))
+            payload = dict(payload, prompt_logprobs=[None, {tok: {"logprob": logprob}}] + payload["prompt_logprobs"][2:])
+        return send(self, code, payload)
+    handler._send = _send
+    try:
+        model, prep = _model(s.url, max_concurrency=1)
+        smp = _sample(0, ["yes", "no"])
+        with pytest.raises(ReformError, match="malformed prompt_logprobs entry"):
+            model.forward("likelihood", [smp], [prep(smp)])
+    finally:
+        s.httpd.shutdown()
