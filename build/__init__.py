@@ -14,7 +14,8 @@ from build.reformulation import Reformulator
 from build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
                             register_builder, resolve_config)
 from utils.errors import ReformError, unknown_name
-from utils.images import SyntheticImage, open_image
+from utils.images import SyntheticImage
+from utils.run_images import open_run_image
 from utils.predictions import image_ids
 from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.seeding import rng_for
@@ -43,8 +44,8 @@ __all__ = ["BUILDERS", "IMAGE_ABLATIONS", "LOAD_DEFAULTS", "Builder", "ReformDat
 
 
 def _load_image(image: Any, record: Any = None) -> Any:
-    if isinstance(image, str):
-        return open_image(image, record=record)
+    if isinstance(image, str):  # at the sample's turn: the file must be what the run fingerprinted
+        return open_run_image(image, record=record)
     if isinstance(image, SyntheticImage):
         return image.to_pil()
     return image

@@ -790,11 +790,31 @@ def test_the_budget_is_the_runs_saved_answers_count_and_ranks_share_the_rest():
     b.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}, None, {"prompt_tokens": 5}], world_size=2)
     assert (b.used, b.earlier, b.limit, b.run_limit) == (25, 25, 62, 100)  # 25 + (100 - 25) // 2
     b.reserve(37, "x")
+    b.settle(37, {"prompt_tokens": 30, "completion_tokens": 7})  # spent, not merely reserved: 62 used
     with pytest.raises(BudgetExhausted, match=r"max_total_tokens=100 reached before y \(this rank's share: 62\)"):
         b.reserve(1, "y")
     alone = TokenBudget(100)
     alone.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}])
     assert (alone.used, alone.limit) == (20, 100)
+
+
+def test_a_request_waits_for_reservations_in_flight_and_only_spending_stops_the_run():
+    """``TokenBudget.reserve``: a worst case that does not fit beside a reservation in flight
+    waits for it to settle (it used to raise at once); once settled at what the reply cost it
+    fits; tokens spent plus the worst case past the limit raise at once."""
+    import threading
+    import time
+    from models.interfaces.openai_api_interface import TokenBudget
+    from utils.errors import BudgetExhausted
+    b = TokenBudget(100)
+    b.reserve(60, "a")
+    threading.Timer(0.2, lambda: b.settle(60, {"prompt_tokens": 10, "completion_tokens": 5})).start()
+    t0 = time.monotonic()
+    b.reserve(60, "b")
+    assert time.monotonic() - t0 >= 0.15 and (b.used, b.reserved) == (15, 60)
+    b.settle(60, {"prompt_tokens": 50, "completion_tokens": 10})
+    with pytest.raises(BudgetExhausted, match="75 tokens used"):
+        b.reserve(30, "c")
 
 
 def test_saved_answers_cost_what_was_spent_on_them():

@@ -135,6 +135,9 @@ class FileHashes:
         self._dirs: Dict[str, _DirMemo] = {}
         self._lock = threading.Lock()
         self.read_files = 0
+        #: absolute path -> the content hash ``digest`` last gave for it: what a run's identity and
+        #: cache keys hold (the run fingerprints every file when it starts)
+        self.fingerprinted: Dict[str, str] = {}
 
     def _memo(self, data_dir: str) -> _DirMemo:
         memo = self._dirs.get(data_dir)
@@ -159,6 +162,7 @@ class FileHashes:
                 memo = self._memo(data_dir)
         found = memo.known.get((name, key))
         if found is not None:
+            self.fingerprinted[full] = found
             return found
         if self.check is None:
             value = hash_bytes_of(path)
@@ -171,6 +175,7 @@ class FileHashes:
             self.read_files += 1
             memo.known[(name, key)] = value
             memo.append(name, key, value)
+        self.fingerprinted[full] = value
         return value
 
 
@@ -195,3 +200,21 @@ def file_digest(path: str, st: Optional[os.stat_result] = None, record: Any = No
     """The content hash of an image file, through this process's memo; a file read for the first
     time is checked as an image (errors name ``record``, the sample, and the file)."""
     return _memo.digest(path, st, record)
+
+
+class ChangedSinceFingerprint(Exception):
+    """A file's bytes are not the content the run fingerprinted (args: then, now)."""
+
+
+def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
+    """The bytes of ``path`` and their content hash, read once: what a model is given must be
+    what the run's identity and cache keys name. A file replaced since the run fingerprinted it
+    raises ``ChangedSinceFingerprint`` (an answer about the new picture would be stored under
+    the old picture's key); a file never fingerprinted is taken as it is."""
+    with open(path, "rb") as f:
+        data = f.read()
+    now = hashlib.blake2b(data, digest_size=16).hexdigest()  # (as ``hash_bytes_of``)
+    then = _memo.fingerprinted.get(os.path.abspath(path))
+    if then is not None and then != now:
+        raise ChangedSinceFingerprint(then, now)
+    return data, now

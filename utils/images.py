@@ -53,8 +53,8 @@ def guarded_open(source: Union[str, bytes], record: Optional[Any] = None,
                  name: Optional[str] = None) -> Iterator[Image.Image]:
     """The one pixel guard: ``Image.open`` of a regular file (or bytes) whose header says at most
     ``max_image_pixels()``; nothing is decoded yet. Every reader of images (the loaders, the
-    report's thumbnails, the builders' checks) opens through here. ``name`` names bytes read
-    from a file in errors."""
+    report's thumbnails, the builders' checks) opens through here. ``name``: the file that
+    ``source`` bytes were read from, for error messages."""
     where = _where(source, record, name)
     if isinstance(source, str):
         _check_file(source, where)
@@ -82,6 +82,12 @@ def guarded_open(source: Union[str, bytes], record: Optional[Any] = None,
 def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
     """Open an image as RGB, fully decoded; errors name the sample (``record``) and the file."""
     with guarded_open(path, record) as im:
+        return im.convert("RGB")
+
+
+def decode_image(data: bytes, name: str, record: Optional[Any] = None) -> Image.Image:
+    """``data`` (read from file ``name``) as RGB, fully decoded, through the pixel guard."""
+    with guarded_open(data, record, name=name) as im:
         return im.convert("RGB")
 
 
