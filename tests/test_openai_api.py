@@ -828,3 +828,39 @@ def test_saved_answers_cost_what_was_spent_on_them():
     assert spent_usage({"prediction": "a" * 8, "predictions": ["a" * 8, "b" * 12], "prompt": "p" * 100}) == \
         {"prompt_tokens": 50, "completion_tokens": 5}
     assert spent_usage({"skipped": True}) is None
+
+
+@pytest.mark.parametrize("mode,bits,as_is", [("RGB", 8, True), ("RGBA", 8, False), ("L", 8, False), ("P", 8, False),
+                                             ("I;16", 16, False), ("LA", 8, False)])
+def test_a_png_file_goes_out_as_its_own_bytes_only_when_that_is_the_same_picture(tmp_path, mode, bits, as_is):
+    """models.openai_messages.png_as_is: an 8-bit RGB PNG is sent as the file's own bytes (no
+    decode and encode per request); any other PNG is converted to RGB as before. Either way the
+    server decodes exactly the pixels ``encode_image`` gives."""
+    import base64
+    import io
+    from models.openai_messages import EncodedImages, encode_image, png_as_is
+    from utils.file_hashes import file_digest
+
+    im = Image.new(mode, (5, 4))
+    im.putdata([(i * 37) % (256 if bits == 8 else 65536) if mode in ("L", "P", "I;16") else
+                tuple((i * k) % 256 for k in range(1, len(mode) + 1)) for i in range(20)])
+    path = str(tmp_path / "x.png")
+    im.save(path, format="PNG")
+    data = open(path, "rb").read()
+    assert png_as_is(data) is as_is
+    file_digest(path)  # as the run's fingerprint does
+    url = EncodedImages("PNG").url(path)
+    assert (base64.b64decode(url.split(",", 1)[1]) == data) is as_is
+    sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    expected = Image.open(io.BytesIO(base64.b64decode(encode_image(path).split(",", 1)[1])))
+    assert sent.mode == expected.mode == "RGB" and list(sent.getdata()) == list(expected.getdata())
+
+
+def test_an_rgb_png_with_a_transparent_colour_is_converted():
+    from models.openai_messages import png_as_is
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, format="PNG", transparency=(1, 2, 3))
+    assert b"tRNS" in buf.getvalue() and not png_as_is(buf.getvalue())
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, format="PNG")
+    assert png_as_is(buf.getvalue())

@@ -30,7 +30,7 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from utils.images import check_image
+from utils.images import check_image, max_image_pixels
 from utils.paths import cache_root
 from utils.runlock import pid_alive
 
@@ -122,29 +122,42 @@ class _DirMemo:
 
 
 def _line(name: str, key: str, value: str) -> str:
-    return json.dumps({"f": name, "k": key, "h": value}, ensure_ascii=False) + "\n"
+    # ASCII JSON: a file name that is not UTF-8 (a surrogate-escaped byte) round-trips as \udcXX
+    return json.dumps({"f": name, "k": key, "h": value}) + "\n"
+
+
+def _identity(path: str) -> str:
+    """The absolute name of ``path`` as the system resolves it: textual normalisation is right
+    except across ``..`` (``link/..`` is the link target's parent), where the real path is taken."""
+    full = os.path.abspath(path)
+    return os.path.realpath(path) if ".." in path.split(os.sep) else full
 
 
 class FileHashes:
     """The memo: ``digest(path)`` reads the file only when its stat key is new."""
 
     def __init__(self, directory: Optional[str] = None,
-                 check: Optional[Callable[[bytes, str, Any], None]] = None) -> None:
+                 check: Optional[Callable[[bytes, str, Any], None]] = None,
+                 variant: Optional[Callable[[], str]] = None) -> None:
         self.directory = directory
         self.check = check
-        self._dirs: Dict[str, _DirMemo] = {}
+        #: what the check depends on besides the bytes (the pixel limit): a memo per value, so a
+        #: file passed under a higher limit is checked again under a lower one
+        self.variant = variant or getattr(check, "variant", None) or (lambda: "")
+        self._dirs: Dict[Tuple[str, str], _DirMemo] = {}
         self._lock = threading.Lock()
         self.read_files = 0
         #: absolute path -> the content hash ``digest`` last gave for it: what a run's identity and
         #: cache keys hold (the run fingerprints every file when it starts)
         self.fingerprinted: Dict[str, str] = {}
 
-    def _memo(self, data_dir: str) -> _DirMemo:
-        memo = self._dirs.get(data_dir)
+    def _memo(self, data_dir: str, variant: str) -> _DirMemo:
+        memo = self._dirs.get((data_dir, variant))
         if memo is None:
             root = self.directory or os.path.join(cache_root(), "checked_images")
-            tag = hashlib.sha256(data_dir.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-            memo = self._dirs[data_dir] = _DirMemo(os.path.join(root, tag), data_dir)
+            named = data_dir + ("\x00" + variant if variant else "")
+            tag = hashlib.sha256(named.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+            memo = self._dirs[(data_dir, variant)] = _DirMemo(os.path.join(root, tag), data_dir)
         return memo
 
     def digest(self, path: str, st: Optional[os.stat_result] = None, record: Any = None) -> str:
@@ -154,12 +167,13 @@ class FileHashes:
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block the reader, a folder fail it
             raise OSError(f"not a regular file: {path}")
         key = stat_key(st)
-        full = os.path.abspath(path)
+        full = _identity(path)
         data_dir, name = os.path.split(full)
-        memo = self._dirs.get(data_dir)  # (a plain read: the memo of a folder is made once)
+        variant = self.variant()
+        memo = self._dirs.get((data_dir, variant))  # (a plain read: the memo of a folder is made once)
         if memo is None:
             with self._lock:
-                memo = self._memo(data_dir)
+                memo = self._memo(data_dir, variant)
         found = memo.known.get((name, key))
         if found is not None:
             self.fingerprinted[full] = found
@@ -189,10 +203,18 @@ def _owner_gone(name: str) -> bool:
     return host == socket.gethostname() and (pid == 0 or not pid_alive(pid))
 
 
-def _check_image(data: bytes, path: str, record: Any) -> None:
-    check_image(data, record=record, name=path)
+class _ImageCheck:
+    """``check_image`` on a file's bytes; its verdict depends on the pixel limit in force too."""
+
+    def __call__(self, data: bytes, path: str, record: Any) -> None:
+        check_image(data, record=record, name=path)
+
+    @staticmethod
+    def variant() -> str:
+        return str(max_image_pixels())
 
 
+_check_image = _ImageCheck()
 _memo = FileHashes(check=_check_image)
 
 
@@ -202,8 +224,31 @@ def file_digest(path: str, st: Optional[os.stat_result] = None, record: Any = No
     return _memo.digest(path, st, record)
 
 
+def forget_fingerprints() -> None:
+    """End what a run's fingerprint promised (at the start and end of each run): a later run in
+    the same process, or ``load_reform_dataset`` after it, takes files as they are then."""
+    _memo.fingerprinted.clear()
+
+
 class ChangedSinceFingerprint(Exception):
     """A file's bytes are not the content the run fingerprinted (args: then, now)."""
+
+
+def read_regular(path: str) -> bytes:
+    """The bytes of regular file ``path``, in one open, fstat and read (a worker thread gives up
+    the interpreter lock at each system call, so the request path makes few): a FIFO or device
+    is refused (``OSError``), never waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "is not a regular file (a directory, FIFO or device cannot be an image)")
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
@@ -211,10 +256,9 @@ def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
     what the run's identity and cache keys name. A file replaced since the run fingerprinted it
     raises ``ChangedSinceFingerprint`` (an answer about the new picture would be stored under
     the old picture's key); a file never fingerprinted is taken as it is."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_regular(path)
     now = hashlib.blake2b(data, digest_size=16).hexdigest()  # (as ``hash_bytes_of``)
-    then = _memo.fingerprinted.get(os.path.abspath(path))
+    then = _memo.fingerprinted.get(_identity(path))
     if then is not None and then != now:
         raise ChangedSinceFingerprint(then, now)
     return data, now

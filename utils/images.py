@@ -73,7 +73,9 @@ def guarded_open(source: Union[str, bytes], record: Optional[Any] = None,
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise input_error(f"image is too large ({' '.join(str(e).split())[:120]}); the limit is {limit} pixels, "
                           "raise it with REFORM_MAX_IMAGE_PIXELS=<pixels> if the image is trusted", **where) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+    except UnidentifiedImageError:  # (its message shows the stream object, not the file)
+        raise input_error("image cannot be decoded (not an image format that can be read)", **where) from None
+    except (OSError, SyntaxError, ValueError) as e:
         raise input_error(f"image cannot be decoded ({e})", **where) from None
     finally:
         Image.MAX_IMAGE_PIXELS = old
