@@ -76,7 +76,6 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="2 trials per preset (engines still start once)")
     args = ap.parse_args(argv)
     trials = 2 if args.smoke else args.trials
-    os.environ.setdefault("REFORM_CACHE", os.path.join(ROOT, ".cache", "reform_eval"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("REFORM_NO_CACHE", "1")
     import run_eval

@@ -14,7 +14,8 @@ from build.reformulation import Reformulator
 from build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
                             register_builder, resolve_config)
 from utils.errors import ReformError, unknown_name
-from utils.images import SyntheticImage, check_image, open_image
+from utils.images import SyntheticImage
+from utils.run_images import open_run_image
 from utils.predictions import image_ids
 from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
 from utils.seeding import rng_for
@@ -43,8 +44,8 @@ __all__ = ["BUILDERS", "IMAGE_ABLATIONS", "LOAD_DEFAULTS", "Builder", "ReformDat
 
 
 def _load_image(image: Any, record: Any = None) -> Any:
-    if isinstance(image, str):
-        return open_image(image, record=record)
+    if isinstance(image, str):  # at the sample's turn: the file must be what the run fingerprinted
+        return open_run_image(image, record=record)
     if isinstance(image, SyntheticImage):
         return image.to_pil()
     return image
@@ -53,9 +54,8 @@ def _load_image(image: Any, record: Any = None) -> Any:
 class ReformDataset:
     """A list of unified samples; loads image paths lazily unless ``lazy_images``.
 
-    With ``lazy_images`` an item keeps its image paths, but each file is still checked once (a
-    regular file, within the pixel limit, a readable image: header and ``verify``, no pixels
-    decoded), so a broken image is refused whichever model runs.
+    With ``lazy_images`` an item keeps its image paths (every file was checked as an image when
+    the run's fingerprint read it, ``utils.file_hashes``).
 
     A map-style dataset (``__len__``, ``__getitem__``), which torch's DataLoader takes as it is;
     it does not derive from torch's ``Dataset`` so that building samples never imports torch.
@@ -72,7 +72,6 @@ class ReformDataset:
         self.builder = builder
         self.preprocessor = preprocessor
         self.lazy_images = lazy_images
-        self._checked: set = set()  # image paths already checked (lazy mode)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -82,13 +81,8 @@ class ReformDataset:
         sample["image_ids"] = image_ids(sample)
         if not self.lazy_images:
             sample["images"] = [_load_image(im, sample["sample_id"]) for im in sample["images"]]
-        else:
-            for im in sample["images"]:
-                if isinstance(im, str) and im not in self._checked:
-                    check_image(im, record=sample["sample_id"])
-                    self._checked.add(im)
-            if any(isinstance(im, SyntheticImage) for im in sample["images"]):
-                sample["images"] = [im.to_pil() if isinstance(im, SyntheticImage) else im for im in sample["images"]]
+        elif any(isinstance(im, SyntheticImage) for im in sample["images"]):
+            sample["images"] = [im.to_pil() if isinstance(im, SyntheticImage) else im for im in sample["images"]]
         if self.preprocessor is not None:
             sample["prompt"] = self.preprocessor(sample)
         return sample

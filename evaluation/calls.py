@@ -7,7 +7,6 @@ both must build the same prompts, keys and records, so both call ``Runner``.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import threading
@@ -21,6 +20,7 @@ from metrics.single_choice import argmax, reduce_scores
 from models.interfaces.base_interface import CandidateScore
 from models.outputs import GenText, checked_outputs, generation_stats, model_label
 from utils.errors import ReformError
+from utils.fingerprint import pixel_digest
 from utils.predictions import make_record, temp_prefix
 from utils.seeding import derive_seed
 
@@ -50,14 +50,15 @@ def fill_history(sample: Dict[str, Any], mode: str, history: Dict[Key, str]) -> 
 
 
 def save_sample_images(sample: Dict[str, Any], output_dir: str) -> List[str]:
-    """Each in-memory image written once as ``images/<pixel hash>.png``; file images keep their
-    file. Returns every image's path relative to the output directory."""
+    """Each in-memory image written once as ``images/<pixel hash>.png`` (``utils.fingerprint.
+    pixel_digest``: mode, size and pixels, so two pictures are never one file); file images keep
+    their file. Returns every image's path relative to the output directory."""
     out = []
     for im in sample.get("images", []):
         if isinstance(im, str):
             out.append(os.path.relpath(os.path.abspath(im), os.path.abspath(output_dir)))
             continue
-        digest = hashlib.blake2b(im.tobytes(), digest_size=12).hexdigest()
+        digest = pixel_digest(im)[:24]
         rel = os.path.join("images", f"{digest}.png")
         path = os.path.join(output_dir, rel)
         if not os.path.exists(path):

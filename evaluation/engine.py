@@ -29,6 +29,7 @@ from evaluation.reporting.scoring import (RUN_INDEX, check_export, evaluate_file
 from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
 from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
 from utils.errors import ReformError, stage
+from utils.file_hashes import forget_fingerprints
 from evaluation.trackers import log_run
 from utils.commit import Commit, clean_stale_temps, discard
 from utils.usage import usage_totals
@@ -94,6 +95,7 @@ def evaluate(config: RunConfig, dinfo: Optional[DistInfo] = None) -> RunResult:
     dinfo = dinfo or init_distributed(gpus_per_rank=gpus_per_rank)
     _setup_checked(lambda: check_writable_dir(cfg.output.output_dir, "--output_dir"))
     t_start = time.perf_counter()
+    forget_fingerprints()  # what the files held is promised by this run's fingerprint only
     with stage("building the samples"):  # bad data is found before the output folder is made
         plan = _setup_checked(lambda: make_plan(cfg, config_path, content))
     plan.timing["build_s"] = time.perf_counter() - t_start
@@ -119,6 +121,7 @@ def evaluate(config: RunConfig, dinfo: Optional[DistInfo] = None) -> RunResult:
         result = _run_locked(plan, dinfo, t_start)
     finally:
         lock.release()
+        forget_fingerprints()
     shutdown(dinfo)
     return result
 

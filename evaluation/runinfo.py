@@ -123,6 +123,9 @@ def quiet_libraries(verbose: bool) -> None:
     # transformers reads TRANSFORMERS_VERBOSITY when it is imported; one already imported (a
     # library caller's) is told directly. It is never imported here: a baseline or API run
     # must not load it (issue 24)
+    hub = sys.modules.get("huggingface_hub")  # read its env variable when imported: told directly too
+    if hub is not None:
+        hub.utils.disable_progress_bars()
     transformers = sys.modules.get("transformers")
     if transformers is not None:
         transformers.logging.set_verbosity_error()

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import models.interfaces as interfaces_package
 from models.hub_cache import HubSnapshot, hub_snapshot
+from models.registry_sources import family_modules, tiny_builder_modules
 from models.tiny import builtin_checkpoint
 from utils.errors import ReformError, unknown_name
 from utils.secrets import split_url_secrets
@@ -26,10 +25,8 @@ MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 #: line. A family's module is imported when that family is first asked for, never the others:
 #: the Hugging Face families import torch and transformers, which a baseline or an API run
 #: must not pay for (issue 24: every start loaded the whole stack). The names each module
-#: registers are read from its source text, so listing and validating names imports nothing.
-_REGISTER = re.compile(r"""^@register_model\(\s*["']([^"']+)["']\s*\)""", re.M)
-_sources: Optional[Dict[str, str]] = None
-
+#: registers are read from its source text (``models.registry_sources``: every spelling
+#: ``register_model`` accepts), so listing and validating names imports nothing.
 _loaded = False
 
 #: secrets never leave memory: ``redact(config)`` before a config reaches a file, a log or
@@ -49,17 +46,7 @@ def register_model(name: str):
 
 def _family_modules() -> Dict[str, str]:
     """Registered name -> the interface module that registers it (from the modules' text)."""
-    global _sources
-    if _sources is None:
-        found: Dict[str, str] = {}
-        for directory in interfaces_package.__path__:
-            for fname in sorted(os.listdir(directory)):
-                if fname.endswith("_interface.py") and fname != "base_interface.py":
-                    with open(os.path.join(directory, fname), encoding="utf-8") as f:
-                        for name in _REGISTER.findall(f.read()):
-                            found.setdefault(name, f"models.interfaces.{fname[:-3]}")
-        _sources = found
-    return _sources
+    return family_modules()
 
 
 def _load(name: str) -> None:
@@ -74,7 +61,7 @@ def load_all() -> None:
     global _loaded
     if _loaded:
         return
-    for module in sorted(set(_family_modules().values())):
+    for module in sorted(set(_family_modules().values()) | set(tiny_builder_modules().values())):
         importlib.import_module(module)
     _loaded = True
 

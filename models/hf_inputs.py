@@ -15,7 +15,7 @@ from PIL import Image
 
 from models.hf_loading import _one_line
 from utils.errors import ReformError
-from utils.images import open_image
+from utils.run_images import open_run_image
 from utils.schema import IMAGE_TOKEN
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class HFInputsMixin:
         for j, im in enumerate(images or []):
             if isinstance(im, str):
                 try:
-                    out.append(open_image(im))
+                    out.append(open_run_image(im))  # the file as the run fingerprinted it
                 except ReformError as e:
                     raise ReformError(f"model {self.label}: {self._sid(i)}: image {j}: {_one_line(e)}") from None
             elif isinstance(im, Image.Image):

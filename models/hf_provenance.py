@@ -5,7 +5,7 @@ the system line or template, BOS, the image processor and its backend, dtype or 
 kernel (issue 27). Each of these is recorded where it is known for certain, here at the point
 the processor's output goes into the model, never guessed: per run (``provenance``) and per
 sample (``take_traces``: the rendered prompt's hash and token count, whether it starts with
-BOS, and a hash of the pixel tensor the model received).
+BOS, and a hash of the pictures the model received for the sample, without batch padding).
 """
 from __future__ import annotations
 
@@ -31,32 +31,91 @@ def _array(value: Any) -> Optional[np.ndarray]:
     return None
 
 
-def pixel_rows(enc: Any, counts: Sequence[int]) -> List[Optional[str]]:
-    """A hash of each row's pixel tensor (its images' slices of ``pixel_values``, in order):
-    one slice per image, per row (a tensor batched by row), or by Qwen2-VL's patch grid
-    (``image_grid_thw``). None for a row without images, or where the layout is not one of these."""
+def pixel_rows(enc: Any, counts: Sequence[int], tiles: Optional[Sequence[int]] = None) -> List[Optional[str]]:
+    """A hash of each row's pixel tensors: the pictures its images became, in order, without the
+    padding a processor adds to batch them, so a sample hashes the same alone or in any batch,
+    and the same here and through vLLM (which hashes the image processor's output of the
+    sample's images alone). Layouts: one picture per image (LLaVA, BLIP-2, PaliGemma);
+    Qwen2-VL's patch grid (``image_grid_thw``: each image's rows of patches); tiles stacked over
+    the batch (InternVL: ``num_patches`` per image, or ``tiles`` per row from the interface);
+    tiles per image padded with zero tiles to the batch's most (LLaVA-NeXT, OneVision: trailing
+    all-zero tiles dropped); images per row padded in count and size (Idefics3:
+    ``pixel_attention_mask``) or in count and tiles (Mllama: ``aspect_ratio_mask``). None for a
+    row without images, and for every row of a layout that is not one of these (never a hash
+    that would change with the batch)."""
     n_rows = len(counts)
     pv = _array(enc.get("pixel_values")) if hasattr(enc, "get") else None
     if pv is None or not sum(counts):
         return [None] * n_rows
+    pictures = _pictures_by_row(enc, pv, list(counts), tiles)
+    if pictures is None:
+        return [None] * n_rows
+    return [_hash(p) if c else None for p, c in zip(pictures, counts)]
+
+
+def _pictures_by_row(enc: Any, pv: np.ndarray, counts: List[int],
+                     tiles: Optional[Sequence[int]]) -> Optional[List[List[np.ndarray]]]:
+    """Each row's pictures (arrays the vision tower takes one by one), padding removed; None
+    for a layout this cannot split."""
+    n_rows, n_images = len(counts), sum(counts)
     grid = _array(enc.get("image_grid_thw"))
-    per_image: Optional[List[np.ndarray]] = None
-    if grid is not None and len(grid) == sum(counts):
+    if grid is not None:  # Qwen2-VL: each image is prod(t, h, w) rows of patches
         sizes = [int(np.prod(g)) for g in grid]
-        if sum(sizes) == pv.shape[0]:
-            starts = np.cumsum([0] + sizes)
-            per_image = [pv[starts[k]:starts[k + 1]] for k in range(len(sizes))]
-    elif pv.shape[0] == sum(counts):
-        per_image = [pv[k] for k in range(pv.shape[0])]
-    elif pv.shape[0] == n_rows:
-        return [_hash([pv[r]]) if counts[r] else None for r in range(n_rows)]
-    if per_image is None:
-        return [_hash([pv]) if n_rows == 1 else None for _ in range(n_rows)]
+        return _split(pv, sizes, counts) if len(sizes) == n_images else None
+    if tiles is None and enc.get("num_patches") is not None:  # InternVL's image processor
+        tiles = [int(t) for t in np.asarray(enc.get("num_patches")).reshape(-1)]
+    if tiles is not None:
+        if len(tiles) == n_images:
+            return _split(pv, list(tiles), counts)
+        return _split(pv, list(tiles), [1] * n_rows) if len(tiles) == n_rows else None
+    pmask = _array(enc.get("pixel_attention_mask"))
+    if pmask is not None and pv.ndim == 5 and pv.shape[0] == n_rows:  # Idefics3: (row, image, C, H, W)
+        return [[_crop(pv[r, j], pmask[r, j]) for j in range(pv.shape[1]) if pmask[r, j].any()]
+                for r in range(n_rows)]
+    amask = _array(enc.get("aspect_ratio_mask"))
+    if amask is not None and pv.ndim == 6 and pv.shape[0] == n_rows:  # Mllama: (row, image, tile, C, H, W)
+        return [[pv[r, j, t] for j in range(counts[r]) for t in range(pv.shape[2]) if amask[r, j, t]]
+                for r in range(n_rows)]
+    if pv.ndim == 5 and pv.shape[0] == n_images:  # LLaVA-NeXT / OneVision: (image, tile, C, H, W)
+        per_image = [_unpadded_tiles(pv[k]) for k in range(n_images)]
+        out, k = [], 0
+        for c in counts:
+            out.append([t for im in per_image[k:k + c] for t in im])
+            k += c
+        return out
+    if pv.ndim == 4 and pv.shape[0] == n_images:  # one picture per image
+        return _split(pv, [1] * n_images, counts)
+    return None
+
+
+def _split(pv: np.ndarray, sizes: List[int], counts: List[int]) -> Optional[List[List[np.ndarray]]]:
+    """``pv``'s first axis cut into ``sizes`` consecutive blocks, blocks grouped by ``counts``;
+    for stacked tiles (4-D) every tile is its own picture, a Qwen2-VL block (2-D) one picture."""
+    if sum(sizes) != pv.shape[0] or len(sizes) != sum(counts):
+        return None
+    starts = np.cumsum([0] + sizes)
+    blocks = [pv[starts[k]:starts[k + 1]] for k in range(len(sizes))]
+    pictures = [list(b) if pv.ndim == 4 else [b] for b in blocks]
     out, k = [], 0
     for c in counts:
-        out.append(_hash(per_image[k:k + c]) if c else None)
+        out.append([p for b in pictures[k:k + c] for p in b])
         k += c
     return out
+
+
+def _unpadded_tiles(tiles: np.ndarray) -> List[np.ndarray]:
+    """An image's tiles without the all-zero tiles the processor appends to reach the batch's
+    largest tile count (a real trailing tile that is exactly zero everywhere, which a normalized
+    picture practically never is, is dropped alone and in a batch alike)."""
+    n = tiles.shape[0]
+    while n > 1 and not tiles[n - 1].any():
+        n -= 1
+    return list(tiles[:n])
+
+
+def _crop(picture: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """A (C, H, W) picture cut to its real area (the processor pads at the bottom and right)."""
+    return picture[:, :int(mask.any(axis=1).sum()), :int(mask.any(axis=0).sum())]
 
 
 def _sizes_by_row(images: Sequence[Any], counts: Sequence[int]) -> List[Optional[List[List[int]]]]:
@@ -128,11 +187,20 @@ class HFProvenanceMixin:
     config: Dict[str, Any]
     _traces: Optional[List[Dict[str, Any]]] = None
 
-    def trace_encoded(self, texts: Sequence[str], enc: Any, images: Sequence[Any] = ()) -> None:
+    def pixel_tiles(self, enc: Any, counts: Sequence[int]) -> Optional[List[int]]:
+        """How many pictures (tiles) of the stacked ``pixel_values`` each row owns, for a
+        processor that stacks every image's tiles and does not return the count (hook:
+        InternVL); None where ``pixel_rows`` reads the layout itself."""
+        return None
+
+    def trace_encoded(self, texts: Sequence[str], enc: Any, images: Sequence[Any] = (),
+                      counts: Optional[Sequence[int]] = None) -> None:
         """Remember each row's trace (rows in ``texts`` order; ``_by_groups`` puts them back in
-        the batch's order). ``images``: the batch's decoded images in row order, for each row's
-        ``image_sizes`` (width, height as given to the processor: a dataset at another
-        resolution differs here, while the processor's output size may not)."""
+        the batch's order). ``enc``: the processor's output as the model gets it, before it is
+        moved to the model's device and dtype. ``images``: the batch's decoded images in row
+        order, for each row's ``image_sizes`` (width, height as given to the processor: a
+        dataset at another resolution differs here, while the processor's output size may
+        not). ``counts``: each row's image count, where the text's placeholders do not say it."""
         ids = enc.get("input_ids")
         if ids is None:
             return
@@ -140,9 +208,11 @@ class HFProvenanceMixin:
         mask = enc.get("attention_mask")
         mask = torch.as_tensor(mask) if mask is not None else torch.ones_like(ids)
         bos = getattr(self.tokenizer, "bos_token_id", None)
-        token = getattr(self, "image_token", None)
-        counts = [t.count(token) if token else 0 for t in texts]
-        pixels = pixel_rows(enc, counts)
+        if counts is None:
+            token = getattr(self, "image_token", None)
+            counts = [t.count(token) if token else 0 for t in texts]
+        counts = list(counts)
+        pixels = pixel_rows(enc, counts, self.pixel_tiles(enc, counts))
         sizes = _sizes_by_row(images, counts)
         rows = []
         for r, text in enumerate(texts):

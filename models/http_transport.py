@@ -9,15 +9,18 @@ Why hand-written on sockets rather than httpx (docs/models.md says more):
 * redirects are never followed (a 3xx is returned to the caller, who refuses it): the
   ``Authorization`` header only ever goes to the configured host;
 * each worker thread keeps ONE keep-alive HTTP/1.1 connection per endpoint and reuses it for
-  every request it sends; a connection the server closed while idle is replaced and the
-  request sent again once, before any byte of a reply was read;
+  every request it sends; a connection the server closed while idle, or one with bytes nobody
+  asked for, is replaced before use (one ``poll``), and a request whose send failed on a reused
+  connection is sent again once, only if no byte of a reply arrived (an answered request is
+  never sent twice);
 * the reply is read straight from the socket (``_Connection``): ``http.client`` parses each
   reply's headers with the email package, which cost more CPU per request than the rest of
   the client; ``bench/api_ceiling.py`` measures the client against a plain ``http.client``
   keep-alive client at the loopback limit;
 * a reply is read up to ``MAX_REPLY_BYTES``: a hostile or broken server cannot fill memory.
 
-Numbers that arrive from outside are validated where they enter (``retry_after``): a
+Numbers that arrive from outside are validated where they enter: the protocol's own fields
+(status code, Content-Length, chunk size) by one parser, ``field_number``; ``retry_after``: a
 ``Retry-After`` of a day is clamped to the caller's ``backoff_max`` and logged once.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import math
+import select
 import socket
 import ssl
 import threading
@@ -84,6 +88,10 @@ def _deadline_socket(base: type) -> type:
             self._arm()
             return super().sendall(*args, **kwargs)
 
+        def do_handshake(self, *args: Any, **kwargs: Any) -> None:
+            # (TLS sockets only) the handshake is bounded by the same deadline as every read
+            return self._read(super().do_handshake, *args, **kwargs)
+
     return DeadlineSocket
 
 
@@ -102,11 +110,11 @@ def public_url(url: str) -> str:
     """``url`` without user info and query (where keys hide: ``https://k@host/?api-key=...``)."""
     try:
         p = urllib.parse.urlsplit(url)
+        host = p.hostname or ""
+        if p.port:
+            host += f":{p.port}"
     except ValueError:
         return "<unparseable url>"
-    host = p.hostname or ""
-    if p.port:
-        host += f":{p.port}"
     return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
 
 
@@ -127,22 +135,51 @@ class ProtocolError(Exception):
     """The server broke HTTP/1.1 (a malformed status line, header or chunk)."""
 
 
+_DECIMAL = "0123456789"
+_HEX = "0123456789abcdefABCDEF"
+
+
+def field_number(text: str, what: str, hexadecimal: bool = False) -> int:
+    """The one parser of the reply's numeric protocol fields (status code, Content-Length,
+    chunk size): ASCII digits only, at most 15 of them, else ``ProtocolError``. ``int`` alone
+    takes a sign, ``_`` separators, spaces, ``0x`` and non-ASCII digits ('٣'), and
+    ``str.isdigit`` passes '²', which ``int`` then refuses with a ValueError."""
+    if not text or len(text) > 15 or text.strip(_HEX if hexadecimal else _DECIMAL):
+        raise ProtocolError(f"malformed {what} {text[:20]!r}")
+    return int(text, 16 if hexadecimal else 10)
+
+
 class _Connection:
     """One keep-alive HTTP/1.1 connection: a request is written in one ``sendall`` and the reply
     read straight from the socket (status line, header fields, a body by Content-Length, by
     chunks, or up to the close). ``http.client`` parses every reply's header block with the
     email package, which cost more CPU per request than everything else the client does
-    (``bench/api_ceiling.py``)."""
+    (``bench/api_ceiling.py``).
+
+    ``replied`` says whether any byte of the current request's reply arrived: such a request
+    reached the server and is never sent again. A reply followed by bytes nobody asked for
+    (a server sending more than its Content-Length) ends the connection: the surplus must not
+    be read as the next request's reply."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.used = False
+        self.replied = False
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+        self._tls_pending = getattr(sock, "pending", None)  # bytes TLS decrypted and holds
+
+    def idle_intact(self) -> bool:
+        """True when the idle connection has nothing to read: no unsolicited bytes and no
+        close by the server (one ``poll`` with no wait)."""
+        return not self.buf and not self._poll.poll(0) and not (self._tls_pending and self._tls_pending())
 
     def _fill(self, what: str) -> None:
         data = self.sock.recv(65536)
         if not data:
             raise ConnectionResetError(f"connection closed by the server {what}")
+        self.replied = True
         self.buf += data
 
     def _line(self, limit: int = 65536) -> bytes:
@@ -163,16 +200,33 @@ class _Connection:
         del self.buf[:n]
         return out
 
-    def request(self, head: bytes, payload: bytes) -> "tuple[Reply, bool]":
-        """Send one request; (the reply, whether the connection may be used again)."""
+    def request(self, head: bytes, payload: bytes, tunnel: bool = False) -> "tuple[Reply, bool]":
+        """Send one request; (the reply, whether the connection may be used again).
+
+        A server may answer before it has read the whole body (a 413 for a large upload) and
+        close: the failed send is then followed by a read, and that reply is returned. A
+        ``tunnel`` request is a CONNECT: its 2xx reply has no body (RFC 9110 9.3.6)."""
         self.used = True
-        self.sock.sendall(head + payload)
+        self.replied = False
+        try:
+            self.sock.sendall(head + payload)
+        except (BrokenPipeError, ConnectionResetError) as send_error:
+            try:
+                reply, _ = self._reply(tunnel)
+            except (OSError, ProtocolError):
+                raise send_error from None
+            return reply, False  # the body was not all sent: the connection ends here
+        reply, keep = self._reply(tunnel)
+        return reply, keep and not self.buf
+
+    def _reply(self, tunnel: bool) -> "tuple[Reply, bool]":
         while True:  # 1xx interim replies are skipped
             status_line = self._line()
             parts = status_line.split(None, 2)
-            if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or len(parts[1]) != 3:
                 raise ProtocolError(f"malformed status line {status_line[:60]!r}")
-            version, status = parts[0], int(parts[1])
+            version = parts[0]
+            status = field_number(parts[1].decode("latin-1"), "status code")
             reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
             fields: Dict[str, str] = {}
             size = 0
@@ -194,16 +248,13 @@ class _Connection:
         headers = Headers(fields)
         connection = (headers.get("connection") or "").lower()
         keep = version == b"HTTP/1.1" and "close" not in connection or "keep-alive" in connection
-        if status in (204, 304):
+        if status in (204, 304) or tunnel and 200 <= status < 300:
             return Reply(status, reason, headers, b""), keep
         if "chunked" in (headers.get("transfer-encoding") or "").lower():
             body = bytearray()
             while True:
                 size_line = self._line().split(b";")[0].strip()
-                try:
-                    n = int(size_line, 16)
-                except ValueError:
-                    raise ProtocolError(f"malformed chunk size {size_line[:20]!r}") from None
+                n = field_number(size_line.decode("latin-1"), "chunk size", hexadecimal=True)
                 if n == 0:
                     while self._line():  # trailer fields
                         pass
@@ -211,13 +262,12 @@ class _Connection:
                 if len(body) + n > MAX_REPLY_BYTES:
                     raise Retryable(f"reply longer than {MAX_REPLY_BYTES // (1024 * 1024)} MB")
                 body += self._exactly(n)
-                self._line()
+                if self._line():
+                    raise ProtocolError("chunk longer than its size")
             return Reply(status, reason, headers, bytes(body)), keep
         length = headers.get("content-length")
         if length is not None:
-            if not length.strip().isdigit():
-                raise ProtocolError(f"malformed Content-Length {length[:20]!r}")
-            n = int(length)
+            n = field_number(length, "Content-Length")
             if n > MAX_REPLY_BYTES:
                 raise Retryable(f"reply longer than {MAX_REPLY_BYTES // (1024 * 1024)} MB")
             return Reply(status, reason, headers, self._exactly(n)), keep
@@ -255,8 +305,8 @@ class Endpoint:
         self.port = p.port or (443 if self.https else 80)
         self.path = (p.path or "/") + (f"?{p.query}" if p.query else "")
         default = 443 if self.https else 80
-        self.host_header = (f"[{self.host}]" if ":" in self.host else self.host) + \
-            (f":{self.port}" if self.port != default else "")
+        self.bracketed_host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = self.bracketed_host + (f":{self.port}" if self.port != default else "")
         self._local = threading.local()
         self._all: Set[_Connection] = set()
         self._lock = threading.Lock()
@@ -283,9 +333,10 @@ class Endpoint:
         if self.https:
             if proxy:
                 tunnel = _Connection(sock)
-                reply, _ = tunnel.request(f"CONNECT {self.host}:{self.port} HTTP/1.1\r\nHost: {self.host}:{self.port}"
-                                          f"\r\n\r\n".encode("latin-1"), b"")
-                if reply.status != 200:
+                authority = f"{self.bracketed_host}:{self.port}"
+                reply, _ = tunnel.request(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+                                          .encode("latin-1"), b"", tunnel=True)
+                if not 200 <= reply.status < 300 or tunnel.buf:
                     sock.close()
                     raise OSError(f"proxy {host}:{port} refused the tunnel (HTTP {reply.status})")
             ctx = ssl.create_default_context()
@@ -313,6 +364,9 @@ class Endpoint:
         deadline = time.monotonic() + self.timeout
         for fresh_try in (False, True):
             conn = getattr(self._local, "conn", None)
+            if conn is not None and not conn.idle_intact():
+                self._drop()  # closed by the server while idle, or unsolicited bytes: never reused
+                conn = None
             reused = conn is not None
             try:
                 if conn is None:
@@ -336,7 +390,7 @@ class Endpoint:
                 self._drop()
                 raise Retryable(f"cannot reach endpoint ({e})") from None
             except (BrokenPipeError, ConnectionResetError) as e:
-                stale = reused and not fresh_try and not conn.buf
+                stale = reused and not fresh_try and not conn.replied  # never resend a request that was answered
                 self._drop()
                 if stale:
                     continue  # the server closed the idle keep-alive connection: once more, fresh

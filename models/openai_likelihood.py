@@ -55,7 +55,8 @@ _probe_lock = threading.Lock()
 
 class PromptLogprobs(NamedTuple):
     """A reply's prompt tokens (``None`` where the server gives no token: the first) and their
-    log-probabilities, with the reply's ``usage`` (the client's token budget reads it)."""
+    log-probabilities, with the reply's ``usage`` as sent (``request`` passes it through
+    ``clean_usage`` before the token budget reads it)."""
 
     token_ids: List[Optional[int]]
     logprobs: List[Optional[float]]
@@ -79,10 +80,13 @@ def parse_prompt_logprobs(reply: Any) -> PromptLogprobs:
             raise ReformError(f"malformed prompt_logprobs entry {json.dumps(entry)[:120]}")
         (tok, info), = entry.items()
         try:
-            ids.append(int(tok))
-            lps.append(float(info["logprob"]))
-        except (KeyError, TypeError, ValueError):
+            tid, lp = int(tok), float(info["logprob"])  # OverflowError: an integer too large for a float
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ReformError(f"malformed prompt_logprobs entry {json.dumps(entry)[:120]}") from None
+        if not lp <= 0.0:  # a log-probability: NaN or a positive number would score garbage
+            raise ReformError(f"malformed prompt_logprobs entry {json.dumps(entry)[:120]} (logprob {lp!r} is not <= 0)")
+        ids.append(tid)
+        lps.append(lp)
     usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else None
     return PromptLogprobs(ids, lps, usage)
 

@@ -17,8 +17,9 @@ from typing import Any, Dict, List, Union
 from PIL import Image
 
 from utils.errors import ReformError
-from utils.file_hashes import file_digest
-from utils.images import open_image
+from utils.fingerprint import pixel_digest
+from utils.images import decode_image
+from utils.run_images import open_run_image, read_run_image
 from utils.schema import IMAGE_TOKEN
 
 #: ``image_format`` names (case-insensitive) -> PIL format names
@@ -36,7 +37,7 @@ def image_format(name: Any) -> str:
 def encode_image(image: Union[Image.Image, str], fmt: str = "PNG") -> str:
     """A base64 ``data:`` URL for one image (paths are opened, with errors naming the file)."""
     if isinstance(image, str):
-        image = open_image(image)
+        image = open_run_image(image)
     if not isinstance(image, Image.Image):
         raise ReformError(f"openai_api: cannot send an image of type {type(image).__name__}")
     fmt = image_format(fmt)
@@ -47,48 +48,67 @@ def encode_image(image: Union[Image.Image, str], fmt: str = "PNG") -> str:
     return f"data:image/{mime};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_as_is(data: bytes) -> bool:
+    """Whether a PNG file's own bytes carry exactly what ``encode_image(..., "PNG")`` sends for it
+    (an 8-bit RGB image without a transparent colour: a file is read as RGB, and PNG is
+    lossless), so the file goes out unchanged instead of decoded and encoded again per request.
+    Read from the header by hand: the file passed the pixel guard when the run fingerprinted
+    these very bytes."""
+    if not (len(data) > 33 and data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR"
+            and data[24] == 8 and data[25] == 2):
+        return False
+    idat = data.find(b"IDAT")
+    return idat > 0 and data.find(b"tRNS", 33, idat) < 0
+
+
 class EncodedImages:
     """``encode_image`` with each distinct image encoded once per run: the images of a
     multi-turn chat go out again with every turn, and a benchmark may show one image to many
-    questions (or the same picture under many names). Keyed by a file's content hash
-    (``utils.file_hashes``: its stat-keyed memo reads each file once) or, for an in-memory
-    image, by its pixels; at most ``max_bytes`` of URLs are kept (the oldest go first).
-    Thread-safe: the request workers share it."""
+    questions (or the same picture under many names). Keyed by a file's content hash or, for an
+    in-memory image, by its pixels; at most ``max_bytes`` of URLs are kept (the oldest go first).
+    A file is encoded from the very bytes whose hash is its key, and those must be the content
+    the run fingerprinted (``utils.images.read_run_image``): what is sent is what the run's
+    cache keys name, even if the file is replaced during the run. Thread-safe: the request
+    workers share it."""
 
     def __init__(self, fmt: str, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.fmt = image_format(fmt)
         self.max_bytes = max_bytes
         self._urls: "OrderedDict[Any, str]" = OrderedDict()
         self._digests: Dict[str, str] = {}  # url -> hash of its bytes, for the cached urls
-        # path -> its key for this run: the run fingerprinted every file when it started, so a
-        # path is looked up without a system call after its first request
+        # path -> its key for this run: a path is looked up without a system call after its
+        # first request
         self._by_path: Dict[str, Any] = {}
         self._size = 0
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _key(image: Any) -> Any:
-        if isinstance(image, str):
-            try:
-                return ("file", file_digest(image))  # the content (memo: read once per machine)
-            except OSError:
-                return None  # encode_image names the missing file
-        if isinstance(image, Image.Image):
-            return ("pixels", image.mode, image.size, hashlib.blake2b(image.tobytes(), digest_size=16).digest())
-        return None
-
     def url(self, image: Any) -> str:
         is_path = isinstance(image, str)
         key = self._by_path.get(image) if is_path else None
-        if key is None:
-            key = self._key(image)
-            if is_path and key is not None:
-                self._by_path[image] = key
         if key is not None:
             found = self._urls.get(key)
             if found is not None:
                 return found
-        url = encode_image(image, self.fmt)
+        if is_path:
+            data, digest = read_run_image(image)
+            key = self._by_path[image] = ("file", digest)
+            found = self._urls.get(key)  # the same picture under another name
+            if found is not None:
+                return found
+            if self.fmt == "PNG" and png_as_is(data):
+                url = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+            else:
+                url = encode_image(decode_image(data, image), self.fmt)
+        else:
+            if isinstance(image, Image.Image):
+                key = ("pixels", pixel_digest(image))
+                found = self._urls.get(key)
+                if found is not None:
+                    return found
+            url = encode_image(image, self.fmt)
         if key is not None and len(url) <= self.max_bytes:
             with self._lock:
                 if key not in self._urls:

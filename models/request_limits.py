@@ -31,12 +31,18 @@ def clean_usage(raw: Any, source: str = "endpoint") -> Optional[Dict[str, int]]:
     for k, v in raw.items():
         if not (isinstance(k, str) and k.endswith("_tokens")):
             continue
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v) \
-            and 0 <= v <= MAX_REPORTED_TOKENS
+        if isinstance(v, bool):
+            ok = False
+        elif isinstance(v, int):  # compared as an int: a 400-digit count has no float
+            ok = 0 <= v <= MAX_REPORTED_TOKENS
+        else:
+            ok = isinstance(v, float) and v.is_integer() and 0 <= v <= MAX_REPORTED_TOKENS
         if ok:
             out[k] = int(v)
         else:
-            log_clamp_once(f"usage-{k}", f"{source}: usage.{k} = {str(v)[:40]!r} is not a token count "
+            shown = f"an integer of {v.bit_length()} bits" if isinstance(v, int) and v.bit_length() > 64 \
+                else repr(v)[:40]
+            log_clamp_once(f"usage-{k}", f"{source}: usage.{k} = {shown} is not a token count "
                                          f"(0 to {MAX_REPORTED_TOKENS}); ignored")
     return out or None
 
@@ -128,7 +134,13 @@ class TokenBudget:
     """``max_total_tokens`` for this process: a request is sent only while the tokens used, plus
     those reserved by requests in flight, plus its own worst case (its ``max_tokens`` and the
     largest prompt seen so far, or a text-length estimate before the first reply) fit. A
-    reply's ``usage`` then replaces its reservation (a reply without ``usage`` keeps it)."""
+    reply's ``usage`` then replaces its reservation (a reply without ``usage`` keeps it).
+
+    A request that does not fit beside the reservations of requests in flight WAITS for them to
+    settle (their replies usually cost far less than their worst case); only what is spent
+    stops the run: ``BudgetExhausted`` once the tokens used plus the request's own worst case
+    pass the limit with nothing in flight. So no request is sent that could overshoot, and no
+    paid reply is thrown away for a reservation."""
 
     def __init__(self, limit: Optional[int]) -> None:
         self.limit = limit
@@ -139,6 +151,7 @@ class TokenBudget:
         self.largest_prompt = 0
         self.earlier = 0  # tokens of answers saved by an earlier process of this run
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
 
     @property
     def used(self) -> int:
@@ -156,6 +169,9 @@ class TokenBudget:
         if self.limit is None:
             return
         with self._lock:
+            while self.reserved and self.used + self.reserved + need > self.limit \
+                    and self.used + need <= self.limit:
+                self._settled.wait(1.0)  # requests in flight settle, then this one may fit
             if self.used + self.reserved + need > self.limit:
                 raise BudgetExhausted(
                     f"openai_api: token budget max_total_tokens={self.run_limit} reached before {what}"
@@ -177,6 +193,7 @@ class TokenBudget:
                 self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
             elif self.limit is not None:  # unknown cost: charge the worst case
                 self.completion += reserved
+            self._settled.notify_all()
 
     def charge_recorded(self, usages: Iterable[Any], world_size: int = 1) -> None:
         """Count the tokens of records this run already holds (an earlier, interrupted process's
@@ -184,7 +201,8 @@ class TokenBudget:
         the run's, not one process's, so ranks together never pass it."""
         with self._lock:
             for usage in usages:
-                if isinstance(usage, dict):
+                usage = clean_usage(usage, "a saved record")
+                if usage:
                     p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
                     self.prompt, self.completion, self.earlier = self.prompt + p, self.completion + c, self.earlier + p + c
                     self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
+from models.registry_sources import tiny_builder_modules
 from models.tiny_zoo import save_checkpoint, seeded_model
 from utils.errors import ReformError
 from utils.paths import cache_root  # noqa: F401  (re-exported)
@@ -92,8 +93,17 @@ def register_tiny_builder(family: str, fn: Union[Callable[[str, str], None], str
 
 
 def tiny_families() -> list:
-    """Families with a registered tiny builder."""
-    return sorted({f for f, _ in _BUILDERS})
+    """Families with a tiny builder: registered, or declared by an interface module not yet
+    imported (``models.registry_sources``; asking for its checkpoint imports the module)."""
+    return sorted({f for f, _ in _BUILDERS} | set(tiny_builder_modules()))
+
+
+def _import_builders(family: str) -> None:
+    """Import the interface module that registers ``family``'s builder (a family's module is
+    imported only when that family is asked for: ``models``)."""
+    module = tiny_builder_modules().get(family)
+    if module is not None:
+        importlib.import_module(module)
 
 
 def has_tiny_size(family: str, size: str) -> bool:
@@ -102,6 +112,7 @@ def has_tiny_size(family: str, size: str) -> bool:
 
 
 def _builder(family: str, size: str) -> Optional[_Builder]:
+    _import_builders(family)
     if (family, size) in _BUILDERS:
         return _BUILDERS[(family, size)]
     return _BUILDERS.get((family, "*")) if size in SIZES else None
@@ -199,7 +210,8 @@ def tiny_model_path(family: str, size: str = "tiny") -> str:
     shipped = shipped_checkpoint(family, size)
     if shipped is not None:
         return shipped
-    if family not in tiny_families():
+    _import_builders(family)
+    if family not in {f for f, _ in _BUILDERS}:
         raise ReformError(f"no tiny model builder for family '{family}'; "
                           f"families with one: {', '.join(tiny_families()) or '(none)'}")
     builder = _builder(family, size)

@@ -23,6 +23,8 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
+from utils.runlock import pid_alive
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -82,16 +84,6 @@ def stop_all(root: str) -> None:
                 pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _write(path: str, text: str) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text)
@@ -113,7 +105,7 @@ def run(where: str, owner: int, nice: int = 19) -> int:
             try:
                 rc = proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
-                if not _alive(owner):
+                if not pid_alive(owner):
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                     return 1

@@ -18,10 +18,8 @@ import torch
 from utils.images import noise_image
 
 def _tiny_families() -> list:
-    from models import available_models
     from models.tiny import tiny_families
-    available_models()  # imports every interface, which registers its tiny builders
-    return sorted(tiny_families())
+    return sorted(tiny_families())  # read from the interfaces' sources, nothing imported
 
 
 class _Deprecations(logging.Handler):

@@ -58,15 +58,24 @@ class _Server:
                     action = outer.script.pop(0) if outer.script else "ok"
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                self._counted = True
                 try:
                     if outer.delay:
                         time.sleep(outer.delay)
                     self._act(action, body)
                 finally:
+                    self._leave()
+
+            def _leave(self) -> None:
+                """Out of flight before the reply is written: the client may send its next request
+                the moment it reads this one's reply, before this thread runs again."""
+                if getattr(self, "_counted", False):
+                    self._counted = False
                     with outer.lock:
                         outer.in_flight -= 1
 
             def _send(self, code: int, payload: bytes, headers: Dict[str, str] = None) -> None:
+                self._leave()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -781,11 +790,31 @@ def test_the_budget_is_the_runs_saved_answers_count_and_ranks_share_the_rest():
     b.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}, None, {"prompt_tokens": 5}], world_size=2)
     assert (b.used, b.earlier, b.limit, b.run_limit) == (25, 25, 62, 100)  # 25 + (100 - 25) // 2
     b.reserve(37, "x")
+    b.settle(37, {"prompt_tokens": 30, "completion_tokens": 7})  # spent, not merely reserved: 62 used
     with pytest.raises(BudgetExhausted, match=r"max_total_tokens=100 reached before y \(this rank's share: 62\)"):
         b.reserve(1, "y")
     alone = TokenBudget(100)
     alone.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}])
     assert (alone.used, alone.limit) == (20, 100)
+
+
+def test_a_request_waits_for_reservations_in_flight_and_only_spending_stops_the_run():
+    """``TokenBudget.reserve``: a worst case that does not fit beside a reservation in flight
+    waits for it to settle (it used to raise at once); once settled at what the reply cost it
+    fits; tokens spent plus the worst case past the limit raise at once."""
+    import threading
+    import time
+    from models.interfaces.openai_api_interface import TokenBudget
+    from utils.errors import BudgetExhausted
+    b = TokenBudget(100)
+    b.reserve(60, "a")
+    threading.Timer(0.2, lambda: b.settle(60, {"prompt_tokens": 10, "completion_tokens": 5})).start()
+    t0 = time.monotonic()
+    b.reserve(60, "b")
+    assert time.monotonic() - t0 >= 0.15 and (b.used, b.reserved) == (15, 60)
+    b.settle(60, {"prompt_tokens": 50, "completion_tokens": 10})
+    with pytest.raises(BudgetExhausted, match="75 tokens used"):
+        b.reserve(30, "c")
 
 
 def test_saved_answers_cost_what_was_spent_on_them():
@@ -799,3 +828,39 @@ def test_saved_answers_cost_what_was_spent_on_them():
     assert spent_usage({"prediction": "a" * 8, "predictions": ["a" * 8, "b" * 12], "prompt": "p" * 100}) == \
         {"prompt_tokens": 50, "completion_tokens": 5}
     assert spent_usage({"skipped": True}) is None
+
+
+@pytest.mark.parametrize("mode,bits,as_is", [("RGB", 8, True), ("RGBA", 8, False), ("L", 8, False), ("P", 8, False),
+                                             ("I;16", 16, False), ("LA", 8, False)])
+def test_a_png_file_goes_out_as_its_own_bytes_only_when_that_is_the_same_picture(tmp_path, mode, bits, as_is):
+    """models.openai_messages.png_as_is: an 8-bit RGB PNG is sent as the file's own bytes (no
+    decode and encode per request); any other PNG is converted to RGB as before. Either way the
+    server decodes exactly the pixels ``encode_image`` gives."""
+    import base64
+    import io
+    from models.openai_messages import EncodedImages, encode_image, png_as_is
+    from utils.file_hashes import file_digest
+
+    im = Image.new(mode, (5, 4))
+    im.putdata([(i * 37) % (256 if bits == 8 else 65536) if mode in ("L", "P", "I;16") else
+                tuple((i * k) % 256 for k in range(1, len(mode) + 1)) for i in range(20)])
+    path = str(tmp_path / "x.png")
+    im.save(path, format="PNG")
+    data = open(path, "rb").read()
+    assert png_as_is(data) is as_is
+    file_digest(path)  # as the run's fingerprint does
+    url = EncodedImages("PNG").url(path)
+    assert (base64.b64decode(url.split(",", 1)[1]) == data) is as_is
+    sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    expected = Image.open(io.BytesIO(base64.b64decode(encode_image(path).split(",", 1)[1])))
+    assert sent.mode == expected.mode == "RGB" and list(sent.getdata()) == list(expected.getdata())
+
+
+def test_an_rgb_png_with_a_transparent_colour_is_converted():
+    from models.openai_messages import png_as_is
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, format="PNG", transparency=(1, 2, 3))
+    assert b"tRNS" in buf.getvalue() and not png_as_is(buf.getvalue())
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, format="PNG")
+    assert png_as_is(buf.getvalue())

@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 import pytest
 
 from models import get_model
-from utils.errors import ReformError
+from utils.errors import BudgetExhausted, ReformError
 
 
 def _word_id(word: str) -> int:
@@ -181,3 +181,73 @@ def test_run_eval_likelihood_through_the_endpoint(vllm_like, tmp_path, custom_cf
         assert [round(a, 6) for a in r["candidate_logprobs"]] == [round(a, 6) for a in expected]
         assert r["candidate_num_tokens"] == [len(str(c).split()) for c in r["candidates"]]
         assert r["prediction"] == expected.index(max(expected))  # summed log-probs decide
+
+
+# -- the replies' usage is validated where it enters, as generation's is
+def _hostile(usage):
+    s = _Server("vllm")
+    handler = s.httpd.RequestHandlerClass
+    send = handler._send
+
+    def _send(self, code, payload):
+        if isinstance(payload, dict) and "usage" in payload:
+            payload = dict(payload, usage=usage)
+        return send(self, code, payload)
+    handler._send = _send
+    return s
+
+
+def test_negative_usage_does_not_switch_the_budget_off():
+    """The likelihood replies' ``usage`` passes the same gate as generation's (``clean_usage`` in
+    ``request``): it used to reach the budget raw, and a negative count switched the budget off."""
+    s = _hostile({"prompt_tokens": -10 ** 8, "completion_tokens": 0})
+    try:
+        model, prep = _model(s.url, max_total_tokens=300, max_concurrency=1)
+        samples = [_sample(i, ["yes", "no"]) for i in range(40)]
+        # 40 samples x 3 requests, each estimated at ~10 tokens and reported as -1e8: the budget of
+        # 300 must stop the run (as it does for generation, where clean_usage drops the count)
+        with pytest.raises(BudgetExhausted):
+            for smp in samples:
+                model.forward("likelihood", [smp], [prep(smp)])
+    finally:
+        s.httpd.shutdown()
+    assert model.budget.used >= 0, f"budget.used = {model.budget.used}"
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": "many", "completion_tokens": 1},
+                                   {"prompt_tokens": 1e400, "completion_tokens": 1}])
+def test_malformed_usage_is_dropped_not_a_crash(usage):
+    """A text or non-finite count is dropped (it was a ValueError / OverflowError in the budget)."""
+    s = _hostile(usage)
+    try:
+        model, prep = _model(s.url, max_total_tokens=100000, max_concurrency=1)
+        smp = _sample(0, ["yes", "no"])
+        model.forward("likelihood", [smp], [prep(smp)])
+    finally:
+        s.httpd.shutdown()
+    # dropped counts are charged their worst case: the budget counted every request
+    assert model.budget.used > 0 and model.budget.reserved == 0
+
+
+@pytest.mark.parametrize("logprob, why", [(10 ** 400, "an integer too large for a float"), (float("nan"), "NaN"),
+                                          (0.5, "positive")])
+def test_a_logprob_that_is_no_log_probability_is_a_malformed_reply(logprob, why):
+    """A log-probability from the server must be a number <= 0: a 400-digit integer was an
+    OverflowError (an internal error), NaN or a positive number a garbage score."""
+    s = _Server("vllm")
+    handler = s.httpd.RequestHandlerClass
+    send = handler._send
+
+    def _send(self, code, payload):
+        if isinstance(payload, dict) and payload.get("prompt_logprobs"):
+            tok = next(iter(payload["prompt_logprobs"][1]))
+            payload = dict(payload, prompt_logprobs=[None, {tok: {"logprob": logprob}}] + payload["prompt_logprobs"][2:])
+        return send(self, code, payload)
+    handler._send = _send
+    try:
+        model, prep = _model(s.url, max_concurrency=1)
+        smp = _sample(0, ["yes", "no"])
+        with pytest.raises(ReformError, match="malformed prompt_logprobs entry"):
+            model.forward("likelihood", [smp], [prep(smp)])
+    finally:
+        s.httpd.shutdown()

@@ -71,3 +71,66 @@ def test_generation_traces_match_likelihood_traces_and_survive_the_cache(tmp_pat
 def test_a_changed_setting_shows_in_the_provenance(tmp_path, option, field, value):
     _, info = _run(tmp_path / "out", "--infer_method", "likelihood", "--model_option", option)
     assert info["provenance"][field] == value
+
+
+def _sample(sid: str, question: str, images: list) -> dict:
+    return {"sample_id": sid, "formulation": "Generation", "question": question, "history": [], "images": images}
+
+
+def _traces(family: str, samples: list, builder: str = "") -> tuple:
+    """(interface, traces) of one generation forward of ``samples`` on the tiny ``family``."""
+    import torch
+
+    from models import get_model
+    from models.tiny import tiny_model_path
+
+    torch.set_num_threads(1)
+    it, pre = get_model(family, {"model_name": tiny_model_path(builder or family), "device": "cpu"})
+    it.forward("generation", samples, [pre(s) for s in samples], max_new_tokens=2, temperature=0.0,
+               seeds=[0] * len(samples))
+    return it, it.take_traces()
+
+
+@pytest.mark.parametrize("family", ["llava_next", "llava_onevision", "idefics3", "internvl", "mllama", "qwen2_vl"])
+def test_pixel_sha_of_a_sample_does_not_depend_on_its_batch(family):
+    """Processors pad across a batch: LLaVA-NeXT and OneVision pad each image's tiles with zero
+    tiles to the batch's most, Idefics3 and Mllama pad each row's images (count, tiles, size),
+    InternVL stacks every image's tiles. ``pixel_rows`` hashed the padded slices (the same image
+    hashed differently at batch size 1 and 3, so ``explain`` between runs that differ only in
+    --per_gpu_eval_batch_size blamed the pixels), and InternVL's rows got None in a batch. Now a
+    sample's pictures are hashed without padding, the same alone and in any batch."""
+    from utils.images import noise_image
+
+    a, b, c = noise_image(1, (40, 32)), noise_image(2, (40, 32)), noise_image(3, (64, 48))
+    _, alone = _traces(family, [_sample("x", "What colour?", [a])])
+    _, batch = _traces(family, [_sample("y", "Same?", [b, c]), _sample("x", "What colour?", [a]),
+                                _sample("z", "What colour is it?", [c])])
+    assert alone[0]["pixel_sha"] is not None and alone[0]["pixel_sha"] == batch[1]["pixel_sha"]
+    assert len({t["pixel_sha"] for t in batch}) == 3
+
+
+def _tiny_builders() -> list:
+    from models.tiny import tiny_families
+    return tiny_families()
+
+
+@pytest.mark.parametrize("builder", _tiny_builders())
+def test_every_hf_family_traces_what_vllm_would_hash(builder):
+    """Every in-process family reports a trace (Mllama, BLIP-2 and InstructBLIP build their
+    inputs in their own ``_encode`` and reported none), and its ``pixel_sha`` is the one the
+    vLLM interface computes from the family's image processor given the sample's images alone
+    (``VLLMInterface._pixel_sha``), so a vLLM run and an in-process run compare sample by sample."""
+    from types import SimpleNamespace
+
+    from models.interfaces.vllm_interface import VLLMInterface
+    from utils.images import noise_image
+
+    family = builder[:-3] if builder.endswith("_t5") else builder
+    images = [noise_image(1, (40, 32))] if family in ("blip2", "instructblip", "paligemma") else \
+        [noise_image(1, (40, 32)), noise_image(3, (64, 48))]
+    it, traces = _traces(family, [_sample("x", "What colour?", images)], builder)
+    t = traces[0]
+    assert len(t["prompt_sha"]) == 16 and t["prompt_tokens"] > 0 and t["bos"] is not None
+    assert t["image_sizes"] == [[40, 32], [64, 48]][:len(images)]
+    as_vllm = VLLMInterface._pixel_sha(SimpleNamespace(renderer=SimpleNamespace(processor=it.processor)), images)
+    assert t["pixel_sha"] is not None and t["pixel_sha"] == as_vllm

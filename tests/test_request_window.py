@@ -9,6 +9,7 @@ recorded before the run stops, a kill loses at most the requests in flight, a re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -22,7 +23,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytest
 
 import run_eval
+from models.http_transport import Retryable
+from models.interfaces.openai_api_interface import OpenAIAPIInterface
 from tests.conftest import write_custom_dataset
+from utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -273,3 +277,124 @@ def test_endpoint_provenance_and_traces_are_recorded(serve, tmp_path):
         by_colour.setdefault(r["meta"]["colour"], set()).add(r["trace"]["pixel_sha"])
     assert all(len(v) == 1 for v in by_colour.values()) and len({next(iter(v)) for v in by_colour.values()}) == 4
     assert len({t["prompt_sha"] for t in traces}) == 4  # four questions, four prompts
+
+
+# -- numbers and bytes from a hostile server end in one line or a retry, never an internal error
+
+
+def _error_lines(capsys):
+    err = capsys.readouterr().err
+    return [ln for ln in err.splitlines() if ln.startswith("error")], err
+
+
+def test_usage_integer_too_large_for_a_float(serve, tmp_path, capsys):
+    """A JSON integer of 400 digits has no float: ``clean_usage`` once met it with
+    ``math.isfinite`` (OverflowError, an internal error). Such a count is dropped (logged once)
+    like any absurd count, and the run finishes."""
+    big = b'{"choices": [{"message": {"content": "red"}}], "usage": {"prompt_tokens": 1' + b"0" * 400 + \
+        b', "completion_tokens": 1}}'
+    server = serve(lambda body, n: (0.0, 200, {}, big))
+    cfg = dataset(tmp_path, 2)
+    code = run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=1"))
+    lines, err = _error_lines(capsys)
+    # expected: the count is dropped (logged once) as any absurd count is, and the run finishes
+    assert code == 0, err[-600:]
+    assert len(saved(tmp_path / "out")) == 2
+
+
+def test_reply_with_an_integer_over_4300_digits(serve, tmp_path, capsys):
+    """``json.loads`` raises a plain ValueError (Python's int-string limit), not JSONDecodeError:
+    it escaped as an internal error; it is a malformed reply in one line."""
+    body = b'{"choices": [{"message": {"content": "red"}}], "id": ' + b"7" * 5000 + b"}"
+    server = serve(lambda body_, n: (0.0, 200, {}, body))
+    cfg = dataset(tmp_path, 1)
+    code = run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=1"))
+    lines, err = _error_lines(capsys)
+    assert code == 2 and len(lines) == 1 and "internal error" not in err, err[-600:]
+
+
+def test_error_reply_with_an_integer_over_4300_digits(serve, tmp_path, capsys):
+    """The same ValueError on an error reply's body (``_error_detail``): the refusal is still
+    one line naming the HTTP status."""
+    body = b'{"error": {"code": ' + b"7" * 5000 + b"}}"
+    server = serve(lambda body_, n: (0.0, 400, {}, body))
+    cfg = dataset(tmp_path, 1)
+    code = run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=1"))
+    lines, err = _error_lines(capsys)
+    assert code == 2 and len(lines) == 1 and "refused the request" in lines[0], err[-600:]
+
+
+def test_usage_count_as_float_string_or_nested(serve, tmp_path):
+    """Strings, nested objects and floats with fractions are dropped; a whole float is kept
+    (held before the review; pinned with the rest of ``clean_usage``)."""
+    usage = {"prompt_tokens": "12", "completion_tokens": 3.0, "total_tokens": {"x": 1},
+             "cached_tokens": 2.5}
+    server = serve(lambda body, n: (0.0, 200, {}, ok_body("red", usage)))
+    cfg = dataset(tmp_path, 2)
+    assert run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=1")) == 0
+    recs = saved(tmp_path / "out")
+    assert all(r["usage"] == {"completion_tokens": 3} for r in recs), [r.get("usage") for r in recs]
+
+
+@pytest.mark.slow  # 1101 attempts through run_eval: ~50 s
+def test_many_retries_end_in_one_line_not_an_overflow(serve, tmp_path, capsys, caplog):
+    """``request``'s backoff was ``backoff_base * (2 ** attempt)``: from attempt 1024 on the int is
+    too large for a float, so a user who sets max_retries high ('retry for as long as it takes')
+    got an internal OverflowError after 1024 failed attempts instead of the 'gave up' line."""
+    caplog.set_level(logging.ERROR)  # 1100 retry warnings
+    logging.getLogger("models.interfaces.openai_api_interface").setLevel(logging.ERROR)
+    server = serve(lambda body, n: (0.0, 503, {}, b'{"error": {"message": "busy"}}'))
+    cfg = dataset(tmp_path, 1)
+    argv = args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=1", "--model_option",
+                "backoff_max=0", "--model_option", "adaptive_concurrency=false", retries=1100)
+    argv[argv.index("backoff_base=0.001")] = "backoff_base=0"
+    code = run_eval.main(argv)
+    lines, err = _error_lines(capsys)
+    assert code == 2 and len(lines) == 1 and "gave up after 1101 attempts" in lines[0], err[-400:]
+
+
+
+def test_backoff_past_attempt_1024_does_not_overflow(monkeypatch):
+    """The fast twin of the test above, at ``request`` itself: 1101 failed attempts end in the
+    'gave up' line (``backoff_base * 2 ** 1024`` was an OverflowError)."""
+    client = OpenAIAPIInterface({"model_name": "m", "base_url": "http://127.0.0.1:9/v1", "max_retries": 1100,
+                                 "backoff_base": 0.0, "backoff_max": 0.0})
+
+    def busy(payload: bytes) -> Any:
+        raise Retryable("HTTP 503: busy")
+    monkeypatch.setattr(client, "_post_once", busy)
+    monkeypatch.setattr(logging.getLogger("models.interfaces.openai_api_interface"), "level", logging.ERROR)
+    with pytest.raises(ReformError, match="gave up after 1101 attempts"):
+        client.request({"messages": [], "max_tokens": 1})
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http://[::1/v1", "http://127.0.0.1:abc/v1"])
+def test_a_malformed_base_url_is_one_line(tmp_path, capsys, url):
+    """``urlsplit`` and ``.port`` raise ValueError for an out-of-range or non-numeric port and an
+    unclosed IPv6 bracket: that was an internal error (exit 1); bad input is one line naming the
+    option (exit 2)."""
+    cfg = dataset(tmp_path, 1)
+    code = run_eval.main(["--model", "openai_api", "--model_name", "m", "--dataset_name", "custom", "--formulation",
+                          "Generation", "--dataset_config", cfg, "--output_dir", str(tmp_path / "out"),
+                          "--model_option", f"base_url={url}"])
+    lines, err = _error_lines(capsys)
+    assert code == 2 and "internal error" not in err and "base_url" in lines[0], err[-300:]
+
+
+def test_budget_is_not_reached_by_reservations_alone(serve, tmp_path, capsys):
+    """Only what is spent stops the run: a request that does not fit beside the worst-case
+    reservations of requests in flight waits for them to settle (``TokenBudget.reserve``). It
+    used to raise BudgetExhausted at once: 5 of 12 samples, 525 of 3000 tokens spent."""
+    usage = {"prompt_tokens": 100, "completion_tokens": 5}
+    server = serve(lambda body, n: (0.2, 200, {}, ok_body("red", usage)))
+    cfg = dataset(tmp_path, 12)
+    # each request is reserved at ~600 tokens (5 + 576 for the image + text); 12 requests really
+    # cost 12 * 105 = 1260 tokens, well inside 3000
+    code = run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=8",
+                              "--model_option", "max_total_tokens=3000"))
+    err = capsys.readouterr().err
+    recs = saved(tmp_path / "out")
+    spent = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in recs)
+    assert code == 0, f"stopped after {len(recs)} of 12 samples, {spent} of 3000 tokens spent: " + \
+        [ln for ln in err.splitlines() if ln.startswith("error")][0][:300]
+    assert len(recs) == 12 and spent == 1260

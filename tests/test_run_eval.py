@@ -95,12 +95,30 @@ def test_torchrun_matches_single_process(custom_cfg, tmp_path):
     assert open(pred_file(single)).read() == open(pred_file(multi)).read()
 
 
+def png_with_corrupt_pixels() -> bytes:
+    """A PNG whose header and chunk checksums are right but whose pixel stream is not deflate
+    data: it passes the header-and-verify check of the run's fingerprint and fails only when a
+    model decodes it, mid-run on one rank."""
+    import io
+    import struct
+    import zlib
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, format="PNG")
+    png = buf.getvalue()
+    at = png.index(b"IDAT") - 4
+    size = struct.unpack(">I", png[at:at + 4])[0]
+    data = b"\x78\x9c" + b"not deflate data" * 3
+    chunk = struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(b"IDAT" + data))
+    return png[:at] + chunk + png[at + 12 + size:]
+
+
 def test_torchrun_failure_stops_all_ranks(custom_cfg, tmp_path):
-    """A rank that fails (here: a sample whose image is corrupt, met by a model that decodes its
-    images; a baseline never opens them) stops the run with the error."""
+    """A rank that fails mid-run (here: a sample whose pixels are corrupt, met by a model that
+    decodes its images) stops the run with the error."""
     data = os.path.dirname(custom_cfg)
     with open(os.path.join(data, "img3.png"), "wb") as f:
-        f.write(b"not a png")
+        f.write(png_with_corrupt_pixels())
     args = base_args(custom_cfg, tmp_path / "o") + ["--per_gpu_eval_batch_size", "1"]
     args[args.index("random")] = "llava"
     args[2:2] = ["--model_name", "tiny"]

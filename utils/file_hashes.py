@@ -6,7 +6,12 @@ on every request). Reading 100k image files on every start would be slow, so a f
 remembered under its stat key (device, inode, size, modification and change times): a moved,
 copied or touched file gets a new stat key, is read once more, and hashes to the same content.
 
-Store: one folder per data directory under ``$REFORM_CACHE/file_hashes/`` (named by a hash of
+Image files are also checked where they are read (``file_digest``: a readable image within the
+pixel limit, header and ``verify``, no pixels decoded), and only a file that passed is remembered:
+a broken image is refused in one line naming its sample whichever model runs (a baseline never
+decodes it), and each good file is checked once per machine, not once per run.
+
+Store: one folder per data directory under ``$REFORM_CACHE/checked_images/`` (named by a hash of
 the directory's path), so a run reads the memos of the directories it uses and no others.
 In it, append-only JSONL segments, one per writing process (no locks: safe for ranks and
 concurrent runs), read once per process on first use; a torn or foreign line is skipped. When a
@@ -23,8 +28,9 @@ import stat
 import secrets
 import socket
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
+from utils.images import check_image, max_image_pixels
 from utils.paths import cache_root
 from utils.runlock import pid_alive
 
@@ -116,46 +122,74 @@ class _DirMemo:
 
 
 def _line(name: str, key: str, value: str) -> str:
-    return json.dumps({"f": name, "k": key, "h": value}, ensure_ascii=False) + "\n"
+    # ASCII JSON: a file name that is not UTF-8 (a surrogate-escaped byte) round-trips as \udcXX
+    return json.dumps({"f": name, "k": key, "h": value}) + "\n"
+
+
+def _identity(path: str) -> str:
+    """The absolute name of ``path`` as the system resolves it: textual normalisation is right
+    except across ``..`` (``link/..`` is the link target's parent), where the real path is taken."""
+    full = os.path.abspath(path)
+    return os.path.realpath(path) if ".." in path.split(os.sep) else full
 
 
 class FileHashes:
     """The memo: ``digest(path)`` reads the file only when its stat key is new."""
 
-    def __init__(self, directory: Optional[str] = None) -> None:
+    def __init__(self, directory: Optional[str] = None,
+                 check: Optional[Callable[[bytes, str, Any], None]] = None,
+                 variant: Optional[Callable[[], str]] = None) -> None:
         self.directory = directory
-        self._dirs: Dict[str, _DirMemo] = {}
+        self.check = check
+        #: what the check depends on besides the bytes (the pixel limit): a memo per value, so a
+        #: file passed under a higher limit is checked again under a lower one
+        self.variant = variant or getattr(check, "variant", None) or (lambda: "")
+        self._dirs: Dict[Tuple[str, str], _DirMemo] = {}
         self._lock = threading.Lock()
         self.read_files = 0
+        #: absolute path -> the content hash ``digest`` last gave for it: what a run's identity and
+        #: cache keys hold (the run fingerprints every file when it starts)
+        self.fingerprinted: Dict[str, str] = {}
 
-    def _memo(self, data_dir: str) -> _DirMemo:
-        memo = self._dirs.get(data_dir)
+    def _memo(self, data_dir: str, variant: str) -> _DirMemo:
+        memo = self._dirs.get((data_dir, variant))
         if memo is None:
-            root = self.directory or os.path.join(cache_root(), "file_hashes")
-            tag = hashlib.sha256(data_dir.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-            memo = self._dirs[data_dir] = _DirMemo(os.path.join(root, tag), data_dir)
+            root = self.directory or os.path.join(cache_root(), "checked_images")
+            named = data_dir + ("\x00" + variant if variant else "")
+            tag = hashlib.sha256(named.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+            memo = self._dirs[(data_dir, variant)] = _DirMemo(os.path.join(root, tag), data_dir)
         return memo
 
-    def digest(self, path: str, st: Optional[os.stat_result] = None) -> str:
-        """The content hash of ``path`` (``OSError`` if it cannot be read)."""
+    def digest(self, path: str, st: Optional[os.stat_result] = None, record: Any = None) -> str:
+        """The content hash of ``path`` (``OSError`` if it cannot be read; with a ``check``, what
+        ``check(data, path, record)`` raises for bytes it refuses)."""
         st = st or os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block the reader, a folder fail it
             raise OSError(f"not a regular file: {path}")
         key = stat_key(st)
-        full = os.path.abspath(path)
+        full = _identity(path)
         data_dir, name = os.path.split(full)
-        memo = self._dirs.get(data_dir)  # (a plain read: the memo of a folder is made once)
+        variant = self.variant()
+        memo = self._dirs.get((data_dir, variant))  # (a plain read: the memo of a folder is made once)
         if memo is None:
             with self._lock:
-                memo = self._memo(data_dir)
+                memo = self._memo(data_dir, variant)
         found = memo.known.get((name, key))
         if found is not None:
+            self.fingerprinted[full] = found
             return found
-        value = hash_bytes_of(path)
+        if self.check is None:
+            value = hash_bytes_of(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+            self.check(data, path, record)  # only a file that passed is remembered
+            value = hashlib.blake2b(data, digest_size=16).hexdigest()
         with self._lock:
             self.read_files += 1
             memo.known[(name, key)] = value
             memo.append(name, key, value)
+        self.fingerprinted[full] = value
         return value
 
 
@@ -169,9 +203,62 @@ def _owner_gone(name: str) -> bool:
     return host == socket.gethostname() and (pid == 0 or not pid_alive(pid))
 
 
-_memo = FileHashes()
+class _ImageCheck:
+    """``check_image`` on a file's bytes; its verdict depends on the pixel limit in force too."""
+
+    def __call__(self, data: bytes, path: str, record: Any) -> None:
+        check_image(data, record=record, name=path)
+
+    @staticmethod
+    def variant() -> str:
+        return str(max_image_pixels())
 
 
-def file_digest(path: str, st: Optional[os.stat_result] = None) -> str:
-    """The content hash of an image file, through this process's memo."""
-    return _memo.digest(path, st)
+_check_image = _ImageCheck()
+_memo = FileHashes(check=_check_image)
+
+
+def file_digest(path: str, st: Optional[os.stat_result] = None, record: Any = None) -> str:
+    """The content hash of an image file, through this process's memo; a file read for the first
+    time is checked as an image (errors name ``record``, the sample, and the file)."""
+    return _memo.digest(path, st, record)
+
+
+def forget_fingerprints() -> None:
+    """End what a run's fingerprint promised (at the start and end of each run): a later run in
+    the same process, or ``load_reform_dataset`` after it, takes files as they are then."""
+    _memo.fingerprinted.clear()
+
+
+class ChangedSinceFingerprint(Exception):
+    """A file's bytes are not the content the run fingerprinted (args: then, now)."""
+
+
+def read_regular(path: str) -> bytes:
+    """The bytes of regular file ``path``, in one open, fstat and read (a worker thread gives up
+    the interpreter lock at each system call, so the request path makes few): a FIFO or device
+    is refused (``OSError``), never waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "is not a regular file (a directory, FIFO or device cannot be an image)")
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
+    """The bytes of ``path`` and their content hash, read once: what a model is given must be
+    what the run's identity and cache keys name. A file replaced since the run fingerprinted it
+    raises ``ChangedSinceFingerprint`` (an answer about the new picture would be stored under
+    the old picture's key); a file never fingerprinted is taken as it is."""
+    data = read_regular(path)
+    now = hashlib.blake2b(data, digest_size=16).hexdigest()  # (as ``hash_bytes_of``)
+    then = _memo.fingerprinted.get(_identity(path))
+    if then is not None and then != now:
+        raise ChangedSinceFingerprint(then, now)
+    return data, now

@@ -20,27 +20,39 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 from utils.errors import input_error
 from utils.file_hashes import file_digest
+from utils.images import check_image
 
 
-def image_token(image: Any, cache: Dict[int, str]) -> str:
+def image_token(image: Any, cache: Dict[int, str], record: Any = None) -> str:
     """A short stable description of one image's content: a file's bytes hash, or a pixel hash
-    for PIL images. A missing or unreadable file is named by its path (loading it fails later
-    with the one-line error that names the sample)."""
+    for PIL images. A file is checked as an image when it is first read (``utils.file_hashes``):
+    a missing, irregular, corrupt or oversized file is refused in one line naming ``record``."""
     if isinstance(image, str):
         try:
-            return "file:" + file_digest(image)
-        except (OSError, ValueError):
-            return f"missing:{image}"
+            return "file:" + file_digest(image, record=record)
+        except (OSError, ValueError) as e:
+            check_image(image, record)  # says what is wrong with the file (missing, not a regular file)
+            raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})",
+                              file=f"sample {record}: {image}" if record is not None else image) from None
     key = id(image)
     if key not in cache:
-        h = hashlib.blake2b(digest_size=16)
-        h.update(f"{getattr(image, 'mode', '')}:{getattr(image, 'size', '')}".encode())
-        tobytes = getattr(image, "tobytes", None)
-        if tobytes is None:
-            raise input_error(f"an image of type {type(image).__name__} cannot be fingerprinted", field="images")
-        h.update(tobytes())
-        cache[key] = "pixels:" + h.hexdigest()
+        cache[key] = "pixels:" + pixel_digest(image)
     return cache[key]
+
+
+def pixel_digest(image: Any) -> str:
+    """The identity of an in-memory image (32 hex digits): a hash of its mode, its size and its
+    pixel bytes. Why all three: the bytes alone are the same for a 40x30 and a 30x40 blank (and
+    for an RGB and a 3-band image of other sizes); every place that names an in-memory image by
+    its content (run identity, saved image files, the API client's encoded-image memo) uses this
+    one function, so no two pictures share a name anywhere."""
+    tobytes = getattr(image, "tobytes", None)
+    if tobytes is None:
+        raise input_error(f"an image of type {type(image).__name__} cannot be fingerprinted", field="images")
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{getattr(image, 'mode', '')}:{getattr(image, 'size', '')}".encode())
+    h.update(tobytes())
+    return h.hexdigest()
 
 
 def item_fields(body: Dict[str, Any]) -> Dict[str, Any]:
@@ -62,7 +74,7 @@ def sample_digests(sample: Dict[str, Any], cache: Dict[int, str]) -> Tuple[str, 
     the same without how it is asked, ``item_fields``). The first guards reuse of predictions;
     the second pairs runs that asked the same item another way."""
     body = {k: v for k, v in sample.items() if k != "images"}
-    images = [image_token(im, cache) for im in sample.get("images", [])]
+    images = [image_token(im, cache, sample.get("sample_id")) for im in sample.get("images", [])]
     return _digest(body, images), _digest(item_fields(body), images)
 
 

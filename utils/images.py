@@ -32,8 +32,8 @@ def max_image_pixels() -> int:
                           field="REFORM_MAX_IMAGE_PIXELS") from None
 
 
-def _where(path: Any, record: Optional[Any]) -> Dict[str, Any]:
-    name = path if isinstance(path, str) else "<image bytes>"
+def _where(path: Any, record: Optional[Any], name: Optional[str] = None) -> Dict[str, Any]:
+    name = name or (path if isinstance(path, str) else "<image bytes>")
     return {"file": name if record is None else f"sample {record}: {name}"}
 
 
@@ -49,11 +49,13 @@ def _check_file(path: str, where: Dict[str, Any]) -> None:
 
 
 @contextmanager
-def guarded_open(source: Union[str, bytes], record: Optional[Any] = None) -> Iterator[Image.Image]:
+def guarded_open(source: Union[str, bytes], record: Optional[Any] = None,
+                 name: Optional[str] = None) -> Iterator[Image.Image]:
     """The one pixel guard: ``Image.open`` of a regular file (or bytes) whose header says at most
     ``max_image_pixels()``; nothing is decoded yet. Every reader of images (the loaders, the
-    report's thumbnails, the builders' checks) opens through here."""
-    where = _where(source, record)
+    report's thumbnails, the builders' checks) opens through here. ``name``: the file that
+    ``source`` bytes were read from, for error messages."""
+    where = _where(source, record, name)
     if isinstance(source, str):
         _check_file(source, where)
     fp = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
@@ -71,7 +73,9 @@ def guarded_open(source: Union[str, bytes], record: Optional[Any] = None) -> Ite
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise input_error(f"image is too large ({' '.join(str(e).split())[:120]}); the limit is {limit} pixels, "
                           "raise it with REFORM_MAX_IMAGE_PIXELS=<pixels> if the image is trusted", **where) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+    except UnidentifiedImageError:  # (its message shows the stream object, not the file)
+        raise input_error("image cannot be decoded (not an image format that can be read)", **where) from None
+    except (OSError, SyntaxError, ValueError) as e:
         raise input_error(f"image cannot be decoded ({e})", **where) from None
     finally:
         Image.MAX_IMAGE_PIXELS = old
@@ -83,10 +87,16 @@ def open_image(path: str, record: Optional[Any] = None) -> Image.Image:
         return im.convert("RGB")
 
 
-def check_image(source: Union[str, bytes], record: Optional[Any] = None) -> None:
+def decode_image(data: bytes, name: str, record: Optional[Any] = None) -> Image.Image:
+    """``data`` (read from file ``name``) as RGB, fully decoded, through the pixel guard."""
+    with guarded_open(data, record, name=name) as im:
+        return im.convert("RGB")
+
+
+def check_image(source: Union[str, bytes], record: Optional[Any] = None, name: Optional[str] = None) -> None:
     """Refuse (one line) an image that is missing, over the pixel limit or corrupt, without
     decoding its pixels (header and ``verify`` only)."""
-    with guarded_open(source, record) as im:
+    with guarded_open(source, record, name) as im:
         im.verify()
 
 

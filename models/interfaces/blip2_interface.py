@@ -149,6 +149,7 @@ class Blip2Interface(HFBaseInterface):
             ids[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
             mask[r, width - len(row):] = 1
         pixels = self.processor.image_processor(images, return_tensors="pt")["pixel_values"]
+        self.trace_encoded(texts, {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}, images, counts)
         enc: Dict[str, torch.Tensor] = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
                                         "pixel_values": pixels.to(self.device, self.dtype)}
         enc.update(self._qformer_inputs(texts, counts))

@@ -9,7 +9,7 @@ Real checkpoints carry a video processor, which needs ``torchvision``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Sequence
 
 from models import register_model
 from models.hf_base import HFBaseInterface
@@ -38,6 +38,15 @@ class InternVLInterface(HFBaseInterface):
 
     def make_preprocessor(self, config: Dict[str, Any]) -> Any:
         return chat_template_preprocessor(self, config)
+
+    def pixel_tiles(self, enc: Any, counts: Sequence[int]) -> Optional[List[int]]:
+        """The processor stacks every image's tiles and drops their count; each tile became
+        ``image_seq_length`` context tokens of its row, so a row's tiles are counted there."""
+        ids, per_tile = enc.get("input_ids"), getattr(self.processor, "image_seq_length", None)
+        token = getattr(self.processor, "image_token_id", None)
+        if ids is None or not per_tile or token is None:
+            return None
+        return [int((row == token).sum()) // int(per_tile) for row in ids]
 
 
 def build_tiny_internvl(out_dir: str, size: str = "tiny") -> None:

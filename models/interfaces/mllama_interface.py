@@ -83,7 +83,9 @@ class MllamaInterface(HFBaseInterface):
                                   "add_special_tokens": False}
         if images:
             kwargs["images"] = nested
-        out = self.to_model_inputs(self.processor(**kwargs))
+        enc = self.processor(**kwargs)
+        self.trace_encoded(texts, enc, images, counts)  # what the model is given (models.hf_provenance)
+        out = self.to_model_inputs(enc)
         xmask = out.get("cross_attention_mask")
         self._last_xmask = xmask[:, -1:] if xmask is not None else None
         self._prefix_xmask = self._last_xmask  # per prompt; candidate chunks select rows from it

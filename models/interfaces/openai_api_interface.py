@@ -153,9 +153,15 @@ class OpenAIAPIInterface(BaseInterface):
             v = cfg.get(price)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise ReformError(f"--model_option {price}: must be a number >= 0 (per million tokens), got {v!r}")
-        pub = urllib.parse.urlsplit(str.__str__(self.base_url))
+        origin = "--model_option base_url" if cfg.get("base_url") else \
+            "OPENAI_BASE_URL" if os.environ.get("OPENAI_BASE_URL") else "base_url"
+        try:
+            pub = urllib.parse.urlsplit(str.__str__(self.base_url))
+            pub.port  # noqa: B018 - raises on a port out of range or not a number
+        except ValueError as e:
+            raise ReformError(f"openai_api: {origin}: malformed URL ({e})") from None
         if pub.scheme not in ("http", "https") or not pub.hostname:
-            raise ReformError(f"openai_api: base_url must be an http(s) URL, got '{public_url(self.base_url)}'")
+            raise ReformError(f"openai_api: {origin} must be an http(s) URL, got '{public_url(self.base_url)}'")
         path = pub.path.rstrip("/")
         path = path if path.endswith("/chat/completions") else path + "/chat/completions"
         self.url = urllib.parse.urlunsplit((pub.scheme, pub.netloc, path, pub.query, ""))
@@ -259,6 +265,9 @@ class OpenAIAPIInterface(BaseInterface):
         except RecursionError:
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with JSON "
                               "nested deeper than the parser follows (a malformed or hostile reply)") from None
+        except ValueError as e:  # an integer of thousands of digits (Python's int-string limit)
+            raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with an "
+                              f"unreadable JSON value ({str(e)[:120]})") from None
 
     def _parse(self, reply: Any) -> GenText:
         """The assistant text of a chat-completions reply (credentials scrubbed, normalised by
@@ -311,7 +320,8 @@ class OpenAIAPIInterface(BaseInterface):
             outcome, retry_after, usage = "other", None, None
             try:
                 out = (parse or self._parse)(self._post_once(payload))
-                outcome, usage = "ok", out.usage
+                # every parser's usage passes here, the one gate of a server's counts into the budget
+                outcome, usage = "ok", clean_usage(out.usage, f"openai_api {self.public_url}")
                 return out
             except Retryable as e:
                 last, retry_after = str(e), e.retry_after
@@ -327,7 +337,7 @@ class OpenAIAPIInterface(BaseInterface):
                 self.budget.settle(need, counted if outcome == "ok" else {"prompt_tokens": 0})
             if attempt == self.max_retries:
                 break
-            delay = min(self.backoff_max, self.backoff_base * (2 ** attempt))
+            delay = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt, 64))  # no float overflow
             if retry_after is not None:
                 delay = min(self.backoff_max, max(delay, retry_after))
             logger.warning("openai_api %s%s: attempt %d/%d failed (%s); retrying in %.2f s", self.model,
@@ -483,6 +493,6 @@ def _error_detail(body: str, reason: str = "") -> str:
         msg = json.loads(body).get("error", {})
         if isinstance(msg, dict) and msg.get("message"):  # servers may echo the key back
             return redact_text(str(msg["message"]))[:200]
-    except (json.JSONDecodeError, AttributeError, RecursionError):
+    except (ValueError, AttributeError, RecursionError):  # ValueError: malformed, or a huge integer
         pass
     return redact_text(str(body.strip() or reason or ""))[:200]

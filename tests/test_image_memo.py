@@ -1,0 +1,116 @@
+"""The image check and content memo where the run's fingerprint reads an image file
+(``utils.file_hashes.FileHashes.digest``, ``utils.fingerprint.image_token``) and the model's read
+of it (``utils.run_images.read_run_image``): names that are not UTF-8, the pixel limit in force,
+``..`` through a symlinked folder, and fingerprints scoped to one run. Found by an adversarial
+review; each failed before its fix."""
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from PIL import Image
+
+from utils.errors import ReformError
+from utils.file_hashes import FileHashes, _check_image, hash_bytes_of
+from utils.fingerprint import image_token
+from utils.run_images import read_run_image
+
+
+def _png(color, size=(4, 4)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_valid_image_whose_name_is_not_utf8_is_fingerprinted(tmp_path, monkeypatch):
+    """A file name holding a byte that is not UTF-8 (a Latin-1 ``caf\\xe9.png``, common in old
+    image folders; Python hands it over as the surrogate ``\\udce9``) is a readable image. The
+    memo writes its line with ``ensure_ascii=False`` and encodes it strictly as UTF-8, so the
+    ``UnicodeEncodeError`` (a ValueError) escapes ``digest`` and ``image_token`` refuses the
+    valid image: 'image cannot be read ('utf-8' codec can't encode character '\\udce9' ...)'
+    (exit 2 for the whole run)."""
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    raw = os.path.join(os.fsencode(str(folder)), b"caf\xe9.png")
+    with open(raw, "wb") as f:
+        f.write(_png((200, 10, 10)))
+    path = os.fsdecode(raw)
+    assert "\udce9" in path
+    want = "file:" + hash_bytes_of(path)
+    assert image_token(path, {}, "s1") == want
+    # and a fresh process finds it in the memo, without a crash on reading the line back
+    memo = FileHashes(str(tmp_path / "memo"), check=_check_image)
+    assert memo.digest(path) == want[len("file:"):]
+    again = FileHashes(str(tmp_path / "memo"), check=_check_image)
+    assert again.digest(path) == want[len("file:"):] and again.read_files == 0
+
+
+def test_memo_does_not_bypass_a_lower_pixel_limit(tmp_path, monkeypatch):
+    """Only a file that passed the check is remembered, and a remembered file is not checked
+    again. But the check depends on ``REFORM_MAX_IMAGE_PIXELS``: a file remembered by a run with
+    a raised limit passes every later run's fingerprint under the default limit, so the promise
+    'an oversized image is refused before any work, whatever the model, a baseline included'
+    (docs/reliability.md) holds on a fresh machine and not on one whose memo has seen the file:
+    the same command exits 2 on one machine and runs on the other (an HF model then meets the
+    refusal mid-run, at the sample's decode)."""
+    path = tmp_path / "big.png"
+    path.write_bytes(_png((0, 0, 0), size=(100, 100)))  # 10,000 pixels
+    memo_dir = str(tmp_path / "memo")
+    monkeypatch.setenv("REFORM_MAX_IMAGE_PIXELS", "1000000")
+    FileHashes(memo_dir, check=_check_image).digest(str(path))  # an earlier run, limit raised
+    monkeypatch.setenv("REFORM_MAX_IMAGE_PIXELS", "1000")
+    fresh = FileHashes(str(tmp_path / "other_memo"), check=_check_image)
+    with pytest.raises(ReformError, match="too large"):
+        fresh.digest(str(path))  # a machine without the memo: refused
+    later = FileHashes(memo_dir, check=_check_image)  # the machine whose memo saw the file
+    with pytest.raises(ReformError, match="too large"):
+        later.digest(str(path))
+
+
+def test_dotdot_through_a_symlinked_folder_is_not_a_changed_file(tmp_path, monkeypatch):
+    """``fingerprinted`` is keyed by ``os.path.abspath`` (lexical: ``link/../a.png`` becomes
+    ``<tmp>/a.png``) while ``stat`` and ``open`` resolve the path physically (``link/..`` is
+    ``real``, so the file read is ``real/a.png``). Two samples naming ``<tmp>/link/../a.png`` and
+    ``<tmp>/a.png``, two different files, share one entry: the second fingerprint overwrites the
+    first, and at the first sample's turn its unchanged file is refused as 'image file changed
+    during the run' (restoring or re-running cannot help)."""
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    (tmp_path / "real" / "a.png").write_bytes(_png((255, 0, 0)))
+    (tmp_path / "a.png").write_bytes(_png((0, 255, 0)))
+    via_link = str(tmp_path / "link" / ".." / "a.png")  # physically real/a.png
+    plain = str(tmp_path / "a.png")
+    assert hash_bytes_of(via_link) != hash_bytes_of(plain)
+    image_token(via_link, {}, "s1")
+    image_token(plain, {}, "s2")  # the run fingerprints both samples, then runs them
+    data, digest = read_run_image(via_link, "s1")  # nothing changed: the file as fingerprinted
+    assert digest == hash_bytes_of(via_link)
+    data, digest = read_run_image(plain, "s2")
+    assert digest == hash_bytes_of(plain)
+
+
+def test_a_run_s_fingerprints_end_with_the_run(tmp_path, monkeypatch):
+    """``load_reform_dataset`` (or a second run) in a process where a run fingerprinted a file
+    takes the file as it is now: the 'changed during the run' promise is the run's only."""
+    from utils.file_hashes import forget_fingerprints
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "a.png"
+    path.write_bytes(_png((1, 2, 3)))
+    image_token(str(path), {}, "s1")
+    path.write_bytes(_png((4, 5, 6)))
+    with pytest.raises(ReformError, match="changed during the run"):
+        read_run_image(str(path), "s1")
+    forget_fingerprints()
+    assert read_run_image(str(path), "s1")[1] == hash_bytes_of(str(path))
+
+
+def test_an_unreadable_format_names_the_file_not_a_stream(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "junk.png"
+    path.write_bytes(b"not an image at all")
+    with pytest.raises(ReformError) as e:
+        image_token(str(path), {}, "s7")
+    assert "sample s7" in str(e.value) and "junk.png" in str(e.value) and "BytesIO" not in str(e.value)

@@ -1,0 +1,39 @@
+"""A model's read of an image file at its turn: the file as the run fingerprinted it.
+
+Why: the run's identity and every cache key name an image by the content the run hashed when it
+started (``utils.file_hashes``); a file replaced during the run would otherwise be sent to the
+model and its answer stored under the old picture's key. Every reader that gives a file to a
+model (the loaders, the endpoint client) reads it once here and decodes those same bytes.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from PIL import Image
+
+from utils.errors import input_error
+from utils.file_hashes import ChangedSinceFingerprint, bytes_as_fingerprinted
+from utils.images import _where, decode_image
+
+
+def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]:
+    """The bytes and content hash of image file ``path``, which must be the content the run
+    fingerprinted when it started; a file replaced during the run is refused in one line."""
+    where = _where(path, record)
+    try:
+        return bytes_as_fingerprinted(path)
+    except ChangedSinceFingerprint as e:
+        raise input_error(f"image file changed during the run (content {e.args[0][:12]} when the run started, "
+                          f"{e.args[1][:12]} now): an answer about the new picture would be cached under the "
+                          "old one's key; restore the file, or re-run to evaluate the new picture", **where) from None
+    except FileNotFoundError:
+        raise input_error("image file not found", **where) from None
+    except OSError as e:
+        if e.errno == 0:  # read_regular: not a regular file
+            raise input_error(e.strerror, **where) from None
+        raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})", **where) from None
+
+
+def open_run_image(path: str, record: Optional[Any] = None) -> Image.Image:
+    """``utils.images.open_image`` for a model's turn: the file as the run fingerprinted it."""
+    return decode_image(read_run_image(path, record)[0], path, record)
