@@ -134,7 +134,7 @@ def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(reque
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("REFORM_FULL_RETRAIN"),
-                    reason="the full retraining (about 6 CPU minutes) runs with REFORM_FULL_RETRAIN=1")
+                    reason="the full retraining (about 7 CPU minutes) runs with REFORM_FULL_RETRAIN=1")
 @pytest.mark.skipif(BUILT_WITH != build_platform(),
                     reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH}; this is {build_platform()}")
 @pytest.mark.background(sys.executable, "-m", "evaluation.train_known_skill", "--out", "{tmp}/rebuilt")
