@@ -2,6 +2,8 @@
 dataset, case-insensitive names, a quiet console, and the package ships its configs."""
 from __future__ import annotations
 
+import pytest
+
 import glob
 import os
 import subprocess
@@ -86,6 +88,7 @@ def test_logged_command_is_rebuilt_from_the_config_without_the_key(tmp_path):
     assert cfg.model.options["api_key"].reveal() == secret
 
 
+@pytest.mark.slow  # (multi-process; the quick subset keeps a lighter test of the same path)
 def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     import signal
     import time

@@ -159,11 +159,13 @@ def test_mmmt_if_release_multi_turn_any_batch_size(data, tmp_path):
     assert len({r["meta"]["chat_id"] for r in records}) == 3
 
 
+@pytest.mark.slow  # (one torchrun launch of every two-rank cell)
 @TWO_RANKS
 def test_iwisdm_likelihood_batch_and_two_ranks(data, tmp_path, two_rank_runs):
     check_cell(data, tmp_path, "iWISDM", "lik", "llava", ranks=two_rank_runs)
 
 
+@pytest.mark.slow
 @TWO_RANKS
 def test_trained_model_likelihood_batch_and_two_ranks(data, tmp_path, two_rank_runs):
     records = check_cell(data, tmp_path, "iWISDM-identify", "lik", "trained", ranks=two_rank_runs)

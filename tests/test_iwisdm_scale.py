@@ -11,6 +11,8 @@ from build.iwisdm.presets import PRESETS, PresetSampler
 from build.iwisdm.stimuli import LOCATIONS, procedural_set
 from utils.seeding import rng_for
 
+pytestmark = pytest.mark.slow  # (every preset generated at scale, about 15 s)
+
 N_BALANCE = 10_000
 N_PARSE = 3_000
 

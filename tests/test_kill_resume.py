@@ -1,3 +1,4 @@
+import pytest
 """Killing a 2-rank run midway and re-running gives the uninterrupted predictions exactly."""
 import glob
 import json
@@ -73,6 +74,7 @@ def run_and_kill_midway(cmd, out, min_lines, env):
     return shard_lines(out)
 
 
+@pytest.mark.slow  # (multi-process; the quick subset keeps a lighter test of the same path)
 def test_kill_two_ranks_then_resume(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     reference = tmp_path / "reference"

@@ -42,6 +42,7 @@ def run_args(cfg, out):
             "--per_gpu_eval_batch_size", "2", "--output_dir", str(out), "--do_eval"]
 
 
+@pytest.mark.slow  # (multi-process; the quick subset keeps a lighter test of the same path)
 def test_multi_turn_two_ranks_kill_resume(tmp_path):
     cfg = write_mmdu(str(tmp_path / "mmdu"))
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -113,6 +113,7 @@ def png_with_corrupt_pixels() -> bytes:
     return png[:at] + chunk + png[at + 12 + size:]
 
 
+@pytest.mark.slow  # (multi-process; the quick subset keeps a lighter test of the same path)
 def test_torchrun_failure_stops_all_ranks(custom_cfg, tmp_path):
     """A rank that fails mid-run (here: a sample whose pixels are corrupt, met by a model that
     decodes its images) stops the run with the error."""

@@ -592,6 +592,7 @@ def test_12_decompression_bomb_names_limit_and_record(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ 13. torchrun error once, last
+@pytest.mark.slow  # (multi-process; the quick subset keeps a lighter test of the same path)
 def test_13_torchrun_error_once_and_last(custom_cfg, tmp_path):
     open(os.path.join(os.path.dirname(custom_cfg), "img5.png"), "wb").write(b"broken")
     env = dict(os.environ, OMP_NUM_THREADS="1")
