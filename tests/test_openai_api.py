@@ -853,7 +853,7 @@ def test_a_png_file_goes_out_as_its_own_bytes_only_when_that_is_the_same_picture
     assert (base64.b64decode(url.split(",", 1)[1]) == data) is as_is
     sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
     expected = Image.open(io.BytesIO(base64.b64decode(encode_image(path).split(",", 1)[1])))
-    assert sent.mode == expected.mode == "RGB" and list(sent.getdata()) == list(expected.getdata())
+    assert sent.mode == expected.mode == "RGB" and sent.tobytes() == expected.tobytes()
 
 
 def test_an_rgb_png_with_a_transparent_colour_is_converted():
