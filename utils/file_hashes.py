@@ -43,6 +43,11 @@ def stat_key(st: os.stat_result) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
+def content_hash(data: bytes) -> str:
+    """The content hash of bytes already read (as ``hash_bytes_of`` gives for their file)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def hash_bytes_of(path: str) -> str:
     """blake2b-128 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.blake2b(digest_size=16)
@@ -137,13 +142,12 @@ class FileHashes:
     """The memo: ``digest(path)`` reads the file only when its stat key is new."""
 
     def __init__(self, directory: Optional[str] = None,
-                 check: Optional[Callable[[bytes, str, Any], None]] = None,
-                 variant: Optional[Callable[[], str]] = None) -> None:
+                 check: Optional[Callable[[bytes, str, Any], None]] = None) -> None:
         self.directory = directory
         self.check = check
-        #: what the check depends on besides the bytes (the pixel limit): a memo per value, so a
-        #: file passed under a higher limit is checked again under a lower one
-        self.variant = variant or getattr(check, "variant", None) or (lambda: "")
+        #: what the check depends on besides the bytes (its ``variant()``, the pixel limit): a memo
+        #: per value, so a file passed under a higher limit is checked again under a lower one
+        self.variant = getattr(check, "variant", None) or (lambda: "")
         self._dirs: Dict[Tuple[str, str], _DirMemo] = {}
         self._lock = threading.Lock()
         self.read_files = 0
@@ -184,7 +188,7 @@ class FileHashes:
             with open(path, "rb") as f:
                 data = f.read()
             self.check(data, path, record)  # only a file that passed is remembered
-            value = hashlib.blake2b(data, digest_size=16).hexdigest()
+            value = content_hash(data)
         with self._lock:
             self.read_files += 1
             memo.known[(name, key)] = value
@@ -242,7 +246,7 @@ def read_regular(path: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(0, "is not a regular file (a directory, FIFO or device cannot be an image)")
+            raise OSError(f"not a regular file: {path}")
         with os.fdopen(fd, "rb", closefd=True) as f:
             fd = -1
             return f.read()
@@ -257,7 +261,7 @@ def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
     raises ``ChangedSinceFingerprint`` (an answer about the new picture would be stored under
     the old picture's key); a file never fingerprinted is taken as it is."""
     data = read_regular(path)
-    now = hashlib.blake2b(data, digest_size=16).hexdigest()  # (as ``hash_bytes_of``)
+    now = content_hash(data)
     then = _memo.fingerprinted.get(_identity(path))
     if then is not None and then != now:
         raise ChangedSinceFingerprint(then, now)

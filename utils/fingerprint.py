@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 from utils.errors import input_error
 from utils.file_hashes import file_digest
-from utils.images import check_image
+from utils.images import unreadable
 
 
 def image_token(image: Any, cache: Dict[int, str], record: Any = None) -> str:
@@ -31,9 +31,7 @@ def image_token(image: Any, cache: Dict[int, str], record: Any = None) -> str:
         try:
             return "file:" + file_digest(image, record=record)
         except (OSError, ValueError) as e:
-            check_image(image, record)  # says what is wrong with the file (missing, not a regular file)
-            raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})",
-                              file=f"sample {record}: {image}" if record is not None else image) from None
+            raise unreadable(image, record, e) from None
     key = id(image)
     if key not in cache:
         cache[key] = "pixels:" + pixel_digest(image)

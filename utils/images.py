@@ -48,6 +48,14 @@ def _check_file(path: str, where: Dict[str, Any]) -> None:
         raise input_error("is not a regular file (a directory, FIFO or device cannot be an image)", **where)
 
 
+def unreadable(path: str, record: Optional[Any], error: BaseException) -> Exception:
+    """The one-line error for an image file that could not be read: what is wrong with the file
+    (missing, not a regular file) where a look says so, else the system's reason."""
+    where = _where(path, record)
+    _check_file(path, where)
+    return input_error(f"image cannot be read ({getattr(error, 'strerror', None) or error})", **where)
+
+
 @contextmanager
 def guarded_open(source: Union[str, bytes], record: Optional[Any] = None,
                  name: Optional[str] = None) -> Iterator[Image.Image]:

@@ -13,7 +13,7 @@ from PIL import Image
 
 from utils.errors import input_error
 from utils.file_hashes import ChangedSinceFingerprint, bytes_as_fingerprinted
-from utils.images import _where, decode_image
+from utils.images import _where, decode_image, unreadable
 
 
 def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]:
@@ -26,12 +26,8 @@ def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]
         raise input_error(f"image file changed during the run (content {e.args[0][:12]} when the run started, "
                           f"{e.args[1][:12]} now): an answer about the new picture would be cached under the "
                           "old one's key; restore the file, or re-run to evaluate the new picture", **where) from None
-    except FileNotFoundError:
-        raise input_error("image file not found", **where) from None
     except OSError as e:
-        if e.errno == 0:  # read_regular: not a regular file
-            raise input_error(e.strerror, **where) from None
-        raise input_error(f"image cannot be read ({getattr(e, 'strerror', None) or e})", **where) from None
+        raise unreadable(path, record, e) from None
 
 
 def open_run_image(path: str, record: Optional[Any] = None) -> Image.Image:
