@@ -34,17 +34,22 @@ def test_a_job_starts_once_and_any_process_reads_its_result(tmp_path):
     assert work == os.path.join(background_jobs.job_dir(str(tmp_path), args), "work")
 
 
+def _started_group(tmp_path, args) -> int:
+    """The process group of a started job, once it has written it (within 60 s)."""
+    pgid_file = os.path.join(background_jobs.job_dir(str(tmp_path), args), "job.pgid")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(pgid_file):
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.2)
+    return int(open(pgid_file).read())
+
+
 def test_a_job_dies_with_the_session_owner(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     args = (sys.executable, "-c", "import time; time.sleep(300)")
     try:
         background_jobs.start(str(tmp_path), args, owner.pid)
-        pgid_file = os.path.join(background_jobs.job_dir(str(tmp_path), args), "job.pgid")
-        deadline = time.monotonic() + 60
-        while not os.path.exists(pgid_file):
-            assert time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.2)
-        pgid = int(open(pgid_file).read())
+        pgid = _started_group(tmp_path, args)
         assert not _gone(pgid, within=0.5)
     finally:
         owner.kill()
@@ -57,11 +62,6 @@ def test_a_job_dies_with_the_session_owner(tmp_path):
 def test_stop_all_kills_what_still_runs(tmp_path):
     args = (sys.executable, "-c", "import time; time.sleep(300)")
     background_jobs.start(str(tmp_path), args, os.getpid())
-    pgid_file = os.path.join(background_jobs.job_dir(str(tmp_path), args), "job.pgid")
-    deadline = time.monotonic() + 60
-    while not os.path.exists(pgid_file):
-        assert time.monotonic() < deadline, "the job did not start"
-        time.sleep(0.2)
-    pgid = int(open(pgid_file).read())
+    pgid = _started_group(tmp_path, args)
     background_jobs.stop_all(str(tmp_path))
     assert _gone(pgid)
