@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from utils.ports import unused_port  # noqa: E402
 
 START_TIMEOUT_S = 900
 SERVER_LIFETIME_S = 3600
@@ -62,11 +62,6 @@ def _records(out: str) -> int:
     with open(pred, encoding="utf-8") as f:
         return len(json.load(f))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: List[str] = None) -> int:
@@ -119,7 +114,7 @@ def main(argv: List[str] = None) -> int:
     # a vLLM server
     engine_path = subprocess.run([vpy, "-m", "models.vllm_checkpoint", "tiny-trained"], cwd=ROOT, env=_engine_env(),
                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = unused_port()
     log = open(os.path.join(work, "server.log"), "wb")
     t0 = time.perf_counter()
     server = subprocess.Popen([vpy, "-m", "vllm.entrypoints.openai.api_server", "--model", engine_path,

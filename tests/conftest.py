@@ -127,7 +127,9 @@ def only_results(directory) -> dict:
 # * Heaviest units first (each `slow` test counts as 30 quick ones), so no long unit starts last;
 #   tests that wait for a background job come last.
 # * What a test writes goes under its tmp_path (each worker has its own basetemp); ports come from
-#   the OS (port 0, torchrun --standalone, `_free_port`), never a fixed number. REFORM_CACHE is
+#   the OS (port 0, torchrun --standalone) or `utils.ports.unused_port` for a server another
+#   process binds (below the kernel's ephemeral range: a probe's bind(0) number could be taken by
+#   a concurrent run's sockets before the server binds it), never a fixed number. REFORM_CACHE is
 #   shared by the workers: tiny models are built under a lock (models/tiny.py), so one worker
 #   builds while the other waits; a test that builds on purpose uses the `cache_dir` fixture.
 # * OMP_NUM_THREADS=1 unless set: two workers on two cores, each with one intra-op thread (more

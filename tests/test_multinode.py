@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import prediction_files
-
-from tests.conftest import write_custom_dataset
+from tests.conftest import prediction_files, write_custom_dataset
+from utils.ports import unused_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _eval_args(cfg: str, out: str):
@@ -46,7 +39,7 @@ def test_two_nodes_equal_one_process(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     shared = str(tmp_path / "shared")  # the "shared filesystem" both nodes write to
-    port = _free_port()
+    port = unused_port()
     nodes = []
     for node_rank in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",

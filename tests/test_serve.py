@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,8 @@ import urllib.request
 from typing import Any, Dict, Tuple
 
 import pytest
+
+from utils.ports import unused_port
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +62,6 @@ def _serve_python() -> str:
     return python
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Any:
@@ -73,7 +69,7 @@ def served(tmp_path_factory) -> Any:
     from models.tiny import tiny_model_path
     python = _serve_python()
     model = tiny_model_path("llava")
-    port = _free_port()
+    port = unused_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with open(log_path, "wb") as log:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -26,6 +25,8 @@ import urllib.request
 from typing import Any, Dict, List, Tuple
 
 import pytest
+
+from utils.ports import unused_port
 
 from tests.conftest import ROOT, prediction_files
 from tests.conftest import vllm_python as built_vllm_python
@@ -51,11 +52,6 @@ def _engine_env() -> Dict[str, str]:
                 VLLM_CPU_OMP_THREADS_BIND="nobind", TORCHDYNAMO_DISABLE="1", TOKENIZERS_PARALLELISM="false",
                 PYTHONPATH=ROOT)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the data: the same argument lists for every engine --------------------------------------------
@@ -126,7 +122,7 @@ def server_process(vllm_python, tmp_path_factory):
     env = _engine_env()
     engine_path = subprocess.run([vllm_python, "-m", "models.vllm_checkpoint", "tiny-trained"], cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=300, check=True).stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = unused_port()
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", engine_path,
            "--served-model-name", "tiny-trained", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
