@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Union
 from PIL import Image
 
 from utils.errors import ReformError
+from utils.file_hashes import unchanged_digest
 from utils.fingerprint import pixel_digest
 from utils.images import decode_image
 from utils.run_images import open_run_image, read_run_image
@@ -93,6 +94,14 @@ class EncodedImages:
             if found is not None:
                 return found
         if is_path:
+            # another name for a picture already encoded: the fingerprint's hash of this file,
+            # while its stat is unchanged, finds the URL made from the very bytes of that hash
+            digest = unchanged_digest(image)
+            if digest is not None:
+                found = self._urls.get(("file", digest))
+                if found is not None:
+                    self._by_path[image] = ("file", digest)
+                    return found
             data, digest = read_run_image(image)
             key = self._by_path[image] = ("file", digest)
             found = self._urls.get(key)  # the same picture under another name

@@ -114,3 +114,34 @@ def test_an_unreadable_format_names_the_file_not_a_stream(tmp_path, monkeypatch)
     with pytest.raises(ReformError) as e:
         image_token(str(path), {}, "s7")
     assert "sample s7" in str(e.value) and "junk.png" in str(e.value) and "BytesIO" not in str(e.value)
+
+
+def test_another_name_for_an_encoded_picture_is_not_read_again(tmp_path, monkeypatch):
+    """The endpoint client (issue 24): a file whose stat is what the run fingerprinted, and whose
+    picture is already encoded under another name, is sent from that encoding without a read;
+    a file changed since the fingerprint (new stat) is read, and refused."""
+    import models.openai_messages as om
+    from utils.file_hashes import forget_fingerprints
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    forget_fingerprints()
+    red, blue = _png((200, 0, 0)), _png((0, 0, 200))
+    paths = []
+    for name in ("a.png", "b.png", "c.png"):
+        (tmp_path / name).write_bytes(red)
+        paths.append(str(tmp_path / name))
+    (tmp_path / "d.png").write_bytes(blue)
+    for i, p in enumerate(paths + [str(tmp_path / "d.png")]):
+        image_token(p, {}, f"s{i}")  # the run's fingerprint
+    reads = []
+    real = om.read_run_image
+    monkeypatch.setattr(om, "read_run_image", lambda p, *a: reads.append(os.path.basename(p)) or real(p, *a))
+    images = om.EncodedImages("PNG")
+    first = images.url(paths[0])
+    assert images.url(paths[1]) == first and reads == ["a.png"]
+    assert images.url(str(tmp_path / "d.png")) != first and reads == ["a.png", "d.png"]
+    (tmp_path / "c.png").write_bytes(blue)  # replaced after the fingerprint, before its turn
+    with pytest.raises(ReformError, match="changed during the run"):
+        images.url(paths[2])
+    assert reads[-1] == "c.png"
+    forget_fingerprints()
+    assert om.unchanged_digest(paths[1]) is None  # no run: nothing is taken on trust

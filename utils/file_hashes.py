@@ -154,6 +154,8 @@ class FileHashes:
         #: absolute path -> the content hash ``digest`` last gave for it: what a run's identity and
         #: cache keys hold (the run fingerprints every file when it starts)
         self.fingerprinted: Dict[str, str] = {}
+        #: absolute path -> its stat key when ``digest`` gave that hash (``unchanged_digest``)
+        self.fingerprint_stat: Dict[str, str] = {}
 
     def _memo(self, data_dir: str, variant: str) -> _DirMemo:
         memo = self._dirs.get((data_dir, variant))
@@ -181,6 +183,7 @@ class FileHashes:
         found = memo.known.get((name, key))
         if found is not None:
             self.fingerprinted[full] = found
+            self.fingerprint_stat[full] = key
             return found
         if self.check is None:
             value = hash_bytes_of(path)
@@ -194,6 +197,7 @@ class FileHashes:
             memo.known[(name, key)] = value
             memo.append(name, key, value)
         self.fingerprinted[full] = value
+        self.fingerprint_stat[full] = key
         return value
 
 
@@ -232,6 +236,7 @@ def forget_fingerprints() -> None:
     """End what a run's fingerprint promised (at the start and end of each run): a later run in
     the same process, or ``load_reform_dataset`` after it, takes files as they are then."""
     _memo.fingerprinted.clear()
+    _memo.fingerprint_stat.clear()
 
 
 class ChangedSinceFingerprint(Exception):
@@ -253,6 +258,26 @@ def read_regular(path: str) -> bytes:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def unchanged_digest(path: str) -> Optional[str]:
+    """The content hash the run fingerprinted for ``path`` while the file's stat key (device,
+    inode, size, modification and change times) is still the one it had then: one ``stat``, no
+    read. None when the file was never fingerprinted, has changed or is gone: the caller then
+    reads it (``bytes_as_fingerprinted``). A caller may use this only to look up what it made
+    from the very bytes of that hash (an encoded image): what it sends is then the fingerprinted
+    content whatever the file holds now."""
+    full = _identity(path)
+    then = _memo.fingerprint_stat.get(full)
+    if then is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat_key(st) != then:
+        return None
+    return _memo.fingerprinted.get(full)
 
 
 def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
