@@ -3,8 +3,9 @@
 Why hand-written on sockets rather than httpx (docs/models.md says more):
 
 * ``timeout`` bounds the WHOLE request (send, headers and body): every socket read and write
-  gets the time left until one deadline, so a server that drips one byte a second cannot hold
-  a call forever. httpx's timeouts are per phase and per read (a read timeout restarts on
+  waits at most until one deadline (and 1% of ``timeout`` more, at most 0.5 s, so the socket's
+  timeout need not be set again before each of them), so a server that drips one byte a second
+  cannot hold a call forever. httpx's timeouts are per phase and per read (a read timeout restarts on
   every byte), which cannot keep that promise;
 * redirects are never followed (a 3xx is returned to the caller, who refuses it): the
   ``Authorization`` header only ever goes to the configured host;
@@ -56,18 +57,30 @@ class DeadlinePassed(socket.timeout):
     """The whole request outlived its deadline."""
 
 
+#: how far past its deadline one blocking read or write may wait, as a share of the request's
+#: time (at most ``DEADLINE_SLACK_MAX_S``): the socket's timeout is set again only when it would
+#: otherwise end before the deadline or more than this after it. Each ``settimeout`` is a system
+#: call that gives up the interpreter lock; setting it before every read and write cost two per
+#: request (``bench/api_ceiling.py``), and a request on a fast server now needs none.
+DEADLINE_SLACK = 0.01
+DEADLINE_SLACK_MAX_S = 0.5
+
+
 def _deadline_socket(base: type) -> type:
-    """``base`` (a socket class) whose reads and writes each get the time left until the
-    instance's ``deadline`` as their timeout, and fail once it has passed."""
+    """``base`` (a socket class) whose reads and writes each wait until the instance's
+    ``deadline`` at least and at most ``slack`` seconds longer, and fail once it has passed."""
     class DeadlineSocket(base):  # type: ignore[misc, valid-type]
         deadline: Optional[float] = None
+        slack: float = 0.0
 
         def _arm(self) -> None:
             if self.deadline is not None:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     raise DeadlinePassed("request deadline passed")
-                self.settimeout(left)
+                current = self.gettimeout()  # (no system call)
+                if current is None or current < left or current > left + self.slack:
+                    self.settimeout(left + self.slack)
 
         def _read(self, read: Any, *args: Any, **kwargs: Any) -> Any:
             self._arm()
@@ -373,6 +386,7 @@ class Endpoint:
                     conn, self._local.target = self._new_connection(deadline)
                     self._local.conn = conn
                 conn.sock.deadline = deadline
+                conn.sock.slack = min(DEADLINE_SLACK_MAX_S, DEADLINE_SLACK * self.timeout)
                 head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
                 head = (f"POST {self._local.target} HTTP/1.1\r\nHost: {self.host_header}\r\n{head}"
                         f"Content-Length: {len(payload)}\r\n\r\n")

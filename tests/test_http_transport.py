@@ -275,3 +275,40 @@ def test_https_through_a_proxy_tunnel(tmp_path, monkeypatch):
         origin.close()
         prox.close()
     assert res[0] == (200, b"ok"), repr(res[0])
+
+
+def _answer_each(c: socket.socket, state: Dict[str, Any], delay: float = 0.0, drip: bool = False) -> None:
+    body = b'{"ok": 1}'
+    while read_request(c) is not None:
+        state["requests"] += 1
+        if drip:  # one byte a tenth of a second: every read succeeds, the whole never ends in time
+            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000:
+                time.sleep(0.1)
+                try:
+                    c.sendall(bytes([b]))
+                except OSError:
+                    return
+            return
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_a_fast_request_sets_no_socket_timeout_and_a_dripping_one_ends_at_its_deadline(raw, monkeypatch):
+    """Each ``settimeout`` is a system call that gives up the interpreter lock: on a kept-alive
+    connection to a fast server the socket's timeout already covers the deadline, so a request
+    sets none (issue 24). The deadline still bounds the whole request, to within its slack."""
+    import models.http_transport as ht
+    calls = []
+    real = ht._DeadlineSocket.settimeout
+    monkeypatch.setattr(ht._DeadlineSocket, "settimeout", lambda self, t: calls.append(t) or real(self, t))
+    server = raw(_answer_each)
+    ep = Endpoint(server.url(), timeout=30)
+    res, _ = posts(ep, 20)  # one thread: one connection
+    assert all(r[0] == 200 for r in res.values()) and len(res) == 20
+    assert len(calls) <= 2, calls  # the new connection's first read and write; none after (was 40)
+
+    slow = raw(lambda c, s: _answer_each(c, s, drip=True))
+    t0 = time.monotonic()
+    res, alive = posts(Endpoint(slow.url(), timeout=1.0), 1, wait=10)
+    took = time.monotonic() - t0
+    assert not alive and isinstance(res[0], Retryable) and "within 1 s" in str(res[0])
+    assert 1.0 <= took < 1.0 + ht.DEADLINE_SLACK * 1.0 + 0.5, took
