@@ -19,15 +19,22 @@ from utils.errors import BudgetExhausted
 MAX_REPORTED_TOKENS = 10 ** 9
 
 
+class CleanUsage(dict):
+    """A ``usage`` that ``clean_usage`` made: passing it again returns it as it is (the reply's
+    parser and the budget's gate both clean what they are given; the second costs nothing)."""
+
+
 def clean_usage(raw: Any, source: str = "endpoint") -> Optional[Dict[str, int]]:
     """The ``*_tokens`` counts of a reply's ``usage``, validated where they enter: each must be a
     whole number from 0 to ``MAX_REPORTED_TOKENS``. A negative, fractional, boolean, non-finite
     or absurd count is dropped (logged once), so a hostile or broken server can neither make
     token totals and cost negative nor switch the budget off; a reply whose counts are all
     dropped counts as one without usage (the budget then charges its worst case)."""
+    if type(raw) is CleanUsage:
+        return raw
     if not isinstance(raw, dict):
         return None
-    out: Dict[str, int] = {}
+    out = CleanUsage()
     for k, v in raw.items():
         if not (isinstance(k, str) and k.endswith("_tokens")):
             continue
@@ -83,6 +90,7 @@ class AdaptiveLimit:
         self.paused_until = 0.0
         self.last_cut = float("-inf")
         self.cuts = 0
+        self.waiting = 0  # threads waiting in ``acquire``
         self._cond = threading.Condition()
 
     def acquire(self) -> float:
@@ -91,12 +99,19 @@ class AdaptiveLimit:
             while True:
                 now = time.monotonic()
                 if now < self.paused_until:
-                    self._cond.wait(self.paused_until - now)
+                    self._wait(self.paused_until - now)
                 elif self.in_flight < max(1, int(self.limit)):
                     self.in_flight += 1
                     return now
                 else:
-                    self._cond.wait()
+                    self._wait(None)
+
+    def _wait(self, timeout: Optional[float]) -> None:
+        self.waiting += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self.waiting -= 1
 
     def release(self, sent: float, outcome: str, retry_after: Optional[float] = None) -> None:
         """``outcome``: ``ok`` (a healthy reply), ``congested`` (429/503) or ``other``."""
@@ -112,7 +127,8 @@ class AdaptiveLimit:
                     self.cuts += 1
                 if retry_after:
                     self.paused_until = max(self.paused_until, now + retry_after)
-            self._cond.notify_all()
+            if self.waiting:  # (a notify with nobody waiting still costs a lock round)
+                self._cond.notify_all()
 
 
 def spent_usage(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -193,7 +209,8 @@ class TokenBudget:
                 self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
             elif self.limit is not None:  # unknown cost: charge the worst case
                 self.completion += reserved
-            self._settled.notify_all()
+            if self.limit is not None:  # (only a limit makes a request wait in ``reserve``)
+                self._settled.notify_all()
 
     def charge_recorded(self, usages: Iterable[Any], world_size: int = 1) -> None:
         """Count the tokens of records this run already holds (an earlier, interrupted process's

@@ -43,6 +43,11 @@ def stat_key(st: os.stat_result) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
+def stat_fields(st: os.stat_result) -> Tuple[int, ...]:
+    """What ``stat_key`` holds, as a tuple (compared per request: no string to build)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def content_hash(data: bytes) -> str:
     """The content hash of bytes already read (as ``hash_bytes_of`` gives for their file)."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
@@ -154,8 +159,8 @@ class FileHashes:
         #: absolute path -> the content hash ``digest`` last gave for it: what a run's identity and
         #: cache keys hold (the run fingerprints every file when it starts)
         self.fingerprinted: Dict[str, str] = {}
-        #: absolute path -> its stat key when ``digest`` gave that hash (``unchanged_digest``)
-        self.fingerprint_stat: Dict[str, str] = {}
+        #: absolute path -> its ``stat_fields`` when ``digest`` gave that hash (``unchanged_digest``)
+        self.fingerprint_stat: Dict[str, Tuple[int, ...]] = {}
 
     def _memo(self, data_dir: str, variant: str) -> _DirMemo:
         memo = self._dirs.get((data_dir, variant))
@@ -183,7 +188,7 @@ class FileHashes:
         found = memo.known.get((name, key))
         if found is not None:
             self.fingerprinted[full] = found
-            self.fingerprint_stat[full] = key
+            self.fingerprint_stat[full] = stat_fields(st)
             return found
         if self.check is None:
             value = hash_bytes_of(path)
@@ -197,7 +202,7 @@ class FileHashes:
             memo.known[(name, key)] = value
             memo.append(name, key, value)
         self.fingerprinted[full] = value
-        self.fingerprint_stat[full] = key
+        self.fingerprint_stat[full] = stat_fields(st)
         return value
 
 
@@ -275,7 +280,7 @@ def unchanged_digest(path: str) -> Optional[str]:
         st = os.stat(path)
     except OSError:
         return None
-    if stat_key(st) != then:
+    if stat_fields(st) != then:
         return None
     return _memo.fingerprinted.get(full)
 

@@ -229,20 +229,28 @@ class OpenAIAPIInterface(BaseInterface):
         return body
 
     # -- transport -------------------------------------------------------------------
+    def _request_headers(self) -> Dict[str, str]:
+        """The header fields of every request (the credentials never change during a run: made once)."""
+        headers = self.__dict__.get("_headers")
+        if headers is None:
+            headers = {"Content-Type": "application/json", "Accept": "application/json",
+                       "User-Agent": "reform-eval"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
+            elif "userinfo" in self.base_url.secrets:
+                token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
+                headers["Authorization"] = f"Basic {token}"
+            self.__dict__["_headers"] = headers
+        return headers
+
     def _post_once(self, payload: bytes) -> Any:
         """One HTTP attempt, bounded as a whole by ``timeout``; no redirects.
         Raises Retryable for transient failures, ReformError otherwise."""
-        headers = {"Content-Type": "application/json", "Accept": "application/json",
-                   "User-Agent": "reform-eval"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
-        elif "userinfo" in self.base_url.secrets:
-            token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
-        reply = self.endpoint.post(payload, headers)
+        reply = self.endpoint.post(payload, self._request_headers())
         status, raw, resp_headers = reply.status, reply.body, reply.headers
-        if self.served.get("server") is None and resp_headers.get("Server"):
-            self.served["server"] = str(resp_headers.get("Server"))[:100]
+        if "server" not in self.served:  # what the server says it is: its first reply tells
+            found = resp_headers.get("Server")
+            self.served["server"] = str(found)[:100] if found else None
         if 300 <= status < 400:
             location = public_url(resp_headers.get("Location") or "?")
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} redirected "
