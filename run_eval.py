@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from evaluation.boundary import run_cli
 from evaluation.config import RunConfig, build_parser  # noqa: F401  (build_parser: for --help tests)
 from evaluation.engine import evaluate
-from evaluation.execute import die_with_parent  # noqa: F401  (used by DataLoader workers and tests)
+from utils.lifetime import die_with_parent  # noqa: F401  (used by DataLoader workers and tests)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

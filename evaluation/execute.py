@@ -5,11 +5,9 @@ a multi-turn chat runs turn by turn at any batch size, and a chat stays on one r
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -20,10 +18,12 @@ from build import ReformDataset
 from evaluation.cache import ResponseCache
 from evaluation.calls import Runner, save_sample_images  # noqa: F401  (save_sample_images: re-exported)
 from evaluation.plan import Key, RunPlan, dependencies, directory_fingerprint, model_identity, plan_batches, rank_groups
+from evaluation.client_processes import run_window_processes, split_by_group
 from evaluation.window import run_window
 from models import get_model, runs_on_device
 from utils.distributed import DistInfo, barrier, configure_cpu_threads, default_device, sample_sharding
 from utils.errors import Interrupted, ReformError
+from utils.lifetime import die_with_parent
 from utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
 from utils.world import interrupt_of
 
@@ -59,17 +59,6 @@ class _SafeItems:
 def _collate(batch: List[Any]) -> List[Any]:
     """Keep the batch as a list; an ``_ItemError`` is raised by the main process."""
     return list(batch)
-
-
-def die_with_parent(_worker_id: int = 0) -> None:
-    """DataLoader worker init: the worker is killed when the run's process dies (even by -9)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() == 1:  # the parent is already gone
-            os._exit(1)
 
 
 def stop_workers(batches: Any) -> None:
@@ -186,8 +175,17 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     try:
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
-            run_window(runner, lambda i: _checked(dataset[i]), order, {i: deps[i] for i in order}, keys, done,
-                       seen, write, window)
+            processes = min(int(interface.client_processes(len(order))), len(order))
+            if processes > 1:
+                parts = split_by_group(order, lambda i: plan.builder.group_key(plan.samples[i]), processes)
+                bar.reset(total=len(parts[0]))  # (this process's part: the others report at their end)
+                logger.info("the window of %d requests in flight is spread over %d client processes "
+                            "(--model_option client_processes)", window, len(parts))
+                _run_processes(plan, runner, interface, cache, dataset, parts, deps, keys, done, seen, write,
+                               window, writer.path)
+            else:
+                run_window(runner, lambda i: _checked(dataset[i]), order, {i: deps[i] for i in order}, keys, done,
+                           seen, write, window)
         else:
             batches = plan_batches(order, {i: deps[i] for i in order}, keys, set(done), cfg.generation.batch_size)
             # a family that computes nothing from pixels (a baseline) is handed paths, never decoded images
@@ -219,6 +217,47 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         if cache is not None:
             cache.close()
             plan.cache_stats = {k: plan.cache_stats.get(k, 0) + v for k, v in cache.stats().items()}
+
+
+def _run_processes(plan: RunPlan, runner: Runner, interface: Any, cache: Optional[ResponseCache], dataset: Any,
+                   parts: List[List[int]], deps: List[List[Key]], keys: Dict[int, Key], done: set,
+                   seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
+                   window: int, shard_path: str) -> None:
+    """The window over ``len(parts)`` client processes (``evaluation.client_processes``): each
+    child appends to ``<shard>-p<k>.jsonl`` and sends back its counts and what the server said."""
+    tokens_before = plan.timing.get("generated_tokens") or 0
+
+    def child_write(k: int) -> Callable[[List[Dict[str, Any]]], None]:
+        writer = ShardWriter(f"{shard_path[:-len('.jsonl')]}-p{k}.jsonl", plan.run_id)
+
+        def write_child(records: List[Dict[str, Any]]) -> None:
+            writer.write(records)
+            if cache is not None:
+                cache.raise_failure()
+        return write_child
+
+    def report() -> Dict[str, Any]:
+        tokens = plan.timing.get("generated_tokens")
+        return {"cache": cache.stats() if cache is not None else {},
+                "generated_tokens": None if tokens is None else tokens - tokens_before,
+                "served": dict(getattr(interface, "served", None) or {}), "examples": dict(runner.examples)}
+
+    def gather(rep: Dict[str, Any]) -> None:
+        for k, v in (rep.get("cache") or {}).items():
+            plan.cache_stats[k] = plan.cache_stats.get(k, 0) + int(v)
+        if rep.get("generated_tokens") is not None:
+            plan.timing["generated_tokens"] = (plan.timing.get("generated_tokens") or 0) + int(rep["generated_tokens"])
+        served = getattr(interface, "served", None)
+        if isinstance(served, dict):
+            for k, v in (rep.get("served") or {}).items():
+                if served.get(k) is None:
+                    served[k] = v
+        if not runner.examples and rep.get("examples"):
+            runner.examples.update(rep["examples"])
+
+    order = [i for p in parts for i in p]
+    run_window_processes(runner, lambda i: _checked(dataset[i]), parts, {i: deps[i] for i in order}, keys, done,
+                         seen, write, window, child_write, report, gather)
 
 
 def _checked(item: Any) -> Dict[str, Any]:

@@ -88,6 +88,7 @@ class _Schedule:
         self.running = 0
         self.error: Optional[BaseException] = None
         self.stopped = False
+        self.stop: Optional[threading.Event] = None  # set from outside: start nothing more, drain
         for i in order:
             missing = [k for k in deps.get(i, ()) if k not in done]
             if missing:
@@ -101,7 +102,7 @@ class _Schedule:
         """The next ready sample, or None when there is none left to start (or the run stops)."""
         with self.cond:
             while True:
-                if self.error is not None or self.stopped:
+                if self.error is not None or self.stopped or (self.stop is not None and self.stop.is_set()):
                     return None
                 if self.ready:
                     self.running += 1
@@ -135,13 +136,16 @@ class _Schedule:
 def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Sequence[int],
                deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
                seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-               window: int) -> None:
+               window: int, stop: Optional[threading.Event] = None) -> None:
     """Run the samples ``order`` (indices; ``item(i)`` loads one) with up to ``window`` calls in
     flight. A finished record goes to ``seen(record)`` at once (in its worker: history, counts)
     and to ``write(records)`` in batches (one writer thread: the shard). ``done`` (keys already
-    recorded) grows as records finish."""
+    recorded) grows as records finish. Once ``stop`` is set no new sample starts: the calls in
+    flight finish and are recorded, and the run returns (another process of the run failed:
+    ``evaluation.client_processes``)."""
     writer = _Writer(write)
     schedule = _Schedule(order, deps, keys, done, seen, writer)
+    schedule.stop = stop
 
     def work() -> None:
         while True:
@@ -176,7 +180,7 @@ def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Seq
     error = schedule.error or writer.error
     if error is not None:
         raise error
-    if schedule.unmet:
+    if schedule.unmet and not (stop is not None and stop.is_set()):
         i = next(iter(schedule.unmet))
         missing = next(k for k in deps[i] if k not in done)
         raise ReformError(f"sample {keys[i][0]}: history needs the prediction of {missing[0]}, "

@@ -68,6 +68,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence
@@ -104,7 +105,7 @@ class OpenAIAPIInterface(BaseInterface):
 
     option_names = ("base_url", "api_key", "timeout", "max_retries", "max_concurrency", "backoff_base",
                     "backoff_max", "image_format", "extra_body", "adaptive_concurrency", "max_total_tokens",
-                    "prompt_price", "completion_price")
+                    "prompt_price", "completion_price", "client_processes")
     #: options of other families that this client cannot honour: refused, with why
     refused_options = {
         "preprocessor": "the server applies its own chat template to the chat messages",
@@ -145,6 +146,11 @@ class OpenAIAPIInterface(BaseInterface):
         if not isinstance(adaptive, bool):
             raise ReformError(f"--model_option adaptive_concurrency: must be true or false, got {adaptive!r}")
         self.limiter = AdaptiveLimit(self.max_concurrency, adaptive)
+        processes = cfg.get("client_processes", "auto")
+        if processes != "auto" and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
+            raise ReformError(f"--model_option client_processes: must be auto or a whole number >= 1, "
+                              f"got {processes!r}")
+        self.processes = processes
         budget = cfg.get("max_total_tokens")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ReformError(f"--model_option max_total_tokens: must be a whole number >= 1, got {budget!r}")
@@ -429,6 +435,33 @@ class OpenAIAPIInterface(BaseInterface):
 
     def max_in_flight(self) -> int:
         return self.max_concurrency
+
+    def client_processes(self, samples: int) -> int:
+        """``client_processes``; ``auto``: one process per 16 requests in flight, at most one per
+        CPU core this process may use (and 8); one only under a token budget (each process would
+        hold a fixed share of it, and one could stop the run while another's share is unspent),
+        for fewer than 64 samples (a fork costs more than it saves), or when this process runs
+        other threads (a fork copies no thread, and a lock one of them held stays held)."""
+        if self.processes != "auto":
+            return int(self.processes)
+        if self.budget.limit is not None or samples < 64 or threading.active_count() > 1:
+            return 1  # (a process running other threads, a library caller's, is never forked unasked)
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return max(1, min(8, cores, self.max_concurrency // 16))
+
+    def process_share(self, index: int, count: int) -> None:
+        """This process's share of ``max_concurrency`` (the adaptive limit's ceiling) and of the
+        token budget, when ``count`` processes share the run's window."""
+        if count <= 1:
+            return
+        def share(total: int) -> int:
+            return total // count + (1 if index < total % count else 0)
+        self.limiter = AdaptiveLimit(max(1, share(self.max_concurrency)), self.limiter.adaptive)
+        if self.budget.limit is not None:
+            self.budget.limit = max(0, share(self.budget.limit))
 
     def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> "tuple[Any, Any]":
         """One sample's call in the calling thread (a window worker, with its own keep-alive
