@@ -10,8 +10,9 @@ after 10 ms, 10% after 300 ms, as replies of different lengths are). The same N 
   connection, serialising the next request (the image encoded once beforehand) as soon as
   its reply is read, and parsing each reply's JSON;
 * ``run_eval --model openai_api --model_option max_concurrency=C --per_gpu_eval_batch_size 64``
-  (no response cache): requests/s of its inference phase (the run's ``timing.inference_s``),
-  and the whole command's wall and CPU time (start-up, data, scoring included).
+  (no response cache; ``client_processes`` at its default, ``auto``): requests/s of its
+  inference phase (the run's ``timing.inference_s``), and the whole command's wall and CPU time
+  (start-up, data, scoring and its client processes included).
 
 At C = 32 and 128, in both modes; each pair is measured ``--repeats`` times, interleaved, and the
 best of each side is kept (on a shared machine a run can only be slowed, never sped up, by its
@@ -20,7 +21,10 @@ neighbours). Targets (issue 24): ratio >= 0.8 at 32 and >= 0.7 at 128.
 Usage: python bench/api_ceiling.py [--requests 2000] [--concurrency 32 128] [--modes zero varied]
        python bench/api_ceiling.py --smoke      (tiny sizes, seconds)
 Prints: plain_rps=... harness_rps=... ratio=... whole_command_s=... cpu_ms_per_request=... min_ratio_c32=... min_ratio_c128=...
-(the first five for the varied mode at the first concurrency; min_ratio_c<C> over both modes)
+one_process_ratio_zero=...
+(the first five for the varied mode at the first concurrency; min_ratio_c<C> over both modes;
+the last: the zero-latency ratio at the first concurrency with ``client_processes=1``, the
+ceiling of one interpreter lock, which ``client_processes=auto`` lifts)
 """
 from __future__ import annotations
 
@@ -164,10 +168,12 @@ def plain_client(port: int, n: int, concurrency: int) -> float:
     return n / elapsed
 
 
-def harness(url: str, cfg: str, out: str, concurrency: int, n: int) -> Tuple[float, float, float]:
-    """(inference requests/s, whole command s, CPU ms per request) of one cold run_eval."""
+def harness(url: str, cfg: str, out: str, concurrency: int, n: int, processes: str = "auto") -> Tuple[float, float, float]:
+    """(inference requests/s, whole command s, CPU ms per request, its client processes included)
+    of one cold run_eval."""
     argv = [sys.executable, os.path.join(ROOT, "run_eval.py"), "--model", "openai_api", "--model_name", "bench",
             "--model_option", f"base_url={url}", "--model_option", f"max_concurrency={concurrency}",
+            "--model_option", f"client_processes={processes}",
             "--model_option", "max_retries=0", "--per_gpu_eval_batch_size", "64", "--dataset_name", "custom",
             "--formulation", "Generation", "--dataset_config", cfg, "--output_dir", out, "--no_cache",
             "--max_new_tokens", "8"]
@@ -205,6 +211,7 @@ def main(argv: List[str] = None) -> int:
         args.requests, args.concurrency, args.repeats = 60, [4, 8], 1
     n = args.requests
     results: Dict[Tuple[str, int], Dict[str, float]] = {}
+    one_process = float("nan")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = write_dataset(os.path.join(tmp, "data"), n)
         # warm the bytecode and the file-hash memo once, so both clients meet the same machine
@@ -224,6 +231,12 @@ def main(argv: List[str] = None) -> int:
                                           "cpu_ms": cpu_ms}
                     print(f"{mode:6s} c={c:<4d} plain {plain:8.1f} rps  run_eval {rps:8.1f} rps  ratio {rps / plain:.2f}"
                           f"  whole command {whole:.2f} s  {cpu_ms:.2f} CPU ms/request", flush=True)
+                    if mode == "zero" and c == args.concurrency[0]:  # the same, in one client process
+                        one = max(harness(server.url, cfg, os.path.join(tmp, f"{mode}-{c}-one-{rep}"), c, n, "1")[0]
+                                  for rep in range(args.repeats))
+                        one_process = one / plain
+                        print(f"{mode:6s} c={c:<4d} run_eval in one client process {one:8.1f} rps  ratio "
+                              f"{one_process:.2f}", flush=True)
             finally:
                 server.stop()
     head = results.get(("varied", args.concurrency[0])) or results[(args.modes[0], args.concurrency[0])]
@@ -231,8 +244,9 @@ def main(argv: List[str] = None) -> int:
     if args.smoke:  # the keys the docstring names, whatever the smoke concurrencies are
         mins = f"min_ratio_c32={min(r['ratio'] for r in results.values()):.2f} " \
                f"min_ratio_c128={min(r['ratio'] for r in results.values()):.2f}"
+    extra = f" one_process_ratio_zero={one_process:.2f}" if "zero" in args.modes else ""
     print(f"plain_rps={head['plain']:.1f} harness_rps={head['harness']:.1f} ratio={head['ratio']:.2f} "
-          f"whole_command_s={head['whole']:.2f} cpu_ms_per_request={head['cpu_ms']:.2f} {mins}")
+          f"whole_command_s={head['whole']:.2f} cpu_ms_per_request={head['cpu_ms']:.2f} {mins}{extra}")
     return 0
 
 

@@ -148,7 +148,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     cache = open_cache(plan, interface)
     runner = Runner(plan, interface, preprocessor, history, cache)
     show = dinfo.is_main and ((sys.stderr.isatty() and not os.environ.get("CI")) or cfg.output.verbose)
-    bar = tqdm(total=len(order), disable=not show, desc=f"{cfg.dataset.name}", unit="sample", leave=False)
+    bar = _Bar(total=len(order), disable=not show, desc=f"{cfg.dataset.name}", unit="sample", leave=False)
     writer = ShardWriter(os.path.join(plan.shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), plan.run_id)
     keys = {i: plan.key(plan.samples[i]) for i in order}
 
@@ -258,6 +258,14 @@ def _run_processes(plan: RunPlan, runner: Runner, interface: Any, cache: Optiona
     order = [i for p in parts for i in p]
     run_window_processes(runner, lambda i: _checked(dataset[i]), parts, {i: deps[i] for i in order}, keys, done,
                          seen, write, window, child_write, report, gather)
+
+
+class _Bar(tqdm):
+    """The run's progress bar, without tqdm's monitor thread (it only re-tunes a bar's update
+    interval): a run whose process runs no other thread may fork its client processes
+    (``evaluation.client_processes``)."""
+
+    monitor_interval = 0
 
 
 def _checked(item: Any) -> Dict[str, Any]:
