@@ -23,8 +23,8 @@ Usage: python bench/api_ceiling.py [--requests 2000] [--concurrency 32 128] [--m
 Prints: plain_rps=... harness_rps=... ratio=... whole_command_s=... cpu_ms_per_request=... min_ratio_c32=... min_ratio_c128=...
 one_process_ratio_zero=...
 (the first five for the varied mode at the first concurrency; min_ratio_c<C> over both modes;
-the last: the zero-latency ratio at the first concurrency with ``client_processes=1``, the
-ceiling of one interpreter lock, which ``client_processes=auto`` lifts)
+the last: the zero-latency ratio at the first concurrency in one client process, the ceiling
+of one interpreter lock, which the default client processes lift)
 """
 from __future__ import annotations
 
