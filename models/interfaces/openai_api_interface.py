@@ -59,7 +59,8 @@ Settings (config key, then environment variable, then default):
 ``max_new_tokens`` (256), ``image_format`` (PNG, JPEG/JPG, WEBP), ``system_msg`` (for the
 preprocessor), ``extra_body`` (dict merged into every request), ``max_total_tokens`` (budget of
 prompt + completion tokens for this process), ``prompt_price`` / ``completion_price`` (per
-million tokens: the results' cost, ``utils.usage.usage_totals``).
+million tokens: the results' cost, ``utils.usage.usage_totals``), ``client_processes`` (``auto``:
+the run's window spread over forked client processes, ``evaluation.client_processes``).
 """
 from __future__ import annotations
 
