@@ -50,6 +50,19 @@ def _files(out) -> List[str]:
     return sorted(f for f in os.listdir(out) if f.startswith("custom_") and f.count(".") == 1)
 
 
+def _started_midway(serve, out, tmp_path):  # noqa: F811
+    """(server, out, argv, process) of a 200-sample run in two client processes, 40 answered."""
+    server = serve(lambda body, n: (0.1, 200, {}, ok_body()))
+    argv = args(server, dataset(tmp_path, 200), out, "--model_option", "max_concurrency=8",
+                "--model_option", "client_processes=2")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(server.answered) < 40 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    return server, out, argv, proc
+
+
 def test_split_keeps_groups_whole_and_shares_differ_by_one():
     order = [0, 1, 2, 3, 4, 5, 6]
     group = {0: "a", 1: "a", 2: "b", 3: "c", 4: "b", 5: "d", 6: "a"}
@@ -101,15 +114,7 @@ def test_two_processes_record_what_one_records(serve, tmp_path):  # noqa: F811
 
 
 def test_kill_9_of_the_run_leaves_no_process_and_loses_only_calls_in_flight(serve, tmp_path):  # noqa: F811
-    server = serve(lambda body, n: (0.1, 200, {}, ok_body()))
-    cfg = dataset(tmp_path, 200)
-    out = tmp_path / "killed"
-    argv = args(server, cfg, out, "--model_option", "max_concurrency=8", "--model_option", "client_processes=2")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while len(server.answered) < 40 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
+    server, out, argv, proc = _started_midway(serve, tmp_path / "killed", tmp_path)
     assert len(_alive_with(str(out))) == 2, "the run did not fork its client process"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -143,15 +148,7 @@ def test_a_failing_process_stops_the_others_and_no_answer_is_lost(serve, tmp_pat
 
 
 def test_sigterm_stops_every_process_in_one_line_and_the_run_resumes(serve, tmp_path):  # noqa: F811
-    server = serve(lambda body, n: (0.1, 200, {}, ok_body()))
-    cfg = dataset(tmp_path, 200)
-    out = tmp_path / "out"
-    argv = args(server, cfg, out, "--model_option", "max_concurrency=8", "--model_option", "client_processes=2")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(server.answered) < 40 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
+    server, out, argv, proc = _started_midway(serve, tmp_path / "out", tmp_path)
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130, err
