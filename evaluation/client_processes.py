@@ -123,12 +123,26 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
         first = min(failed, key=lambda c: c.message.get("at", float("inf")))
         if first.message.get("interrupted"):
             raise KeyboardInterrupt
-        message = first.message.get("error") or \
-            f"client process {first.index} of {len(parts)} ended without a report (exit status {first.status})"
+        message = first.message.get("error")
+        if message is None:  # no message: killed (the out-of-memory killer), a condition of the world
+            raise ReformError(f"client process {first.index} of {len(parts)} died ({_death(first.status)}); "
+                              "the samples saved so far are kept and re-running the same command resumes "
+                              "(--model_option client_processes=1 runs the window in this process)")
         error = _ERRORS.get(first.message.get("kind"), ReformError)(message)
-        if first.message.get("kind") == "internal" or first.message.get("kind") is None:
-            error.exit_code = 1  # a defect (or a child killed by a signal), not bad input
+        if first.message.get("kind") == "internal":
+            error.exit_code = 1  # a defect of ours, not bad input
         raise error
+
+
+def _death(status: Optional[int]) -> str:
+    """How a child ended, from its exit status (negative: the signal that killed it)."""
+    if status is not None and status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"{name}: killed, most often by the out-of-memory killer" if name == "SIGKILL" else name
+    return f"exit status {status} without a report"
 
 
 def _signal(children: List[_Child], sig: int) -> None:

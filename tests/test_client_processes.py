@@ -159,3 +159,19 @@ def test_sigterm_stops_every_process_in_one_line_and_the_run_resumes(serve, tmp_
     assert not _alive_with(str(out))
     assert _run(argv).returncode == 0
     assert len(saved(out)) == 200
+
+
+def test_a_client_process_killed_for_memory_is_one_line_and_the_run_resumes(serve, tmp_path):  # noqa: F811
+    server, out, argv, proc = _started_midway(serve, tmp_path / "out", tmp_path)
+    child = [pid for pid in _alive_with(str(out)) if pid != proc.pid]
+    assert len(child) == 1, child
+    os.kill(child[0], signal.SIGKILL)  # as the out-of-memory killer does
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "client process 1 of 2 died (SIGKILL: killed, most often by the out-of-memory " \
+        "killer)" in lines[0] and "resumes" in lines[0], err
+    answered, kept = len(server.answered), len(saved(out))
+    assert answered - 8 <= kept <= answered  # the killed process's calls in flight, at most
+    assert _run(argv).returncode == 0
+    assert len(saved(out)) == 200
