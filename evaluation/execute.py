@@ -176,8 +176,9 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
             processes = min(int(interface.client_processes(len(order))), len(order))
-            if processes > 1:
-                parts = split_by_group(order, lambda i: plan.builder.group_key(plan.samples[i]), processes)
+            parts = split_by_group(order, lambda i: plan.builder.group_key(plan.samples[i]), processes) \
+                if processes > 1 else [order]
+            if len(parts) > 1:
                 bar.reset(total=len(parts[0]))  # (this process's part: the others report at their end)
                 logger.info("the window of %d requests in flight is spread over %d client processes "
                             "(--model_option client_processes)", window, len(parts))

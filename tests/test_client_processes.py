@@ -175,3 +175,11 @@ def test_a_client_process_killed_for_memory_is_one_line_and_the_run_resumes(serv
     assert answered - 8 <= kept <= answered  # the killed process's calls in flight, at most
     assert _run(argv).returncode == 0
     assert len(saved(out)) == 200
+
+
+def test_auto_shares_the_cores_among_the_ranks_of_a_node(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    iface = OpenAIAPIInterface({"model_name": "m", "base_url": "http://127.0.0.1:9/v1", "max_concurrency": 128})
+    assert iface.client_processes(1000) == 2

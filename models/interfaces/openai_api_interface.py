@@ -439,7 +439,7 @@ class OpenAIAPIInterface(BaseInterface):
 
     def client_processes(self, samples: int) -> int:
         """``client_processes``; ``auto``: one process per 16 requests in flight, at most one per
-        CPU core this process may use (and 8); one only under a token budget (each process would
+        CPU core this process may use (shared among torchrun's ranks on the node) and 8; one only under a token budget (each process would
         hold a fixed share of it, and one could stop the run while another's share is unspent),
         for fewer than 64 samples (a fork costs more than it saves), or when this process runs
         other threads (a fork copies no thread, and a lock one of them held stays held)."""
@@ -451,6 +451,8 @@ class OpenAIAPIInterface(BaseInterface):
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
+        ranks_here = os.environ.get("LOCAL_WORLD_SIZE", "1")  # torchrun's ranks on this node share its cores
+        cores //= max(1, int(ranks_here)) if ranks_here.isdigit() else 1
         return max(1, min(8, cores, self.max_concurrency // 16))
 
     def process_share(self, index: int, count: int) -> None:
