@@ -24,6 +24,7 @@ shard file, as it reads a rank's. What stays true (docs/reliability.md):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from evaluation.calls import Runner
 from evaluation.plan import Key
@@ -41,6 +42,7 @@ from evaluation.window import run_window
 from utils.errors import BudgetExhausted, ReformError
 from utils.lifetime import die_with_parent
 from utils.secrets import redact_text
+from utils.world import interrupt_of, world_error
 
 #: how long the run waits for its children to stop after an interrupt before killing them
 STOP_WAIT_S = 10.0
@@ -69,6 +71,7 @@ class _Child:
         self.index, self.pid, self.fd = index, pid, fd
         self.message: Dict[str, Any] = {}
         self.status: Optional[int] = None  # exit status, once reaped (by the watcher only)
+        self.counted = False  # its keys are in the parent's ``done``
 
 
 #: the errors a child's message can carry back as themselves (the boundary names each its way)
@@ -92,7 +95,7 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
     windows = shares(max(window, len(parts)), len(parts))
     children: List[_Child] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(children, stop), name="client-processes", daemon=True)
+    watcher = _Watcher(children, stop)
     try:
         for k in range(1, len(parts)):
             read_fd, write_fd = os.pipe()
@@ -106,15 +109,16 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
         watcher.start()
         runner.interface.process_share(0, len(parts))
         run_window(runner, item, parts[0], deps, keys, done, seen, write, windows[0], stop=stop)
+        _finish(children, watcher, None, done)  # (an interrupt while waiting is one like any other)
     except BaseException as e:
         stop.set()
-        # an interrupt stops every process at once; this process's own failure lets the others
-        # record their calls in flight first
-        interrupted = not isinstance(e, ReformError)
+        # an interrupt stops every process at once; any other failure of this process (its
+        # call failed for good, its disk is full) lets the others record their calls in flight
+        interrupted = isinstance(e, KeyboardInterrupt) or interrupt_of(e) is not None
         _signal(children, signal.SIGTERM if interrupted else signal.SIGUSR1)
-        _finish(children, watcher, STOP_WAIT_S if interrupted else None, done)
+        with _signals_held():  # a second Ctrl-C must not cut the count of what is saved
+            _finish(children, watcher, STOP_WAIT_S if interrupted else None, done)
         raise
-    _finish(children, watcher, None, done)
     for c in children:
         if "report" in c.message:
             gather(c.message["report"])
@@ -145,6 +149,21 @@ def _death(status: Optional[int]) -> str:
     return f"exit status {status} without a report"
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored while the block runs (the run is already stopping; the wait
+    is bounded): their handlers are put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def _signal(children: List[_Child], sig: int) -> None:
     for c in children:
         if c.status is None:
@@ -154,21 +173,38 @@ def _signal(children: List[_Child], sig: int) -> None:
                 pass
 
 
-def _finish(children: List[_Child], watcher: threading.Thread, limit: Optional[float], done: set) -> None:
+class _Watcher(threading.Thread):
+    """The thread that reaps the children (``_watch``); ``finished`` is set when all are reaped.
+    (The main thread waits on that event, not on ``join``: in Python 3.11 a ``join`` cut by
+    Ctrl-C marks the live thread as stopped, and a second ``join`` then returns at once.)"""
+
+    def __init__(self, children: List[_Child], stop: threading.Event) -> None:
+        super().__init__(name="client-processes", daemon=True)
+        self.children, self.stop_event, self.finished = children, stop, threading.Event()
+
+    def run(self) -> None:
+        try:
+            _watch(self.children, self.stop_event)
+        finally:
+            self.finished.set()
+
+
+def _finish(children: List[_Child], watcher: _Watcher, limit: Optional[float], done: set) -> None:
     """Wait until the watcher has reaped every child (past ``limit`` seconds, kill what is left);
     the keys the children recorded join ``done``."""
-    if watcher.is_alive() or watcher.ident is not None:
-        watcher.join(limit)
-        if watcher.is_alive():
+    if watcher.ident is not None:
+        if not watcher.finished.wait(limit):
             _signal(children, signal.SIGKILL)
-            watcher.join()
+            watcher.finished.wait()
     else:  # the watcher never started (a fork failed): reap here
         for c in children:
             os.close(c.fd)
             os.kill(c.pid, signal.SIGKILL)
             c.status = os.waitstatus_to_exitcode(os.waitpid(c.pid, 0)[1])
     for c in children:
-        done.update(tuple(k) for k in c.message.get("keys") or ())
+        if not c.counted:
+            c.counted = True
+            done.update(tuple(k) for k in c.message.get("keys") or ())
 
 
 def _watch(children: List[_Child], stop: threading.Event) -> None:
@@ -209,6 +245,8 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
         stop = threading.Event()
 
         def interrupt(signum: int, frame: Any) -> None:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # one interrupt stops the child; more would
+                signal.signal(sig, signal.SIG_IGN)  # cut its message short
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGINT, interrupt)
@@ -223,17 +261,22 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
         try:
             run_window(runner, item, part, deps, keys, done, seen, counted, window, stop=stop)
             code, message = 0, {"report": report()}
-        except KeyboardInterrupt:
-            code, message = 130, {"interrupted": True, "error": "interrupted"}
         except ReformError as e:
             code, message = 2, {"error": str(e), "kind": type(e).__name__}
         except BaseException as e:  # noqa: BLE001 - the child's one way out is its message
-            code, message = 1, {"error": f"internal error in client process {index} of {count}: "
-                                         f"{type(e).__name__}: {e}", "kind": "internal"}
-            handler = log_file_handler()
-            if handler is not None:  # the traceback to log.txt, as the boundary does for the parent
-                handler.emit(logging.LogRecord("client_processes", logging.ERROR, __file__, 0,
-                                               redact_text(traceback.format_exc()), None, None))
+            condition = None if isinstance(e, KeyboardInterrupt) else world_error(e)
+            if isinstance(e, KeyboardInterrupt) or interrupt_of(e) is not None:
+                code, message = 130, {"interrupted": True, "error": "interrupted"}
+            elif condition is not None:  # the world's condition (a full disk): its one line, as the boundary says it
+                code, message = 2, {"error": str(condition), "kind": "ReformError"}
+            else:
+                code, message = 1, {"error": f"internal error in client process {index} of {count}: "
+                                             f"{type(e).__name__}: {e}", "kind": "internal"}
+                handler = log_file_handler()
+                if handler is not None:  # the traceback to log.txt, as the boundary does for the parent
+                    handler.emit(logging.LogRecord("client_processes", logging.ERROR, __file__, 0,
+                                                   redact_text(traceback.format_exc()), None, None))
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
         if message.get("error"):
             message["at"] = time.monotonic()  # (one clock for all processes: the first error wins)
         message["keys"] = saved

@@ -175,7 +175,8 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     try:
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
-            processes = min(int(interface.client_processes(len(order))), len(order))
+            # (never more processes than calls in flight: each holds at least one)
+            processes = min(int(interface.client_processes(len(order))), len(order), window)
             parts = split_by_group(order, lambda i: plan.builder.group_key(plan.samples[i]), processes) \
                 if processes > 1 else [order]
             if len(parts) > 1:

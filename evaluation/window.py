@@ -62,11 +62,12 @@ class _Writer:
                     break
             end = None in batch
             records = [r for r in batch if r is not None]
-            if records and self.error is None:
+            if records:  # (also after an error: the calls in flight are answered and paid for)
                 try:
                     self.write(records)
                 except BaseException as e:  # noqa: BLE001 - a full disk: the run's error, raised at the end
-                    self.error = e
+                    if self.error is None:
+                        self.error = e
             if end:
                 return
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,3 +184,172 @@ def test_auto_shares_the_cores_among_the_ranks_of_a_node(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     iface = OpenAIAPIInterface({"model_name": "m", "base_url": "http://127.0.0.1:9/v1", "max_concurrency": 128})
     assert iface.client_processes(1000) == 2
+
+
+# -- reproducers of the adversarial review of client processes (each failed before its fix) --
+#: run_eval with the response cache's disk full, in the parent only or in client process 1 only
+_FULL_CACHE = '''
+import errno, os, sys
+sys.path.insert(0, {root!r})
+import evaluation.cache as cache_module
+import evaluation.client_processes as cp
+import run_eval
+
+class FullDiskOS:
+    writes = 0
+    def __getattr__(self, name):
+        return getattr(os, name)
+    def write(self, fd, data):
+        FullDiskOS.writes += 1
+        if FullDiskOS.writes <= {room}:
+            return os.write(fd, data)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+original = cp._child
+def child(index, *a, **k):
+    cache_module.os = FullDiskOS() if {where!r} == "child" else os
+    return original(index, *a, **k)
+cp._child = child
+if {where!r} == "parent":
+    cache_module.os = FullDiskOS()
+sys.exit(run_eval.main(sys.argv[1:]))
+'''
+
+
+def _with_full_cache(tmp_path, where: str, room: int, argv):
+    script = tmp_path / "full_cache.py"
+    script.write_text(_FULL_CACHE.format(root=ROOT, where=where, room=room))
+    env = dict(os.environ)
+    env.pop("REFORM_NO_CACHE", None)
+    return subprocess.run([sys.executable, str(script), *argv, "--cache_dir", str(tmp_path / "cache")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def _odd(sample: str) -> bool:
+    """Part 1 (the child) holds the odd samples: group j goes to part j mod 2."""
+    return int(sample) % 2 == 1
+
+
+def test_resume_under_a_token_budget_with_two_processes_uses_what_is_left(serve, tmp_path):  # noqa: F811
+    """Review reproducer: it was that ``process_share`` halves ``budget.limit`` but each process keeps the WHOLE spend of
+    the answers saved earlier (``charge_recorded`` ran before the fork), so each process holds
+    used=2415 against a share of 3000 and the run stops at once, though 3585 of 6000 tokens are
+    left and the 17 samples to go need about 1800. One process completes the same resume."""
+    usage = {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105}
+    server = serve(lambda body, n: (0.01, 200, {}, ok_body("red", usage)))
+    cfg = dataset(tmp_path, 40)
+    out = tmp_path / "out"
+    argv = args(server, cfg, out, "--model_option", "max_concurrency=4", "--model_option", "max_total_tokens=3000",
+                "--model_option", "client_processes=1")
+    first = _run(argv)
+    assert first.returncode == 2 and "token budget" in first.stderr, first.stderr
+    kept = len(saved(out))
+    assert 15 <= kept < 40
+    argv[argv.index("max_total_tokens=3000")] = "max_total_tokens=6000"
+    argv[argv.index("client_processes=1")] = "client_processes=2"
+    again = _run(argv)
+    assert again.returncode == 0, again.stderr
+    assert len(saved(out)) == 40
+
+
+def test_an_interrupt_after_the_parents_part_is_done_counts_every_process(serve, tmp_path):  # noqa: F811
+    """Review reproducer: it was that once the parent's own part is done it waits for its children in ``_finish``
+    OUTSIDE the try block of ``run_window_processes``; Ctrl-C (or SIGTERM) there skips the
+    collection of the children's keys, so the line says "50 of 100 samples are saved" while 62
+    are (the child's 12 are not counted). The line is what the user reads to judge the run."""
+    server = serve(lambda body, n: (0.2 if _odd(question_of(body)) else 0.0, 200, {}, ok_body()))
+    cfg = dataset(tmp_path, 100)
+    out = tmp_path / "out"
+    argv = args(server, cfg, out, "--model_option", "max_concurrency=8", "--model_option", "client_processes=2")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and (
+            sum(not _odd(a) for a in server.answered) < 50 or sum(_odd(a) for a in server.answered) < 12):
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the signal"
+    time.sleep(0.1)  # (the parent's last records are written: it now waits for its child)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole process group
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, err
+    found = re.search(r"(\d+) of 100 samples are saved", err)
+    assert found, err
+    assert int(found.group(1)) == len(saved(out)), err
+
+
+def test_a_full_cache_disk_in_a_client_process_is_the_worlds_one_line(serve, tmp_path):  # noqa: F811
+    """Review reproducer: it was that the child classifies its own failures by type only; an OSError (the response
+    cache's full disk) becomes "internal error in client process 1 of 2: OSError: ..." with exit
+    1 (a defect of ours), while the same full disk in one process is the world's one line naming
+    the file and --cache_dir, exit 2 (utils.world.world_error; tests/test_world.py)."""
+    server = serve(lambda body, n: (0.01, 200, {}, ok_body()))
+    cfg = dataset(tmp_path, 100)
+    done = _with_full_cache(tmp_path, "child", 0, args(server, cfg, tmp_path / "out", "--model_option",
+                                                       "max_concurrency=8", "--model_option", "client_processes=2"))
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "internal error" not in lines[0] and "No space left on device" in lines[0] and "--cache_dir" in lines[0], \
+        lines[0]
+
+
+def test_the_parents_full_disk_lets_the_children_record_their_calls_in_flight(serve, tmp_path):  # noqa: F811
+    """Review reproducer: it was that ``run_window_processes`` takes every failure of the parent that is not a
+    ReformError for an interrupt (``interrupted = not isinstance(e, ReformError)``): a full cache
+    disk (OSError) SIGTERMs the children, which drop their calls in flight, answered and paid
+    for (docs/reliability.md: "a failing process stops the others after their calls in flight
+    are recorded"; "No paid reply is thrown away"). Here the child's 4 requests are sent and
+    answered by the server; none is recorded."""
+    server = serve(lambda body, n: (0.3 if _odd(question_of(body)) else 0.0, 200, {}, ok_body()))
+    cfg = dataset(tmp_path, 100)
+    out = tmp_path / "out"
+    done = _with_full_cache(tmp_path, "parent", 6, args(server, cfg, out, "--model_option", "max_concurrency=8",
+                                                        "--model_option", "client_processes=2"))
+    assert done.returncode == 2 and "No space left on device" in done.stderr, done.stderr
+    time.sleep(0.5)  # (the server's replies to the child are all sent)
+    sent = sum(_odd(question_of(b)) for b in server.bodies)
+    recorded = sum(_odd(r["sample_id"][1:]) for r in saved(out))
+    assert sent >= 1
+    assert recorded == sent, (recorded, sent)
+
+
+def test_more_client_processes_than_max_concurrency_never_pass_it(serve, tmp_path):  # noqa: F811
+    """Review reproducer: it was that ``process_share`` gives every process at least one call in flight
+    (``max(1, share)``) and ``run_rank`` takes ``client_processes`` as asked, so
+    ``max_concurrency=2`` with ``client_processes=4`` has 4 requests in flight at the server.
+    ``max_concurrency`` is the limit a user sets for a rate-limited endpoint; the number of
+    processes is placement and must never raise it (cap the processes at ``max_in_flight``)."""
+    state = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+
+    def respond(body, n):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.1)
+        with lock:
+            state["now"] -= 1
+        return (0.0, 200, {}, ok_body())
+    server = serve(respond)
+    cfg = dataset(tmp_path, 40)
+    done = _run(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=2",
+                     "--model_option", "client_processes=4"))
+    assert done.returncode == 0, done.stderr
+    assert len(saved(tmp_path / "out")) == 40
+    assert state["peak"] <= 2, state
+
+
+def test_after_a_full_cache_disk_the_calls_in_flight_are_still_saved_in_the_shard(serve, tmp_path):  # noqa: F811
+    """Review reproducer (older than client processes, in ``evaluation.window._Writer``): it was that once a write
+    raised (the response cache's full disk, raised by ``cache.raise_failure`` AFTER the shard
+    write succeeded), the writer drops every later batch (``if records and self.error is
+    None``), so the calls in flight, answered and paid for, never reach the shard although the
+    shard's disk is fine (docs/reliability.md: "No paid reply is thrown away"). One process."""
+    server = serve(lambda body, n: (0.05, 200, {}, ok_body()))
+    cfg = dataset(tmp_path, 100)
+    out = tmp_path / "out"
+    done = _with_full_cache(tmp_path, "parent", 3, args(server, cfg, out, "--model_option", "max_concurrency=8",
+                                                        "--model_option", "client_processes=1"))
+    assert done.returncode == 2 and "No space left on device" in done.stderr, done.stderr
+    time.sleep(0.3)
+    assert len(saved(out)) == len(server.answered), (len(saved(out)), len(server.answered))

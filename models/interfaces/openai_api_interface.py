@@ -255,9 +255,10 @@ class OpenAIAPIInterface(BaseInterface):
         Raises Retryable for transient failures, ReformError otherwise."""
         reply = self.endpoint.post(payload, self._request_headers())
         status, raw, resp_headers = reply.status, reply.body, reply.headers
-        if "server" not in self.served:  # what the server says it is: its first reply tells
+        if self.served.get("server") is None:  # what the server says it is (the first reply that says)
             found = resp_headers.get("Server")
-            self.served["server"] = str(found)[:100] if found else None
+            if found:
+                self.served["server"] = str(found)[:100]
         if 300 <= status < 400:
             location = public_url(resp_headers.get("Location") or "?")
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} redirected "
@@ -463,8 +464,7 @@ class OpenAIAPIInterface(BaseInterface):
         def share(total: int) -> int:
             return total // count + (1 if index < total % count else 0)
         self.limiter = AdaptiveLimit(max(1, share(self.max_concurrency)), self.limiter.adaptive)
-        if self.budget.limit is not None:
-            self.budget.limit = max(0, share(self.budget.limit))
+        self.budget.take_share(index, count)
 
     def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> "tuple[Any, Any]":
         """One sample's call in the calling thread (a window worker, with its own keep-alive
