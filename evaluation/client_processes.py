@@ -24,7 +24,6 @@ shard file, as it reads a rank's. What stays true (docs/reliability.md):
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from evaluation.calls import Runner
 from evaluation.plan import Key
@@ -42,7 +41,7 @@ from evaluation.window import run_window
 from utils.errors import BudgetExhausted, ReformError
 from utils.lifetime import die_with_parent
 from utils.secrets import redact_text
-from utils.world import interrupt_of, world_error
+from utils.world import interrupt_of, interrupts_held, note_signal, world_error
 
 #: how long the run waits for its children to stop after an interrupt before killing them
 STOP_WAIT_S = 10.0
@@ -81,16 +80,18 @@ _ERRORS = {cls.__name__: cls for cls in (ReformError, BudgetExhausted)}
 def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], parts: List[List[int]],
                          deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
                          seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-                         window: int, child_write: Callable[[int], Callable[[List[Dict[str, Any]]], None]],
-                         report: Callable[[], Dict[str, Any]],
+                         after_write: Optional[Callable[[], None]], window: int,
+                         child_write: Callable[[int], Callable[[List[Dict[str, Any]]], None]],
+                         saved_by: Callable[[int], List[Key]], report: Callable[[], Dict[str, Any]],
                          gather: Callable[[Dict[str, Any]], None]) -> None:
     """``run_window`` over one process per part (``split_by_group``): this one runs
-    ``parts[0]``, a forked child each other part. ``done`` gets the keys every process recorded.
-    ``child_write(k)`` makes child k's writer (its own shard file), ``report()`` is what a child
-    sends back when its part is done (counts, what the server said) and ``gather(report)`` takes
-    it in, in the parent."""
+    ``parts[0]``, a forked child each other part. ``done`` gets the keys every process saved.
+    ``child_write(k)`` makes child k's writer (its own shard file) and ``saved_by(k)`` reads the
+    keys that file holds; ``report()`` is what a child sends back when its part is done
+    (counts, what the server said) and ``gather(report)`` takes it in, in the parent."""
     if len(parts) <= 1:
-        run_window(runner, item, parts[0] if parts else [], deps, keys, done, seen, write, window)
+        run_window(runner, item, parts[0] if parts else [], deps, keys, done, seen, write, window,
+                   after_write=after_write)
         return
     windows = shares(max(window, len(parts)), len(parts))
     children: List[_Child] = []
@@ -103,21 +104,29 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
             if pid == 0:  # the child: never returns
                 os.close(read_fd)
                 _child(k, len(parts), write_fd, runner, item, parts[k], deps, keys, done, seen, child_write(k),
-                       windows[k], report)
+                       after_write, windows[k], report)
             os.close(write_fd)
             children.append(_Child(k, pid, read_fd))
         watcher.start()
         runner.interface.process_share(0, len(parts))
-        run_window(runner, item, parts[0], deps, keys, done, seen, write, windows[0], stop=stop)
-        _finish(children, watcher, None, done)  # (an interrupt while waiting is one like any other)
+        run_window(runner, item, parts[0], deps, keys, done, seen, write, windows[0], stop=stop,
+                   after_write=after_write)
+        _finish(children, watcher, None, done, saved_by)  # (an interrupt while waiting is one like any other)
     except BaseException as e:
         stop.set()
-        # an interrupt stops every process at once; any other failure of this process (its
-        # call failed for good, its disk is full) lets the others record their calls in flight
-        interrupted = isinstance(e, KeyboardInterrupt) or interrupt_of(e) is not None
-        _signal(children, signal.SIGTERM if interrupted else signal.SIGUSR1)
-        with _signals_held():  # a second Ctrl-C must not cut the count of what is saved
-            _finish(children, watcher, STOP_WAIT_S if interrupted else None, done)
+        if not _is_interrupt(e):
+            # this process failed (a call refused for good, a full disk): the others record
+            # their calls in flight first; an interrupt during that wait stops them at once
+            _signal(children, signal.SIGUSR1)
+            try:
+                _finish(children, watcher, None, done, saved_by)
+            except BaseException as again:  # noqa: BLE001
+                if not _is_interrupt(again):
+                    raise
+                _stop_now(children, watcher, done, saved_by)
+                raise again from None
+            raise
+        _stop_now(children, watcher, done, saved_by)
         raise
     for c in children:
         if "report" in c.message:
@@ -126,6 +135,8 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
     if failed:
         first = min(failed, key=lambda c: c.message.get("at", float("inf")))
         if first.message.get("interrupted"):
+            if first.message.get("signal"):  # (the one line names the signal a child was stopped by)
+                note_signal(int(first.message["signal"]))
             raise KeyboardInterrupt
         message = first.message.get("error")
         if message is None:  # no message: killed (the out-of-memory killer), a condition of the world
@@ -149,19 +160,16 @@ def _death(status: Optional[int]) -> str:
     return f"exit status {status} without a report"
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM ignored while the block runs (the run is already stopping; the wait
-    is bounded): their handlers are put back after it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+def _is_interrupt(e: BaseException) -> bool:
+    return isinstance(e, KeyboardInterrupt) or interrupt_of(e) is not None
+
+
+def _stop_now(children: List[_Child], watcher: "_Watcher", done: set, saved_by: Callable[[int], List[Key]]) -> None:
+    """An interrupt: every child is stopped at once (SIGTERM; SIGKILL past ``STOP_WAIT_S``),
+    and what each saved is counted; further Ctrl-C meanwhile is noted, not raised."""
+    _signal(children, signal.SIGTERM)
+    with interrupts_held():
+        _finish(children, watcher, STOP_WAIT_S, done, saved_by)
 
 
 def _signal(children: List[_Child], sig: int) -> None:
@@ -189,9 +197,11 @@ class _Watcher(threading.Thread):
             self.finished.set()
 
 
-def _finish(children: List[_Child], watcher: _Watcher, limit: Optional[float], done: set) -> None:
+def _finish(children: List[_Child], watcher: _Watcher, limit: Optional[float], done: set,
+            saved_by: Callable[[int], List[Key]]) -> None:
     """Wait until the watcher has reaped every child (past ``limit`` seconds, kill what is left);
-    the keys the children recorded join ``done``."""
+    the keys each child's shard file holds join ``done`` (read from the file: a child killed
+    before it could report saved what its file holds)."""
     if watcher.ident is not None:
         if not watcher.finished.wait(limit):
             _signal(children, signal.SIGKILL)
@@ -204,7 +214,7 @@ def _finish(children: List[_Child], watcher: _Watcher, limit: Optional[float], d
     for c in children:
         if not c.counted:
             c.counted = True
-            done.update(tuple(k) for k in c.message.get("keys") or ())
+            done.update(saved_by(c.index))
 
 
 def _watch(children: List[_Child], stop: threading.Event) -> None:
@@ -235,38 +245,36 @@ def _watch(children: List[_Child], stop: threading.Event) -> None:
 def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int], Dict[str, Any]],
            part: List[int], deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
            seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-           window: int, report: Callable[[], Dict[str, Any]]) -> None:
-    """Child ``index``: run its part, send one JSON message (its report or its error, and the
-    keys it recorded) through ``fd`` and exit without running anything of the parent's."""
+           after_write: Optional[Callable[[], None]], window: int, report: Callable[[], Dict[str, Any]]) -> None:
+    """Child ``index``: run its part, send one JSON message (its report or its error) through
+    ``fd`` and exit without running anything of the parent's."""
     code, message = 1, {}
-    saved: List[Key] = []
+    stopped_by: List[int] = []
     try:
         die_with_parent()
         stop = threading.Event()
 
         def interrupt(signum: int, frame: Any) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):  # one interrupt stops the child; more would
-                signal.signal(sig, signal.SIG_IGN)  # cut its message short
+                signal.signal(sig, signal.SIG_IGN)  # cut its writing short
+            stopped_by.append(signum)
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGINT, interrupt)
         signal.signal(signal.SIGTERM, interrupt)
         signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
 
-        def counted(records: List[Dict[str, Any]]) -> None:
-            write(records)
-            saved.extend((r["sample_id"], r["dup_index"]) for r in records)
-
         runner.interface.process_share(index, count)
         try:
-            run_window(runner, item, part, deps, keys, done, seen, counted, window, stop=stop)
+            run_window(runner, item, part, deps, keys, done, seen, write, window, stop=stop, after_write=after_write)
             code, message = 0, {"report": report()}
         except ReformError as e:
             code, message = 2, {"error": str(e), "kind": type(e).__name__}
         except BaseException as e:  # noqa: BLE001 - the child's one way out is its message
             condition = None if isinstance(e, KeyboardInterrupt) else world_error(e)
-            if isinstance(e, KeyboardInterrupt) or interrupt_of(e) is not None:
-                code, message = 130, {"interrupted": True, "error": "interrupted"}
+            if _is_interrupt(e):
+                code, message = 130, {"interrupted": True, "error": "interrupted",
+                                      "signal": stopped_by[0] if stopped_by else None}
             elif condition is not None:  # the world's condition (a full disk): its one line, as the boundary says it
                 code, message = 2, {"error": str(condition), "kind": "ReformError"}
             else:
@@ -279,7 +287,6 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
         if message.get("error"):
             message["at"] = time.monotonic()  # (one clock for all processes: the first error wins)
-        message["keys"] = saved
         data = json.dumps(message, default=str).encode("utf-8")
         view = memoryview(data)
         while view:

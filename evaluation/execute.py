@@ -24,7 +24,7 @@ from models import get_model, runs_on_device
 from utils.distributed import DistInfo, barrier, configure_cpu_threads, default_device, sample_sharding
 from utils.errors import Interrupted, ReformError
 from utils.lifetime import die_with_parent
-from utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
+from utils.predictions import ShardWriter, read_shard_dir, shard_keys, trim_torn_line
 from utils.world import interrupt_of
 
 logger = logging.getLogger("evaluation.execute")
@@ -160,12 +160,15 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
 
     def write(records: List[Dict[str, Any]]) -> None:
         writer.write(records)
+        bar.update(len(records))
+
+    def cache_ok() -> None:
         if cache is not None:  # the cache's full disk stops the run after the answers are saved
             cache.raise_failure()
-        bar.update(len(records))
 
     def emit(records: List[Dict[str, Any]]) -> None:
         write(records)
+        cache_ok()
         for r in records:
             seen(r)
 
@@ -184,10 +187,10 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
                 logger.info("the window of %d requests in flight is spread over %d client processes "
                             "(--model_option client_processes)", window, len(parts))
                 _run_processes(plan, runner, interface, cache, dataset, parts, deps, keys, done, seen, write,
-                               window, writer.path)
+                               cache_ok, window, writer.path)
             else:
                 run_window(runner, lambda i: _checked(dataset[i]), order, {i: deps[i] for i in order}, keys, done,
-                           seen, write, window)
+                           seen, write, window, after_write=cache_ok)
         else:
             batches = plan_batches(order, {i: deps[i] for i in order}, keys, set(done), cfg.generation.batch_size)
             # a family that computes nothing from pixels (a baseline) is handed paths, never decoded images
@@ -224,19 +227,20 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
 def _run_processes(plan: RunPlan, runner: Runner, interface: Any, cache: Optional[ResponseCache], dataset: Any,
                    parts: List[List[int]], deps: List[List[Key]], keys: Dict[int, Key], done: set,
                    seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-                   window: int, shard_path: str) -> None:
+                   after_write: Callable[[], None], window: int, shard_path: str) -> None:
     """The window over ``len(parts)`` client processes (``evaluation.client_processes``): each
     child appends to ``<shard>-p<k>.jsonl`` and sends back its counts and what the server said."""
     tokens_before = plan.timing.get("generated_tokens") or 0
 
     def child_write(k: int) -> Callable[[List[Dict[str, Any]]], None]:
-        writer = ShardWriter(f"{shard_path[:-len('.jsonl')]}-p{k}.jsonl", plan.run_id)
+        return ShardWriter(child_shard(k), plan.run_id).write
 
-        def write_child(records: List[Dict[str, Any]]) -> None:
-            writer.write(records)
-            if cache is not None:
-                cache.raise_failure()
-        return write_child
+    def child_shard(k: int) -> str:
+        return f"{shard_path[:-len('.jsonl')]}-p{k}.jsonl"
+
+    def saved_by(k: int) -> List[Key]:
+        """The keys of child k's complete shard lines: what it saved, whatever it could say."""
+        return shard_keys(child_shard(k))
 
     def report() -> Dict[str, Any]:
         tokens = plan.timing.get("generated_tokens")
@@ -259,7 +263,7 @@ def _run_processes(plan: RunPlan, runner: Runner, interface: Any, cache: Optiona
 
     order = [i for p in parts for i in p]
     run_window_processes(runner, lambda i: _checked(dataset[i]), parts, {i: deps[i] for i in order}, keys, done,
-                         seen, write, window, child_write, report, gather)
+                         seen, write, after_write, window, child_write, saved_by, report, gather)
 
 
 class _Bar(tqdm):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 from evaluation.calls import Runner
 from evaluation.plan import Key
 from utils.errors import ReformError
+from utils.world import interrupts_held
 
 
 #: how long the writer gathers finished records into one write (bounds what kill -9 can lose
@@ -42,10 +43,12 @@ class _Writer:
     lock across a file write (a write releases the interpreter, and getting it back while holding
     the lock stalled every other worker behind it)."""
 
-    def __init__(self, write: Callable[[List[Dict[str, Any]]], None]) -> None:
-        self.write = write
+    def __init__(self, write: Callable[[List[Dict[str, Any]]], None],
+                 after_write: Optional[Callable[[], None]] = None) -> None:
+        self.write, self.after_write = write, after_write
         self.lines: "queue.SimpleQueue[Optional[Dict[str, Any]]]" = queue.SimpleQueue()
         self.error: Optional[BaseException] = None
+        self.write_failed = False
         self.thread = threading.Thread(target=self._run, name="window-writer", daemon=True)
         self.thread.start()
 
@@ -62,12 +65,19 @@ class _Writer:
                     break
             end = None in batch
             records = [r for r in batch if r is not None]
-            if records:  # (also after an error: the calls in flight are answered and paid for)
+            # after a failed write nothing more is written: a later turn of a chat must never be
+            # saved without the turn its history showed
+            if records and not self.write_failed:
                 try:
                     self.write(records)
                 except BaseException as e:  # noqa: BLE001 - a full disk: the run's error, raised at the end
-                    if self.error is None:
-                        self.error = e
+                    self.write_failed = True
+                    self.error = self.error or e
+                if self.after_write is not None and not self.write_failed:
+                    try:  # (the response cache's full disk: it stops the run, the shard goes on)
+                        self.after_write()
+                    except BaseException as e:  # noqa: BLE001 - raised at the end
+                        self.error = self.error or e
             if end:
                 return
 
@@ -113,17 +123,19 @@ class _Schedule:
                 self.cond.wait()
 
     def finish(self, i: int, record: Optional[Dict[str, Any]], error: Optional[BaseException] = None) -> None:
-        if record is not None and error is None:
-            self.seen(record)  # its answer is there for a later turn's history before it counts as done
-            self.writer.lines.put(record)
         with self.cond:
+            # once the run is stopped (Ctrl-C) the writer is closing: an answer arriving now is
+            # one of the calls in flight that the interrupt loses, never counted as saved
+            if record is not None and error is None and not self.stopped:
+                self.seen(record)  # its answer is there for a later turn's history before it counts as done
+                self.writer.lines.put(record)
             self.running -= 1
             if self.writer.error is not None and self.error is None:
                 self.error = self.writer.error
             if error is not None:
                 if self.error is None:
                     self.error = error
-            elif record is not None:
+            elif record is not None and not self.stopped:
                 key = self.keys[i]
                 self.done.add(key)
                 for j in self.dependents.pop(key, ()):
@@ -137,14 +149,16 @@ class _Schedule:
 def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Sequence[int],
                deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
                seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-               window: int, stop: Optional[threading.Event] = None) -> None:
+               window: int, stop: Optional[threading.Event] = None,
+               after_write: Optional[Callable[[], None]] = None) -> None:
     """Run the samples ``order`` (indices; ``item(i)`` loads one) with up to ``window`` calls in
     flight. A finished record goes to ``seen(record)`` at once (in its worker: history, counts)
     and to ``write(records)`` in batches (one writer thread: the shard). ``done`` (keys already
     recorded) grows as records finish. Once ``stop`` is set no new sample starts: the calls in
     flight finish and are recorded, and the run returns (another process of the run failed:
-    ``evaluation.client_processes``)."""
-    writer = _Writer(write)
+    ``evaluation.client_processes``). ``after_write()`` runs after each successful write; what it
+    raises stops the run like a failed write, but the shard goes on taking the calls in flight."""
+    writer = _Writer(write, after_write)
     schedule = _Schedule(order, deps, keys, done, seen, writer)
     schedule.stop = stop
 
@@ -175,7 +189,8 @@ def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Seq
         with schedule.cond:
             schedule.stopped = True
             schedule.cond.notify_all()
-        writer.close()  # what has finished is written (the requests in flight are lost)
+        with interrupts_held():  # a second Ctrl-C must not cut the writing of what has finished
+            writer.close()  # what has finished is written (the requests in flight are lost)
         raise
     writer.close()
     error = schedule.error or writer.error

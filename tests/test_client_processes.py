@@ -20,6 +20,7 @@ from typing import List
 import pytest
 
 from evaluation.client_processes import shares, split_by_group
+from tests.conftest import prediction_files
 from models.interfaces.openai_api_interface import OpenAIAPIInterface
 from tests.test_request_window import ROOT, args, dataset, ok_body, question_of, saved, serve  # noqa: F401
 
@@ -353,3 +354,150 @@ def test_after_a_full_cache_disk_the_calls_in_flight_are_still_saved_in_the_shar
     assert done.returncode == 2 and "No space left on device" in done.stderr, done.stderr
     time.sleep(0.3)
     assert len(saved(out)) == len(server.answered), (len(saved(out)), len(server.answered))
+
+
+# -- reproducers of the second review (of the fixes above) --
+def _popen(argv, **kw):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_sigterm_is_heard_while_the_parents_failure_waits_for_its_children(serve, tmp_path):  # noqa: F811
+    """Review reproducer: it was that the parent's own failure (a call refused for good) drains its children with NO time limit
+    (``_finish(..., None)``) inside ``_signals_held()``: SIGINT/SIGTERM to the run are ignored
+    for as long as a child's calls in flight take (up to the request timeout times its retries).
+    ``kill PID`` (a scheduler's SIGTERM, ``timeout``) does nothing; one process stops at once."""
+    server = serve(lambda body, n: (0.0, 400, {}, b'{"error": {"message": "no such thing"}}')
+                   if question_of(body) == "0" else (12.0 if _odd(question_of(body)) else 0.0, 200, {}, ok_body()))
+    cfg = dataset(tmp_path, 100)
+    proc = _popen(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=8",
+                       "--model_option", "client_processes=2"))
+    deadline = time.monotonic() + 30
+    while len(server.bodies) < 5 and time.monotonic() < deadline:  # sample 0 refused, the child's 4 sent
+        time.sleep(0.01)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    took = time.monotonic() - t0
+    assert took < 5, f"SIGTERM to the run took {took:.1f} s to stop it: {err}"
+
+
+@pytest.mark.slow  # (waits out STOP_WAIT_S, 10 s)
+def test_an_interrupt_with_a_stopped_child_counts_what_the_child_saved(serve, tmp_path):  # noqa: F811
+    """Review reproducer: a child that does not answer the interrupt within STOP_WAIT_S (stopped: SIGSTOP, a
+    debugger, a frozen NFS write) is SIGKILLed and its message never comes; ``_finish`` then
+    adds none of its keys to ``done``, so the one line says far fewer samples are saved than its
+    shard file holds (the line is what the user reads to judge the run; the previous review's
+    reproducer pinned the same promise for an interrupt while waiting)."""
+    server, out, argv, proc = _started_midway(serve, tmp_path / "out", tmp_path)
+    child = [pid for pid in _alive_with(str(out)) if pid != proc.pid]
+    assert len(child) == 1, child
+    os.kill(child[0], signal.SIGSTOP)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, err
+    found = re.search(r"(\d+) of 200 samples are saved", err)
+    assert found, err
+    assert int(found.group(1)) == len(saved(out)), err
+
+
+#: run_eval whose rank shard's writes take 0.4 s each in the parent only (a slow disk: NFS)
+_SLOW_SHARD = '''
+import os, sys, time
+sys.path.insert(0, {root!r})
+import utils.predictions as predictions
+import run_eval
+
+parent = os.getpid()
+original = predictions.ShardWriter.write
+def write(self, records):
+    if os.getpid() == parent:
+        time.sleep(0.4)
+    return original(self, records)
+predictions.ShardWriter.write = write
+sys.exit(run_eval.main(sys.argv[1:]))
+'''
+
+
+def test_a_second_ctrl_c_while_the_parent_drains_its_writer_keeps_the_count_true(serve, tmp_path):  # noqa: F811
+    """Review reproducer: ``_signals_held`` began only in ``run_window_processes``' except block; the first Ctrl-C
+    reaches the parent in ``run_window``, whose except block first drains the window's writer
+    (``writer.close()``: a join on the writer thread). A second Ctrl-C there cuts that join: the
+    records already in ``done`` (``_Schedule.finish`` adds a key when its record is QUEUED) are
+    never written (the writer is a daemon thread, gone at exit), yet the one line counts them as
+    saved. Pressing Ctrl-C twice is what a user does when the first one seems slow."""
+    server = serve(lambda body, n: (0.02, 200, {}, ok_body()))
+    script = tmp_path / "slow_shard.py"
+    script.write_text(_SLOW_SHARD.format(root=ROOT))
+    out = tmp_path / "out"
+    argv = args(server, dataset(tmp_path, 400), out, "--model_option", "max_concurrency=8",
+                "--model_option", "client_processes=2")
+    proc = subprocess.Popen([sys.executable, str(script), *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(server.answered) < 60 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.15)
+    proc.send_signal(signal.SIGINT)  # the second Ctrl-C, while the first one's drain is under way
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, err
+    found = re.search(r"(\d+) of 400 samples are saved", err)
+    assert found, err
+    assert int(found.group(1)) == len(saved(out)), err
+
+
+#: run_eval whose first rank-shard write fails with a full disk (ENOSPC), the later ones succeed
+_SHARD_FULL_ONCE = '''
+import errno, os, sys
+sys.path.insert(0, {root!r})
+import utils.predictions as predictions
+import run_eval
+
+class FullOnceOS:
+    writes = 0
+    def __getattr__(self, name):
+        return getattr(os, name)
+    def write(self, fd, data):
+        FullOnceOS.writes += 1
+        if FullOnceOS.writes == 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+predictions.os = FullOnceOS()
+sys.exit(run_eval.main(sys.argv[1:]))
+'''
+
+
+def test_after_a_failed_shard_write_no_later_turn_is_saved_without_the_turn_it_read(serve, tmp_path):  # noqa: F811
+    """Review reproducer: 90c0d85 made ``window._Writer`` write every batch after a failed one. But a chat's next turn
+    starts as soon as the turn it reads is QUEUED for the writer (``_Schedule.finish`` marks it
+    done), so when that turn's batch fails on a full shard disk, its successor's batch is still
+    written: the shard holds turn 2 (whose history is turn 1's answer) without turn 1. The
+    resume asks turn 1 again, and the prediction file's turn-1 prediction differs from the answer
+    turn 2's history shows (docs/reliability.md: a turn starts only after the turns its history
+    needs are recorded). Before 90c0d85 the later batch was dropped and turn 2 was redone."""
+    from tests.test_mmmt_if_run import write_mmdu
+    server = serve(lambda body, n: (0.05, 200, {}, ok_body(f"answer number {n}")))
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    out = tmp_path / "out"
+    argv = ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "MMMT-IF", "--dataset_config",
+            cfg, "--history", "model", "--max_new_tokens", "5", "--output_dir", str(out),
+            "--model_option", f"base_url={server.url}", "--model_option", "max_retries=0",
+            "--model_option", "max_concurrency=8", "--model_option", "client_processes=1"]
+    script = tmp_path / "shard_full_once.py"
+    script.write_text(_SHARD_FULL_ONCE.format(root=ROOT))
+    first = subprocess.run([sys.executable, str(script), *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 2 and "No space left on device" in first.stderr, first.stderr
+    again = subprocess.run([sys.executable, os.path.join(ROOT, "run_eval.py"), *argv], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    records = json.load(open(prediction_files(out)[0]))
+    by_id = {r["sample_id"]: r for r in records}
+    assert len(by_id) == 30
+    wrong = [(r["sample_id"], t["value"], by_id[t["source_sample_id"]]["prediction"])
+             for r in records for t in r.get("history", []) if "source_sample_id" in t
+             and t["value"] != by_id[t["source_sample_id"]]["prediction"]]
+    assert not wrong, wrong[:3]

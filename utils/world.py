@@ -12,10 +12,12 @@ group is signalled), is reported as the interrupt (exit 130). The exception boun
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import signal
+import threading
 from typing import Dict, Iterator, List, Optional
 
 from utils.commit import temp_name
@@ -204,3 +206,21 @@ def world_error(error: BaseException) -> Optional[ReformError]:
             return ReformError(f"a DataLoader worker died ({sig}: {why}); lower --num_workers (0 loads in the main "
                                "process); the samples saved so far are kept and re-running the same command resumes")
     return None
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM noted but not raised while the block runs (the run is already
+    stopping, and what the block does, writing out finished records or waiting a bounded time
+    for child processes, decides what the one line can say is saved). In the main thread only;
+    the handlers are put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, lambda signum, frame: note_signal(signum))
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
