@@ -8,12 +8,12 @@ This file is the command line only: argv -> ``evaluation.RunConfig`` -> ``evalua
 """
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
 from evaluation.boundary import run_cli
 from evaluation.config import RunConfig, build_parser  # noqa: F401  (build_parser: for --help tests)
 from evaluation.engine import evaluate
+from utils.distributed import end_process, process_ends_after_run
 from utils.lifetime import die_with_parent  # noqa: F401  (used by DataLoader workers and tests)
 
 
@@ -32,7 +32,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def cli() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    process_ends_after_run()
+    end_process(main())
 
 
 if __name__ == "__main__":

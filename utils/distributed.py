@@ -91,16 +91,50 @@ def all_gather_objects(info: DistInfo, obj: Any) -> List[Any]:
     return out
 
 
+#: set by a command line that ends its process right after the run (``end_process``): its group
+#: is then left to the exit, never torn down while a peer may still be tearing down its own
+_process_ends_after_run = False
+
+
 def shutdown(info: DistInfo) -> None:
     """Leave the process group together: a final barrier first, so no rank tears its group down
     while a peer is still working (rank 0 scores and writes the report alone; measured on a
     loaded 2-core machine, a rank that left early was aborted with "terminate called without an
     active exception" about one run in two). A group the caller started stays up for its next
-    evaluation (re-creating a group in one torchrun can hang: measured 1 in 4)."""
+    evaluation (re-creating a group in one torchrun can hang: measured 1 in 4). Under a command
+    line that ends its process next (``end_process``) the group is not torn down at all."""
     if info.enabled and _dist().is_initialized():
         _dist().barrier()
-        if info.owns_group:
+        if info.owns_group and not _process_ends_after_run:
             _dist().destroy_process_group()
+
+
+def process_ends_after_run() -> None:
+    """Called by a command line's entry point: this process ends when the run returns."""
+    global _process_ends_after_run
+    _process_ends_after_run = True
+
+
+def end_process(code: int) -> None:
+    """End a command line's process with ``code``. A torchrun rank that joined a process group
+    ends without the interpreter's teardown (its output flushed first): tearing down gloo while a
+    peer tears down its own still aborted a rank now and then after the final barrier ("terminate
+    called without an active exception", exit -6, once in CI and once in a docs block run of the
+    two-node launch), which turned a finished run into a failed one and held the other node's
+    launcher 300 s in its exit barrier. Every other process exits the usual way."""
+    import sys
+
+    if "torch.distributed" in sys.modules and _dist().is_initialized():
+        import logging
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
 
 
 def default_device(info: DistInfo, gpus_per_rank: int = 1) -> str:
