@@ -5,6 +5,7 @@ a multi-turn chat runs turn by turn at any batch size, and a chat stays on one r
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from utils.distributed import DistInfo, barrier, configure_cpu_threads, default_
 from utils.errors import Interrupted, ReformError
 from utils.lifetime import die_with_parent
 from utils.predictions import ShardWriter, read_shard_dir, shard_keys, trim_torn_line
-from utils.world import interrupt_of
+from utils.world import interrupt_of, interrupts_held
 
 logger = logging.getLogger("evaluation.execute")
 
@@ -175,6 +176,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     window = int(interface.max_in_flight())
     t1 = time.perf_counter()
     batches_in: Any = None
+    stopping = False
     try:
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
@@ -203,25 +205,36 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         sig = interrupt_of(e)  # also torch's worker-death error when the whole process group got SIGTERM
         if sig is None:
             raise
+        stopping = True
         how = "" if sig == "SIGINT" else f" ({sig})"
         raise Interrupted(f"interrupted{how}: {len(done)} of {len(plan.samples)} samples are saved; re-running "
                           "the same command resumes from there") from None
     finally:
-        stop_workers(batches_in)
-        plan.timing["inference_s"] = plan.timing.get("inference_s", 0.0) + time.perf_counter() - t1
-        if window > 1:  # the window's calls overlap: its wall time is the forward time
-            plan.timing["forward_s"] += time.perf_counter() - t1
-            if runner.method == "generation":
-                plan.timing["generation_s"] = plan.timing.get("generation_s", 0.0) + time.perf_counter() - t1
-        writer.close()
-        bar.close()
-        interface.close()
-        plan.provenance = json.loads(json.dumps(  # JSON as it will be written, whatever a library returned
-            {**interface.provenance(), **({"prompt_example": runner.examples["prompt_text"]}
-                                          if "prompt_text" in runner.examples else {})}, default=str))
-        if cache is not None:
-            cache.close()
-            plan.cache_stats = {k: plan.cache_stats.get(k, 0) + v for k, v in cache.stats().items()}
+        # stopping on an interrupt: its echoes (a second signal, torch's worker-death error from
+        # SIGCHLD) must not replace the line that counts what is saved
+        with interrupts_held(child_deaths=True) if stopping else contextlib.nullcontext():
+            _close_rank(plan, runner, interface, cache, writer, bar, batches_in, window, t1)
+
+
+def _close_rank(plan: RunPlan, runner: Runner, interface: Any, cache: Optional[ResponseCache], writer: Any,
+                bar: Any, batches_in: Any, window: int, t1: float) -> None:
+    """The end of a rank's run, finished or not: workers stopped, timings, files closed, and
+    what the model said of itself kept for the run's provenance."""
+    stop_workers(batches_in)
+    plan.timing["inference_s"] = plan.timing.get("inference_s", 0.0) + time.perf_counter() - t1
+    if window > 1:  # the window's calls overlap: its wall time is the forward time
+        plan.timing["forward_s"] += time.perf_counter() - t1
+        if runner.method == "generation":
+            plan.timing["generation_s"] = plan.timing.get("generation_s", 0.0) + time.perf_counter() - t1
+    writer.close()
+    bar.close()
+    interface.close()
+    plan.provenance = json.loads(json.dumps(  # JSON as it will be written, whatever a library returned
+        {**interface.provenance(), **({"prompt_example": runner.examples["prompt_text"]}
+                                      if "prompt_text" in runner.examples else {})}, default=str))
+    if cache is not None:
+        cache.close()
+        plan.cache_stats = {k: plan.cache_stats.get(k, 0) + v for k, v in cache.stats().items()}
 
 
 def _run_processes(plan: RunPlan, runner: Runner, interface: Any, cache: Optional[ResponseCache], dataset: Any,
