@@ -115,6 +115,7 @@ def test_two_processes_record_what_one_records(serve, tmp_path):  # noqa: F811
     assert info["provenance"]["endpoint"]["served_model"] == "served-x"
 
 
+@pytest.mark.slow  # (the quick subset keeps the SIGTERM test of the same stop)
 def test_kill_9_of_the_run_leaves_no_process_and_loses_only_calls_in_flight(serve, tmp_path):  # noqa: F811
     server, out, argv, proc = _started_midway(serve, tmp_path / "killed", tmp_path)
     assert len(_alive_with(str(out))) == 2, "the run did not fork its client process"
@@ -163,6 +164,7 @@ def test_sigterm_stops_every_process_in_one_line_and_the_run_resumes(serve, tmp_
     assert len(saved(out)) == 200
 
 
+@pytest.mark.slow  # (the quick subset keeps the SIGTERM test of the same stop)
 def test_a_client_process_killed_for_memory_is_one_line_and_the_run_resumes(serve, tmp_path):  # noqa: F811
     server, out, argv, proc = _started_midway(serve, tmp_path / "out", tmp_path)
     child = [pid for pid in _alive_with(str(out)) if pid != proc.pid]
