@@ -38,6 +38,7 @@ from evaluation.calls import Runner
 from evaluation.plan import Key
 from evaluation.runinfo import log_file_handler
 from evaluation.window import run_window
+from utils.distributed import share_of
 from utils.errors import BudgetExhausted, ReformError
 from utils.lifetime import die_with_parent
 from utils.secrets import redact_text
@@ -62,7 +63,7 @@ def split_by_group(order: Sequence[int], group_of: Callable[[int], Any], parts: 
 
 def shares(total: int, parts: int) -> List[int]:
     """``total`` split into ``parts`` whole shares that differ by at most one (larger first)."""
-    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+    return [share_of(total, k, parts) for k in range(parts)]
 
 
 class _Child:
@@ -70,7 +71,6 @@ class _Child:
         self.index, self.pid, self.fd = index, pid, fd
         self.message: Dict[str, Any] = {}
         self.status: Optional[int] = None  # exit status, once reaped (by the watcher only)
-        self.counted = False  # its keys are in the parent's ``done``
 
 
 #: the errors a child's message can carry back as themselves (the boundary names each its way)
@@ -84,15 +84,11 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
                          child_write: Callable[[int], Callable[[List[Dict[str, Any]]], None]],
                          saved_by: Callable[[int], List[Key]], report: Callable[[], Dict[str, Any]],
                          gather: Callable[[Dict[str, Any]], None]) -> None:
-    """``run_window`` over one process per part (``split_by_group``): this one runs
+    """``run_window`` over one process per part (``split_by_group``; one part forks nothing): this one runs
     ``parts[0]``, a forked child each other part. ``done`` gets the keys every process saved.
     ``child_write(k)`` makes child k's writer (its own shard file) and ``saved_by(k)`` reads the
     keys that file holds; ``report()`` is what a child sends back when its part is done
     (counts, what the server said) and ``gather(report)`` takes it in, in the parent."""
-    if len(parts) <= 1:
-        run_window(runner, item, parts[0] if parts else [], deps, keys, done, seen, write, window,
-                   after_write=after_write)
-        return
     windows = shares(max(window, len(parts)), len(parts))
     children: List[_Child] = []
     stop = threading.Event()
@@ -114,14 +110,14 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
         _finish(children, watcher, None, done, saved_by)  # (an interrupt while waiting is one like any other)
     except BaseException as e:
         stop.set()
-        if not _is_interrupt(e):
+        if not interrupt_of(e) is not None:
             # this process failed (a call refused for good, a full disk): the others record
             # their calls in flight first; an interrupt during that wait stops them at once
             _signal(children, signal.SIGUSR1)
             try:
                 _finish(children, watcher, None, done, saved_by)
             except BaseException as again:  # noqa: BLE001
-                if not _is_interrupt(again):
+                if not interrupt_of(again) is not None:
                     raise
                 _stop_now(children, watcher, done, saved_by)
                 raise again from None
@@ -158,10 +154,6 @@ def _death(status: Optional[int]) -> str:
             name = f"signal {-status}"
         return f"{name}: killed, most often by the out-of-memory killer" if name == "SIGKILL" else name
     return f"exit status {status} without a report"
-
-
-def _is_interrupt(e: BaseException) -> bool:
-    return isinstance(e, KeyboardInterrupt) or interrupt_of(e) is not None
 
 
 def _stop_now(children: List[_Child], watcher: "_Watcher", done: set, saved_by: Callable[[int], List[Key]]) -> None:
@@ -212,9 +204,7 @@ def _finish(children: List[_Child], watcher: _Watcher, limit: Optional[float], d
             os.kill(c.pid, signal.SIGKILL)
             c.status = os.waitstatus_to_exitcode(os.waitpid(c.pid, 0)[1])
     for c in children:
-        if not c.counted:
-            c.counted = True
-            done.update(saved_by(c.index))
+        done.update(saved_by(c.index))
 
 
 def _watch(children: List[_Child], stop: threading.Event) -> None:
@@ -271,8 +261,8 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
         except ReformError as e:
             code, message = 2, {"error": str(e), "kind": type(e).__name__}
         except BaseException as e:  # noqa: BLE001 - the child's one way out is its message
-            condition = None if isinstance(e, KeyboardInterrupt) else world_error(e)
-            if _is_interrupt(e):
+            condition = world_error(e)
+            if interrupt_of(e) is not None:
                 code, message = 130, {"interrupted": True, "error": "interrupted",
                                       "signal": stopped_by[0] if stopped_by else None}
             elif condition is not None:  # the world's condition (a full disk): its one line, as the boundary says it

@@ -90,7 +90,8 @@ class _Schedule:
     """Which sample runs next (every key of its ``deps`` recorded), shared by the workers."""
 
     def __init__(self, order: Sequence[int], deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
-                 seen: Callable[[Dict[str, Any]], None], writer: "_Writer") -> None:
+                 seen: Callable[[Dict[str, Any]], None], writer: "_Writer",
+                 stop: Optional[threading.Event] = None) -> None:
         self.keys, self.done, self.seen, self.writer = keys, done, seen, writer
         self.cond = threading.Condition()
         self.dependents: Dict[Key, List[int]] = {}
@@ -99,7 +100,7 @@ class _Schedule:
         self.running = 0
         self.error: Optional[BaseException] = None
         self.stopped = False
-        self.stop: Optional[threading.Event] = None  # set from outside: start nothing more, drain
+        self.stop = stop  # set from outside: start nothing more, drain
         for i in order:
             missing = [k for k in deps.get(i, ()) if k not in done]
             if missing:
@@ -159,8 +160,7 @@ def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Seq
     ``evaluation.client_processes``). ``after_write()`` runs after each successful write; what it
     raises stops the run like a failed write, but the shard goes on taking the calls in flight."""
     writer = _Writer(write, after_write)
-    schedule = _Schedule(order, deps, keys, done, seen, writer)
-    schedule.stop = stop
+    schedule = _Schedule(order, deps, keys, done, seen, writer, stop)
 
     def work() -> None:
         while True:

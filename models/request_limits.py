@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, Iterable, Optional, Sequence
 
 from models.http_transport import log_clamp_once
+from utils.distributed import share_of
 from utils.errors import BudgetExhausted
 
 #: the largest token count a server may report for one request (a larger one is refused)
@@ -234,6 +235,5 @@ class TokenBudget:
         with self._lock:
             if self.limit is None or count <= 1:
                 return
-            left = max(0, self.limit - self.used)
-            self.limit = self.used + left // count + (1 if index < left % count else 0)
+            self.limit = self.used + share_of(max(0, self.limit - self.used), index, count)
             self.share_of = "process"

@@ -6,7 +6,9 @@ baseline or API run never loads it (issue 24: every start paid for the whole ML 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
@@ -71,6 +73,12 @@ def sample_sharding(info: DistInfo, model_options: Dict[str, Any]) -> Tuple[int,
     return info.rank, info.world_size
 
 
+def share_of(total: int, index: int, count: int) -> int:
+    """Part ``index`` of ``total`` cut into ``count`` whole shares that differ by at most one
+    (the larger first): the shares always sum to ``total``."""
+    return total // count + (1 if index < total % count else 0)
+
+
 def _dist() -> Any:
     """torch.distributed, which ``init_distributed`` has imported whenever a group exists."""
     import torch.distributed as dist  # already loaded by init_distributed: no cost
@@ -122,11 +130,7 @@ def end_process(code: int) -> None:
     called without an active exception", exit -6, once in CI and once in a docs block run of the
     two-node launch), which turned a finished run into a failed one and held the other node's
     launcher 300 s in its exit barrier. Every other process exits the usual way."""
-    import sys
-
     if "torch.distributed" in sys.modules and _dist().is_initialized():
-        import logging
-
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -86,6 +86,7 @@ from models.openai_likelihood import score_candidates
 from models.outputs import GenText, finish_text
 from models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
                                    spent_usage)
+from utils.distributed import share_of
 from utils.errors import ReformError
 from utils.preprocessors import ChatTemplateProcessor
 from utils.request_pool import RequestPool
@@ -236,24 +237,18 @@ class OpenAIAPIInterface(BaseInterface):
         return body
 
     # -- transport -------------------------------------------------------------------
-    def _request_headers(self) -> Dict[str, str]:
-        """The header fields of every request (the credentials never change during a run: made once)."""
-        headers = self.__dict__.get("_headers")
-        if headers is None:
-            headers = {"Content-Type": "application/json", "Accept": "application/json",
-                       "User-Agent": "reform-eval"}
-            if self.api_key:
-                headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
-            elif "userinfo" in self.base_url.secrets:
-                token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
-                headers["Authorization"] = f"Basic {token}"
-            self.__dict__["_headers"] = headers
-        return headers
-
     def _post_once(self, payload: bytes) -> Any:
         """One HTTP attempt, bounded as a whole by ``timeout``; no redirects.
-        Raises Retryable for transient failures, ReformError otherwise."""
-        reply = self.endpoint.post(payload, self._request_headers())
+        Raises Retryable for transient failures, ReformError otherwise. (The credentials are put
+        in the headers per request: the object never holds them in the clear.)"""
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "User-Agent": "reform-eval"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
+        elif "userinfo" in self.base_url.secrets:
+            token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
+        reply = self.endpoint.post(payload, headers)
         status, raw, resp_headers = reply.status, reply.body, reply.headers
         if self.served.get("server") is None:  # what the server says it is (the first reply that says)
             found = resp_headers.get("Server")
@@ -440,9 +435,9 @@ class OpenAIAPIInterface(BaseInterface):
 
     def client_processes(self, samples: int) -> int:
         """``client_processes``; ``auto``: one process per 16 requests in flight, at most one per
-        CPU core this process may use (shared among torchrun's ranks on the node) and 8; one only under a token budget (each process would
-        hold a fixed share of it, and one could stop the run while another's share is unspent),
-        for fewer than 64 samples (a fork costs more than it saves), or when this process runs
+        CPU core this process may use (shared among torchrun's ranks on the node) and 8; one
+        only under a token budget (each process would hold a fixed share of it, and one could stop
+        the run while another's share is unspent), for fewer than 64 samples (a fork costs more than it saves), or when this process runs
         other threads (a fork copies no thread, and a lock one of them held stays held)."""
         if self.processes != "auto":
             return int(self.processes)
@@ -461,9 +456,7 @@ class OpenAIAPIInterface(BaseInterface):
         token budget, when ``count`` processes share the run's window."""
         if count <= 1:
             return
-        def share(total: int) -> int:
-            return total // count + (1 if index < total % count else 0)
-        self.limiter = AdaptiveLimit(max(1, share(self.max_concurrency)), self.limiter.adaptive)
+        self.limiter = AdaptiveLimit(max(1, share_of(self.max_concurrency, index, count)), self.limiter.adaptive)
         self.budget.take_share(index, count)
 
     def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> "tuple[Any, Any]":
