@@ -1,27 +1,37 @@
-"""Packaging: ``pip install .`` (or ``-e .``) gives the console commands ``run_eval`` and
-``run_loader_eval`` and makes ``from build import load_reform_dataset`` importable anywhere.
+"""Packaging: ``pip install .`` installs one import package, ``reform_eval``, and the console
+commands ``run_eval`` and ``run_loader_eval``.
 
-The top-level package is literally named ``build`` (the layout users know from ReForm-Eval),
-so setuptools' own scratch directory is moved to ``.setuptools-build`` to keep it from
-writing into the package.
+The repository keeps the design's layout (``build/``, ``models/``, ``metrics/``, ``utils/``,
+``evaluation/``, ``configs/`` at its root); ``package_dir`` installs each of them as a
+subpackage of ``reform_eval`` (``reform_eval/`` itself holds the two command lines), so nothing
+lands at the top of site-packages but ``reform_eval`` (docs/architecture.md, "One package").
+setuptools' scratch directory is ``.setuptools-build``: its default, ``build/``, is a package here.
 """
 from setuptools import find_packages, setup
 
+PACKAGE = "reform_eval"
+SUBPACKAGES = ("build", "models", "metrics", "utils", "evaluation", "configs")
+
 with open("requirements.txt", encoding="utf-8") as f:
     requirements = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+
+packages = [PACKAGE]
+package_dir = {PACKAGE: PACKAGE}
+for sub in SUBPACKAGES:
+    package_dir[f"{PACKAGE}.{sub}"] = sub
+    packages += [f"{PACKAGE}.{sub}"] + [f"{PACKAGE}.{sub}.{p}" for p in find_packages(sub)]
 
 setup(
     name="reform-lmm-eval",
     version="0.1.0",
     description="Instruction-following evaluation of large multimodal models (iWISDM, MME, MMMT-IF)",
     python_requires=">=3.9",
-    packages=find_packages(include=["build", "build.*", "models", "models.*", "metrics", "metrics.*",
-                                    "utils", "utils.*", "evaluation", "evaluation.*", "configs"]),
-    package_data={"configs": ["datasets/*.yaml", "data/*.csv", "data/*/*.txt", "reference_results.yaml"],
+    packages=packages,
+    package_dir=package_dir,
+    package_data={f"{PACKAGE}.configs": ["datasets/*.yaml", "data/*.csv", "data/*/*.txt", "reference_results.yaml"],
                   # the shipped known-skill checkpoint (models/checkpoints, verified by hash when loaded)
-                  "models": ["checkpoints/manifest.json", "checkpoints/*/*"]},
-    include_package_data=True,
-    py_modules=["run_eval", "run_loader_eval"],
+                  f"{PACKAGE}.models": ["checkpoints/manifest.json", "checkpoints/*/*"]},
+    include_package_data=False,
     install_requires=requirements,
     # experiment trackers (--log_to mlflow / wandb), imported only when asked for; openpyxl reads
     # VLMEvalKit's .xlsx prediction files (its .tsv needs nothing), and the tests write one; vllm: --model vllm
@@ -30,7 +40,8 @@ setup(
     # pytest-xdist: the suite on every core (commands/test.sh; layout rules in tests/conftest.py)
     extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5", "openpyxl>=3.1"], "mlflow": ["mlflow>=2.10"],
                     "wandb": ["wandb>=0.16"], "xlsx": ["openpyxl>=3.1"], "vllm": ["vllm>=0.32"]},
-    entry_points={"console_scripts": ["run_eval=run_eval:cli", "run_loader_eval=run_loader_eval:cli"]},
+    entry_points={"console_scripts": [f"run_eval={PACKAGE}.run_eval:cli",
+                                      f"run_loader_eval={PACKAGE}.run_loader_eval:cli"]},
     options={"build": {"build_base": ".setuptools-build"},
              "egg_info": {"egg_base": "."}},
 )

@@ -32,8 +32,8 @@ from typing import Any, Dict, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from models import get_model  # noqa: E402
-from utils.errors import ReformError  # noqa: E402
+from reform_eval.models import get_model  # noqa: E402
+from reform_eval.utils.errors import ReformError  # noqa: E402
 
 
 class RateLimitedServer:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_inputs import CANDIDATE_WORDS, bench_sample  # noqa: E402
-from utils.seeding import derive_seed  # noqa: E402
+from reform_eval.utils.seeding import derive_seed  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _likelihood(interface: Any, prompts: List[Any], images: List[Any], cands: Li
 
 
 def bench_family(family: str, size: str, reps: int, max_new: int) -> Dict[str, float]:
-    from models import get_model
+    from reform_eval.models import get_model
     interface, pre = get_model(family, {"model_name": "tiny", "tiny_size": size, "device": "cpu"})
     samples = [bench_sample(i) for i in range(N_SAMPLES)]
     prompts, images = [pre(s) for s in samples], [s["images"] for s in samples]

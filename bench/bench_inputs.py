@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from utils.images import noise_image
+from reform_eval.utils.images import noise_image
 
 #: candidate answers of varied token lengths (short marks to a full sentence)
 CANDIDATE_WORDS = ["yes", "no", "red", "green", "blue square", "a yellow circle on the left", "(A)", "(B) two",

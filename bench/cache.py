@@ -23,9 +23,9 @@ from typing import List, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import run_eval  # noqa: E402
-from build.mme import shipped_questions, write_placeholder_release  # noqa: E402
-from evaluation.reporting.scoring import prediction_files, results_paths  # noqa: E402
+from reform_eval import run_eval  # noqa: E402
+from reform_eval.build.mme import shipped_questions, write_placeholder_release  # noqa: E402
+from reform_eval.evaluation.reporting.scoring import prediction_files, results_paths  # noqa: E402
 
 
 def run(argv: List[str], out: str) -> Tuple[float, dict]:

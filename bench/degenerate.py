@@ -29,11 +29,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from metrics import evaluate  # noqa: E402
-from metrics.mme import parse_official, parse_stripped, parse_word  # noqa: E402
-from metrics.pif import INSTRUCTION_IDS  # noqa: E402
-from metrics.single_choice import normalize_text, parse_choice  # noqa: E402
-from utils.secrets import redact_text  # noqa: E402
+from reform_eval.metrics import evaluate  # noqa: E402
+from reform_eval.metrics.mme import parse_official, parse_stripped, parse_word  # noqa: E402
+from reform_eval.metrics.pif import INSTRUCTION_IDS  # noqa: E402
+from reform_eval.metrics.single_choice import normalize_text, parse_choice  # noqa: E402
+from reform_eval.utils.secrets import redact_text  # noqa: E402
 
 MB = 1 << 20
 

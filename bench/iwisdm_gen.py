@@ -49,11 +49,11 @@ from typing import Any, Dict, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from build.iwisdm.io import write_trials  # noqa: E402
-from build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
-from build.iwisdm.stimuli import procedural_set  # noqa: E402
-from utils.paths import cache_root  # noqa: E402
-from utils.seeding import rng_for  # noqa: E402
+from reform_eval.build.iwisdm.io import write_trials  # noqa: E402
+from reform_eval.build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
+from reform_eval.build.iwisdm.stimuli import procedural_set  # noqa: E402
+from reform_eval.utils.paths import cache_root  # noqa: E402
+from reform_eval.utils.seeding import rng_for  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -42,12 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.iwisdm_gen import (ACCEPT, ORIG_CONFIG, default_orig_venv, ensure_orig_venv,  # noqa: E402
                               run_original)
-from build.iwisdm.graph import Task  # noqa: E402
-from build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
-from build.iwisdm.stimuli import LOCATIONS, procedural_set  # noqa: E402
-from build.iwisdm.trial import Trial  # noqa: E402
-from utils.paths import cache_root  # noqa: E402
-from utils.seeding import rng_for  # noqa: E402
+from reform_eval.build.iwisdm.graph import Task  # noqa: E402
+from reform_eval.build.iwisdm.presets import PRESETS, PresetSampler  # noqa: E402
+from reform_eval.build.iwisdm.stimuli import LOCATIONS, procedural_set  # noqa: E402
+from reform_eval.build.iwisdm.trial import Trial  # noqa: E402
+from reform_eval.utils.paths import cache_root  # noqa: E402
+from reform_eval.utils.seeding import rng_for  # noqa: E402
 
 FEATURES = ("frames", "objects", "and_or", "and_or_depth", "switches", "delay_runs", "response")
 TARGET = 0.05

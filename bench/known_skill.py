@@ -30,8 +30,8 @@ from typing import Any, Dict, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from build.mme_synthetic import write_yesno_release  # noqa: E402
-from evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,  # noqa: E402
+from reform_eval.build.mme_synthetic import write_yesno_release  # noqa: E402
+from reform_eval.evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,  # noqa: E402
                         ScoringConfig, evaluate)
 
 

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_inputs import CANDIDATE_WORDS  # noqa: E402
-from utils.images import noise_image  # noqa: E402
+from reform_eval.utils.images import noise_image  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from models import get_model
+    from reform_eval.models import get_model
     interface, pre = get_model("llava", {"model_name": "tiny", "tiny_size": args.size, "device": args.device})
     n_params = sum(p.numel() for p in interface.model.parameters())
     cands = [CANDIDATE_WORDS[i % len(CANDIDATE_WORDS)] for i in range(args.candidates)]

@@ -23,8 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from build.mme import shipped_questions  # noqa: E402
-from utils.errors import ReformError, input_error  # noqa: E402
+from reform_eval.build.mme import shipped_questions  # noqa: E402
+from reform_eval.utils.errors import ReformError, input_error  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +34,9 @@ RESPONSES = ["Yes", "No", "yes.", "No, there is not.", "  yes", "Yes\nThe image 
 
 def make_prediction_file(questions: str, workdir: str) -> str:
     """Our prediction file for all 2,374 questions, from the question lists."""
-    from build.mme import read_question_lists
-    from metrics.mme import read_official_results
-    from utils.predictions import write_json_atomic
+    from reform_eval.build.mme import read_question_lists
+    from reform_eval.metrics.mme import read_official_results
+    from reform_eval.utils.predictions import write_json_atomic
     rng = random.Random(0)
     res_dir = os.path.join(workdir, "official")
     os.makedirs(res_dir)
@@ -66,9 +66,9 @@ def main() -> None:
     if args.smoke:
         args.repeats = 1
     logging.basicConfig(level=logging.WARNING)
-    from metrics.mme import write_official_results
-    from run_loader_eval import loader_eval
-    from utils.predictions import read_predictions
+    from reform_eval.metrics.mme import write_official_results
+    from reform_eval.run_loader_eval import loader_eval
+    from reform_eval.utils.predictions import read_predictions
 
     with tempfile.TemporaryDirectory() as work:
         try:

@@ -40,7 +40,7 @@ def _best(fn: Callable[[], None], reps: int) -> float:
 
 
 def bench_family(family: str, size: str, reps: int, n: int = 8) -> Dict[str, float]:
-    from models import get_model
+    from reform_eval.models import get_model
     interface, pre = get_model(family, {"model_name": "tiny", "tiny_size": size, "device": "cpu"})
     n_params = sum(p.numel() for p in interface.model.parameters()) / 1e6
     samples = [bench_sample(i) for i in range(n)]

@@ -36,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.samples, args.size = 4, "tiny"
-    import run_eval
-    from evaluation.reporting.scoring import prediction_files, results_paths
-    from models.tiny import tiny_model_path
+    from reform_eval import run_eval
+    from reform_eval.evaluation.reporting.scoring import prediction_files, results_paths
+    from reform_eval.models.tiny import tiny_model_path
     tiny_model_path("llava", args.size)  # build outside the timed run
     rows = []
     for infer, extra in (("generation", ["--max_new_tokens", "8"]), ("likelihood", [])):

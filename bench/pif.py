@@ -24,8 +24,8 @@ from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from metrics.pif import INSTRUCTION_IDS, check_instructions, pif_metric, split_sentences  # noqa: E402
-from utils.seeding import rng_for  # noqa: E402
+from reform_eval.metrics.pif import INSTRUCTION_IDS, check_instructions, pif_metric, split_sentences  # noqa: E402
+from reform_eval.utils.seeding import rng_for  # noqa: E402
 
 _WORDS = ("the image shows a small red bird sitting on a branch near the water while an old stone "
           "building with an ancient style rises behind it and bright light casts long shadows over "

@@ -25,18 +25,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from build.mme import shipped_questions  # noqa: E402
-from utils.errors import ReformError  # noqa: E402
+from reform_eval.build.mme import shipped_questions  # noqa: E402
+from reform_eval.utils.errors import ReformError  # noqa: E402
 
 
 def make_runs(questions: str, work: str, subtasks=None):
     """Five scored runs over the MME set (``subtasks``: only those), predictions from the real
     baseline interfaces."""
-    from build import build_dataset
-    from build.mme import write_placeholder_release
-    from metrics import evaluate
-    from models.interfaces.baseline_interface import ConstantBaseline, RandomBaseline
-    from utils.predictions import make_record
+    from reform_eval.build import build_dataset
+    from reform_eval.build.mme import write_placeholder_release
+    from reform_eval.metrics import evaluate
+    from reform_eval.models.interfaces.baseline_interface import ConstantBaseline, RandomBaseline
+    from reform_eval.utils.predictions import make_record
     release = os.path.join(work, "release")
     write_placeholder_release(questions, release, subtasks=subtasks)
     options = {"root": release, "prompt": "official", **({"subtasks": list(subtasks)} if subtasks else {})}
@@ -69,7 +69,7 @@ def main() -> None:
     if args.smoke:
         args.n_boot = 20
     logging.basicConfig(level=logging.WARNING)
-    from evaluation.reporting.report import compare_runs
+    from reform_eval.evaluation.reporting.report import compare_runs
     with tempfile.TemporaryDirectory() as work:
         t0 = time.perf_counter()
         try:

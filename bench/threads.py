@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from evaluation.reporting.scoring import prediction_files  # noqa: E402
+from reform_eval.evaluation.reporting.scoring import prediction_files  # noqa: E402
 
 
 def run(argv: List[str], out: str, threads: Optional[int], ranks: int = 1) -> float:

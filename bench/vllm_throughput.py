@@ -31,7 +31,7 @@ from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from utils.ports import unused_port  # noqa: E402
+from reform_eval.utils.ports import unused_port  # noqa: E402
 
 START_TIMEOUT_S = 900
 SERVER_LIFETIME_S = 3600
@@ -50,14 +50,14 @@ def _data(trials: int) -> List[str]:
 
 
 def _timing(out: str) -> Dict[str, float]:
-    from evaluation.reporting.scoring import prediction_files, results_paths
+    from reform_eval.evaluation.reporting.scoring import prediction_files, results_paths
     (pred,) = prediction_files(out)
     with open(results_paths(pred)["run"], encoding="utf-8") as f:
         return json.load(f)["timing"]
 
 
 def _records(out: str) -> int:
-    from evaluation.reporting.scoring import prediction_files
+    from reform_eval.evaluation.reporting.scoring import prediction_files
     (pred,) = prediction_files(out)
     with open(pred, encoding="utf-8") as f:
         return len(json.load(f))
@@ -73,7 +73,7 @@ def main(argv: List[str] = None) -> int:
     trials = 2 if args.smoke else args.trials
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("REFORM_NO_CACHE", "1")
-    import run_eval
+    from reform_eval import run_eval
 
     work = tempfile.mkdtemp(prefix="vllm-bench-")
     data = _data(trials)
@@ -112,7 +112,7 @@ def main(argv: List[str] = None) -> int:
         print(f"vLLM offline c={c}: {_records(outs[c])} samples in {_timing(outs[c])['forward_s']:.2f} s", flush=True)
 
     # a vLLM server
-    engine_path = subprocess.run([vpy, "-m", "models.vllm_checkpoint", "tiny-trained"], cwd=ROOT, env=_engine_env(),
+    engine_path = subprocess.run([vpy, "-m", "reform_eval.models.vllm_checkpoint", "tiny-trained"], cwd=ROOT, env=_engine_env(),
                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     port = unused_port()
     log = open(os.path.join(work, "server.log"), "wb")

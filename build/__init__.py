@@ -9,21 +9,21 @@ import importlib
 import logging
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from build.ablation import IMAGE_ABLATIONS, ablate_images
-from build.reformulation import Reformulator
-from build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
+from reform_eval.build.ablation import IMAGE_ABLATIONS, ablate_images
+from reform_eval.build.reformulation import Reformulator
+from reform_eval.build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
                             register_builder, resolve_config)
-from utils.errors import ReformError, unknown_name
-from utils.images import SyntheticImage
-from utils.run_images import open_run_image
-from utils.predictions import image_ids
-from utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
-from utils.seeding import rng_for
+from reform_eval.utils.errors import ReformError, unknown_name
+from reform_eval.utils.images import SyntheticImage
+from reform_eval.utils.run_images import open_run_image
+from reform_eval.utils.predictions import image_ids
+from reform_eval.utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
+from reform_eval.utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
 
 #: Modules that register builders; a benchmark whose module is absent is simply not offered.
-BUILDER_MODULES = ("build.custom", "build.iwisdm", "build.mme", "build.mmmt_if")
+BUILDER_MODULES = ("reform_eval.build.custom", "reform_eval.build.iwisdm", "reform_eval.build.mme", "reform_eval.build.mmmt_if")
 
 for _mod in BUILDER_MODULES:
     try:

@@ -12,10 +12,10 @@ import json
 import os
 from typing import Any, Dict, List
 
-from build.registry import FLAG, PATH, Builder, register_builder
-from utils.errors import ReformError, input_error
-from utils.inputs import check_name, iter_jsonl
-from utils.images import open_image
+from reform_eval.build.registry import FLAG, PATH, Builder, register_builder
+from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.inputs import check_name, iter_jsonl
+from reform_eval.utils.images import open_image
 
 
 @register_builder("custom")

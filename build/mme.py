@@ -27,17 +27,17 @@ import re
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
-import configs
-from build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
-from utils.errors import ReformError, input_error
-from utils.images import check_image
-from utils.inputs import list_dir, read_bytes, read_text
-from utils.paths import cache_root
+from reform_eval import configs
+from reform_eval.build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
+from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.images import check_image
+from reform_eval.utils.inputs import list_dir, read_bytes, read_text
+from reform_eval.utils.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
 if __name__ == "__main__":  # the command has its own module (running this one makes Python warn)
-    raise SystemExit("use: python -m build.mme_placeholder --questions DIR --out DIR [--parquet FILE]")
+    raise SystemExit("use: python -m reform_eval.build.mme_placeholder --questions DIR --out DIR [--parquet FILE]")
 
 PERCEPTION = ("existence", "count", "position", "color", "posters", "celebrity", "scene",
               "landmark", "artwork", "OCR")

@@ -1,4 +1,4 @@
-"""``python -m build.mme_placeholder --questions DIR --out DIR [--parquet FILE]``: a release-shaped
+"""``python -m reform_eval.build.mme_placeholder --questions DIR --out DIR [--parquet FILE]``: a release-shaped
 MME folder with 8x8 placeholder images, from the official question lists, for smoke runs and tests.
 
 Why its own module: ``build`` imports ``build.mme`` to register the builder, so running that
@@ -10,13 +10,13 @@ import argparse
 import sys
 from typing import List, Optional
 
-from build.mme import write_placeholder_parquet, write_placeholder_release
-from utils.errors import ReformError
+from reform_eval.build.mme import write_placeholder_parquet, write_placeholder_release
+from reform_eval.utils.errors import ReformError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Write the placeholder release (and optionally its parquet layout); print its folder."""
-    ap = argparse.ArgumentParser(prog="python -m build.mme_placeholder", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m reform_eval.build.mme_placeholder", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", nargs="?", choices=["placeholder"], help=argparse.SUPPRESS)  # the old spelling
     ap.add_argument("--questions", required=True, help="folder with the official <subtask>.txt question lists "
                     "(shipped: configs/data/mme_questions)")

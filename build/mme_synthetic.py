@@ -6,7 +6,7 @@ be shipped. The set is laid out as an official-release folder (subtasks ``existe
 ``color``; each image with one "Yes" and one "No" question, as MME pairs them), so the MME
 builder reads it and the MME scorer gives acc and acc+ exactly as for the real benchmark.
 
-``python -m build.mme_synthetic --out DIR [--images N] [--seed S]`` writes it and prints DIR.
+``python -m reform_eval.build.mme_synthetic --out DIR [--images N] [--seed S]`` writes it and prints DIR.
 Deterministic: the same seed writes the same files.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from PIL import Image, ImageDraw
 
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 #: colour words and their RGB values (saturated, far apart)
 COLOURS: Tuple[Tuple[str, Tuple[int, int, int]], ...] = (
@@ -86,7 +86,7 @@ def write_yesno_release(out_dir: str, n_images: int = 40, seed: int = 0,
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m build.mme_synthetic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m reform_eval.build.mme_synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="release folder to create")
     ap.add_argument("--images", type=int, default=40, help="images per subtask (two questions each)")
     ap.add_argument("--seed", type=int, default=0, help="generation seed (the same seed writes the same files)")

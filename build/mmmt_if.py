@@ -25,14 +25,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from build.registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
-from utils.schema import IMAGE_TOKEN
-from build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
+from reform_eval.build.registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
+from reform_eval.utils.schema import IMAGE_TOKEN
+from reform_eval.build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
                                         split_instruction_prefix)
-from utils.errors import ReformError, input_error
-from utils.images import check_image
-from utils.inputs import read_csv, read_json
-from utils.seeding import rng_for
+from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.images import check_image
+from reform_eval.utils.inputs import read_csv, read_json
+from reform_eval.utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
 

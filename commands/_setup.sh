@@ -22,7 +22,7 @@ _setup_key() {
 }
 _setup_found() {  # the packages are still there (find_spec only: no import of torch or transformers)
   python -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, sys.argv[1:])))" \
-    torch transformers pytest run_eval build >/dev/null 2>&1
+    torch transformers pytest reform_eval >/dev/null 2>&1
 }
 _SETUP_KEY="$(_setup_key)"
 if [ "$(cat .venv/.project-installed 2>/dev/null)" != "$_SETUP_KEY" ] || ! _setup_found; then
@@ -36,7 +36,7 @@ if [ "$(cat .venv/.project-installed 2>/dev/null)" != "$_SETUP_KEY" ] || ! _setu
     cat .venv/install.log >&2
     exit 1
   fi
-  python -c "import run_eval, build, transformers, pytest" >/dev/null 2>&1 || {
+  python -c "import reform_eval.run_eval, reform_eval.build, transformers, pytest" >/dev/null 2>&1 || {
     echo "error: the project installed but does not import; see .venv/install.log" >&2; exit 1; }
   echo "$_SETUP_KEY" > .venv/.project-installed
 fi

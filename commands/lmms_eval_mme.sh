@@ -6,7 +6,7 @@
 #
 # Re-run it whenever models/checkpoints/llava-tiny-trained changes (the tests compare the
 # checkpoint's SHA-256 with the one in OUT/MANIFEST.json and name this command when they differ).
-# Data: python -m build.mme_synthetic (existence + color, $IMAGES images each, seed $SEED), the
+# Data: python -m reform_eval.build.mme_synthetic (existence + color, $IMAGES images each, seed $SEED), the
 # release folder for our runs and the same files as a parquet in the HF MME layout for lmms-eval,
 # whose mme task is pointed at it by a task YAML that includes lmms-eval's own mme.yaml.
 # lmms-eval runs (its own venv, commands/lmms_eval_env.sh; --log_samples):
@@ -36,7 +36,7 @@ export HF_HOME="$WORK/hf" REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval
 export GIT_CEILING_DIRECTORIES="$(dirname "$(dirname "$(dirname "$LPY")")")"
 cd "$ROOT"
 
-"$PY" -m build.mme_synthetic --out "$WORK/release" --images "$IMAGES" --seed "$SEED" >/dev/null
+"$PY" -m reform_eval.build.mme_synthetic --out "$WORK/release" --images "$IMAGES" --seed "$SEED" >/dev/null
 "$PY" -c "import sys; from build.mme import write_placeholder_parquet as w; w(sys.argv[1], sys.argv[2], ['existence', 'color'])" \
   "$WORK/release" "$WORK/parquet/test.parquet"
 MME_YAML="$("$LPY" -c 'import lmms_eval, os; print(os.path.join(os.path.dirname(lmms_eval.__file__), "tasks", "mme", "mme.yaml"))' 2>/dev/null)"
@@ -101,7 +101,7 @@ sha = {n: hashlib.sha256(open(os.path.join(ckpt, n), "rb").read()).hexdigest() f
 ver = lambda py, mod: subprocess.run([py, "-c", f"import importlib.metadata as m; print(m.version('{mod}'))"],
                                      capture_output=True, text=True).stdout.strip() or None
 manifest = {"command": "bash commands/lmms_eval_mme.sh", "checkpoint": "models/checkpoints/llava-tiny-trained",
-            "checkpoint_sha256": sha, "data": {"generator": "python -m build.mme_synthetic", "images": int(images),
+            "checkpoint_sha256": sha, "data": {"generator": "python -m reform_eval.build.mme_synthetic", "images": int(images),
                                                "seed": int(seed), "subtasks": ["existence", "color"]},
             "versions": {"lmms-eval": ver(lpy, "lmms-eval"), "transformers (lmms-eval venv)": ver(lpy, "transformers"),
                          "torch (lmms-eval venv)": ver(lpy, "torch"), "transformers (ours)": ver(sys.executable, "transformers"),

@@ -15,7 +15,7 @@ DATA=()
 if [ ! -d data/MME_Benchmark_release_version ] && ! printf '%s\n' "$@" | grep -qE '^(root|parquet)=|^--dataset_config'; then
   PLACEHOLDER="${MME_PLACEHOLDER:-$PWD/output/mme/placeholder_release}"
   if [ ! -d "$PLACEHOLDER" ]; then
-    "$PY" -m build.mme_placeholder --questions configs/data/mme_questions --out "$PLACEHOLDER" >/dev/null
+    "$PY" -m reform_eval.build.mme_placeholder --questions configs/data/mme_questions --out "$PLACEHOLDER" >/dev/null
   fi
   echo "warning: no MME release at data/MME_Benchmark_release_version; running on placeholder images" \
        "($PLACEHOLDER): these scores are not MME scores" >&2

@@ -28,9 +28,9 @@ import socket
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from utils.paths import cache_root
+from reform_eval.utils.paths import cache_root
 
-logger = logging.getLogger("evaluation.cache")
+logger = logging.getLogger("reform_eval.evaluation.cache")
 
 #: the store's format; a new format never reads an old one's lines (2: content-addressed images,
 #: values carry the call's trace)

@@ -34,15 +34,15 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from evaluation.calls import Runner
-from evaluation.plan import Key
-from evaluation.runinfo import log_file_handler
-from evaluation.window import run_window
-from utils.distributed import share_of
-from utils.errors import BudgetExhausted, ReformError
-from utils.lifetime import die_with_parent
-from utils.secrets import redact_text
-from utils.world import interrupt_of, interrupts_held, note_signal, world_error
+from reform_eval.evaluation.calls import Runner
+from reform_eval.evaluation.plan import Key
+from reform_eval.evaluation.runinfo import log_file_handler
+from reform_eval.evaluation.window import run_window
+from reform_eval.utils.distributed import share_of
+from reform_eval.utils.errors import BudgetExhausted, ReformError
+from reform_eval.utils.lifetime import die_with_parent
+from reform_eval.utils.secrets import redact_text
+from reform_eval.utils.world import interrupt_of, interrupts_held, note_signal, world_error
 
 #: how long the run waits for its children to stop after an interrupt before killing them
 STOP_WAIT_S = 10.0

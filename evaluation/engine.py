@@ -2,7 +2,7 @@
 
 ``run_eval.py`` and ``run_loader_eval.py`` are thin shells over these two calls:
 
-    from evaluation import RunConfig, ModelConfig, DatasetConfig, evaluate
+    from reform_eval.evaluation import RunConfig, ModelConfig, DatasetConfig, evaluate
     result = evaluate(RunConfig(model=ModelConfig("random"), dataset=DatasetConfig("iWISDM", config="iwisdm_low")))
     result.metrics, result.prediction_file
 
@@ -18,26 +18,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from evaluation.config import RunConfig, check_writable_dir
-from evaluation.execute import run_rank
-from evaluation.merge import (SHARD_FIX, check_existing, finish_merge, merge_shards, record_checker,
+from reform_eval.evaluation.config import RunConfig, check_writable_dir
+from reform_eval.evaluation.execute import run_rank
+from reform_eval.evaluation.merge import (SHARD_FIX, check_existing, finish_merge, merge_shards, record_checker,
                               remove_prediction_and_results)
-from evaluation.plan import Key, RunPlan, make_plan, read_dataset_config
-from evaluation.reporting.report import write_run_report
-from evaluation.reporting.scoring import (RUN_INDEX, check_export, evaluate_files, export_results, index_entry,
+from reform_eval.evaluation.plan import Key, RunPlan, make_plan, read_dataset_config
+from reform_eval.evaluation.reporting.report import write_run_report
+from reform_eval.evaluation.reporting.scoring import (RUN_INDEX, check_export, evaluate_files, export_results, index_entry,
                                           results_paths, run_eval_tag, run_name, score_records)
-from evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
-from utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
-from utils.errors import ReformError, stage
-from utils.file_hashes import forget_fingerprints
-from evaluation.trackers import log_run
-from utils.commit import Commit, clean_stale_temps, discard
-from utils.usage import usage_totals
-from utils.predictions import ensure_writable_dir, remove_stale_temps
-from utils.report import scalar_table
-from utils.runlock import RunLock
+from reform_eval.evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
+from reform_eval.utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
+from reform_eval.utils.errors import ReformError, stage
+from reform_eval.utils.file_hashes import forget_fingerprints
+from reform_eval.evaluation.trackers import log_run
+from reform_eval.utils.commit import Commit, clean_stale_temps, discard
+from reform_eval.utils.usage import usage_totals
+from reform_eval.utils.predictions import ensure_writable_dir, remove_stale_temps
+from reform_eval.utils.report import scalar_table
+from reform_eval.utils.runlock import RunLock
 
-logger = logging.getLogger("evaluation.engine")
+logger = logging.getLogger("reform_eval.evaluation.engine")
 
 
 @dataclass

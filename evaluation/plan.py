@@ -11,14 +11,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from build import build_dataset
-from build.registry import Builder, get_builder_class, load_config, resolve_config
-from models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
-from models.tiny import sha256_file
-from evaluation.config import ModelConfig, RunConfig
-from utils.errors import ReformError
-from utils.fingerprint import samples_fingerprint
-from utils.secrets import drop_secrets, json_default
+from reform_eval.build import build_dataset
+from reform_eval.build.registry import Builder, get_builder_class, load_config, resolve_config
+from reform_eval.models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
+from reform_eval.models.tiny import sha256_file
+from reform_eval.evaluation.config import ModelConfig, RunConfig
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.fingerprint import samples_fingerprint
+from reform_eval.utils.secrets import drop_secrets, json_default
 
 Key = Tuple[str, int]
 

@@ -13,8 +13,8 @@ import warnings
 from importlib import metadata
 from typing import Any, Dict
 
-from utils.errors import ReformError
-from utils.secrets import redact_text
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.secrets import redact_text
 
 #: what describes how predictions were made (kept when a later command only re-scores them)
 RUN_INFO_KEYS = ("config", "command", "timing", "world_size", "versions", "git_revision", "git_dirty", "build_log",

@@ -1,6 +1,6 @@
-"""``python -m evaluation.train_known_skill --out DIR [--ship]``: train the known-skill LLaVA
+"""``python -m reform_eval.evaluation.train_known_skill --out DIR [--ship]``: train the known-skill LLaVA
 (``--model_name tiny-trained``; recipe in ``evaluation/training.py``, docs/models.md) into DIR.
-``python -m evaluation.train_known_skill --check``: the cheap reproducibility check.
+``python -m reform_eval.evaluation.train_known_skill --check``: the cheap reproducibility check.
 
 ``--check`` verifies the shipped files against the manifest's hashes, then reruns the recipe's
 first part (the data, the tower's pretraining and ``CHECK_STEPS`` language-model steps, about 2
@@ -23,14 +23,14 @@ import tempfile
 import time
 from typing import List, Optional
 
-from evaluation.training import SHIPPED_NAME, build_trained_llava, ship
-from models.tiny import SHIPPED_DIR, SHIPPED_MANIFEST, read_shipped_manifest, shipped_checkpoint
-from utils.errors import ReformError
+from reform_eval.evaluation.training import SHIPPED_NAME, build_trained_llava, ship
+from reform_eval.models.tiny import SHIPPED_DIR, SHIPPED_MANIFEST, read_shipped_manifest, shipped_checkpoint
+from reform_eval.utils.errors import ReformError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Train into ``--out`` (a new or empty folder); ``--ship`` records its hashes in the manifest."""
-    ap = argparse.ArgumentParser(prog="python -m evaluation.train_known_skill", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m reform_eval.evaluation.train_known_skill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="new or empty folder to write the checkpoint to")
     ap.add_argument("--check", action="store_true",
                     help="verify the shipped checkpoint: its files' hashes, then the recipe's first part retrained "

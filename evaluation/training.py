@@ -31,7 +31,7 @@ The recipe (docs/models.md has the measurements behind each choice):
    training scaffolding and are not saved.
 
 Deterministic from ``SEED``: one CPU thread, fixed data order, deterministic algorithms, so
-``python -m evaluation.train_known_skill --out DIR`` rebuilds ``models/checkpoints/llava-tiny-trained``
+``python -m reform_eval.evaluation.train_known_skill --out DIR`` rebuilds ``models/checkpoints/llava-tiny-trained``
 file for file on the platform recorded in the manifest. The manifest also records the hash of the
 training state at the end of every stage, so a cheap check retrains the first stages only
 (``--check``; tests/test_known_skill.py). Without the shipped files, ``--model_name tiny-trained``
@@ -53,16 +53,16 @@ import torch
 import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration
 
-from build import load_reform_dataset
-from build.frame_order import write_frame_order_set
-from build.mme_synthetic import write_yesno_release
-from build.mme_synthetic import SHAPES
-from evaluation.skill_targets import (CATEGORIES, CLAUSE_PROBES, COLOUR_NAMES, LOCATION_NAMES, MATCH_PROBES, PROBES,
+from reform_eval.build import load_reform_dataset
+from reform_eval.build.frame_order import write_frame_order_set
+from reform_eval.build.mme_synthetic import write_yesno_release
+from reform_eval.build.mme_synthetic import SHAPES
+from reform_eval.evaluation.skill_targets import (CATEGORIES, CLAUSE_PROBES, COLOUR_NAMES, LOCATION_NAMES, MATCH_PROBES, PROBES,
                                       drawn_truth, frame_labels, probe_targets)
-from models import get_model
-from models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, SHIPPED_VERSIONS, TINY_CORPUS, llava_parts,
+from reform_eval.models import get_model
+from reform_eval.models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, SHIPPED_VERSIONS, TINY_CORPUS, llava_parts,
                          register_tiny_builder, sha256_file, train_tiny_tokenizer)
-from models.tiny_zoo import save_checkpoint, seeded_model
+from reform_eval.models.tiny_zoo import save_checkpoint, seeded_model
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from metrics.reasoning import strip_reasoning_records
-from utils.errors import ReformError, unknown_name
-from utils.report import markdown_table
+from reform_eval.metrics.reasoning import strip_reasoning_records
+from reform_eval.utils.errors import ReformError, unknown_name
+from reform_eval.utils.report import markdown_table
 
 METRICS: Dict[str, Callable[..., Dict[str, Any]]] = {}
 
@@ -23,8 +23,8 @@ BENCHMARK_METRICS: Dict[str, Dict[str, str]] = {}
 #: generic metric per formulation when a benchmark registers none
 DEFAULT_METRICS = {"SingleChoice": "single_choice", "Generation": "exact_match"}
 
-METRIC_MODULES = ("metrics.single_choice", "metrics.iwisdm", "metrics.mme", "metrics.pif",
-                  "metrics.mme_lmms_eval", "metrics.mme_vlmevalkit")  # the last two: other harnesses' MME files
+METRIC_MODULES = ("reform_eval.metrics.single_choice", "reform_eval.metrics.iwisdm", "reform_eval.metrics.mme", "reform_eval.metrics.pif",
+                  "reform_eval.metrics.mme_lmms_eval", "reform_eval.metrics.mme_vlmevalkit")  # the last two: other harnesses' MME files
 
 
 def register_metric(name: str, benchmarks: Optional[Dict[str, List[str]]] = None):

@@ -25,11 +25,11 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from build.mme import canonical_subtask, normalize_gt
-from metrics.mme import check_unique_items, foreign_record
-from utils.errors import input_error
-from utils.inputs import iter_jsonl, read_json
-from utils.predictions import ForeignRecords, head_text, register_foreign_companion, register_foreign_reader
+from reform_eval.build.mme import canonical_subtask, normalize_gt
+from reform_eval.metrics.mme import check_unique_items, foreign_record
+from reform_eval.utils.errors import input_error
+from reform_eval.utils.inputs import iter_jsonl, read_json
+from reform_eval.utils.predictions import ForeignRecords, head_text, register_foreign_companion, register_foreign_reader
 
 HARNESS = "lmms-eval"
 METRIC_KEYS = ("mme_perception_score", "mme_cognition_score")

@@ -26,11 +26,11 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from build.mme import canonical_subtask, normalize_gt
-from metrics.mme import check_unique_items, foreign_record
-from utils.errors import ReformError, input_error
-from utils.inputs import max_input_bytes, read_csv
-from utils.predictions import ForeignRecords, head_text, register_foreign_reader
+from reform_eval.build.mme import canonical_subtask, normalize_gt
+from reform_eval.metrics.mme import check_unique_items, foreign_record
+from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.inputs import max_input_bytes, read_csv
+from reform_eval.utils.predictions import ForeignRecords, head_text, register_foreign_reader
 
 HARNESS = "VLMEvalKit"
 COLUMNS = ("index", "category", "image_path", "question", "answer", "prediction")

@@ -22,8 +22,8 @@ import string
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, Optional, Sequence
 
-from metrics import register_metric
-from utils.errors import ReformError, input_error
+from reform_eval.metrics import register_metric
+from reform_eval.utils.errors import ReformError, input_error
 
 UNPARSED = None
 _PUNCT_TABLE = str.maketrans("", "", string.punctuation)

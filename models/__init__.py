@@ -13,11 +13,11 @@ import importlib
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from models.hub_cache import HubSnapshot, hub_snapshot
-from models.registry_sources import family_modules, tiny_builder_modules
-from models.tiny import builtin_checkpoint
-from utils.errors import ReformError, unknown_name
-from utils.secrets import split_url_secrets
+from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot
+from reform_eval.models.registry_sources import family_modules, tiny_builder_modules
+from reform_eval.models.tiny import builtin_checkpoint
+from reform_eval.utils.errors import ReformError, unknown_name
+from reform_eval.utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 
@@ -31,7 +31,7 @@ _loaded = False
 
 #: secrets never leave memory: ``redact(config)`` before a config reaches a file, a log or
 #: the run identity (imported here, apart from the imports above, as the package's public API)
-from utils.secrets import redact, redact_text, register_secret  # noqa: E402,F401
+from reform_eval.utils.secrets import redact, redact_text, register_secret  # noqa: E402,F401
 
 
 def register_model(name: str):

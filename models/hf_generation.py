@@ -12,9 +12,9 @@ from typing import Any, Dict, List, Sequence
 import torch
 from PIL import Image
 
-from models.outputs import GenText, finish_text
-from models.sampling import SeededGumbelSampler
-from utils.errors import ReformError
+from reform_eval.models.outputs import GenText, finish_text
+from reform_eval.models.sampling import SeededGumbelSampler
+from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.hf_loading import _one_line
-from utils.errors import ReformError
-from utils.run_images import open_run_image
-from utils.schema import IMAGE_TOKEN
+from reform_eval.models.hf_loading import _one_line
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.run_images import open_run_image
+from reform_eval.utils.schema import IMAGE_TOKEN
 
 logger = logging.getLogger(__name__)
 

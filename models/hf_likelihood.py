@@ -34,8 +34,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from PIL import Image
 
-from models.interfaces.base_interface import CandidateScore
-from utils.errors import ReformError
+from reform_eval.models.interfaces.base_interface import CandidateScore
+from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

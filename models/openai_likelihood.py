@@ -43,8 +43,8 @@ import threading
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from models.interfaces.base_interface import CandidateScore
-from utils.errors import BudgetExhausted, ReformError
+from reform_eval.models.interfaces.base_interface import CandidateScore
+from reform_eval.utils.errors import BudgetExhausted, ReformError
 
 #: the vLLM extension fields every likelihood request carries
 LIKELIHOOD_FIELDS = {"prompt_logprobs": 0, "max_tokens": 1, "temperature": 0.0}

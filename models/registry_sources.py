@@ -15,8 +15,8 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-import models.interfaces as interfaces_package
-from utils.errors import ReformError
+import reform_eval.models.interfaces as interfaces_package
+from reform_eval.utils.errors import ReformError
 
 #: the registering calls and the keyword of their name argument
 _CALLS = {"register_model": "name", "register_tiny_builder": "family"}
@@ -48,7 +48,7 @@ def _scan() -> Tuple[Dict[str, str], Dict[str, str]]:
                                               "literal string (the registry reads the names without importing "
                                               "the module)")
                     for name in named.values():
-                        by_call[fn].setdefault(name, f"models.interfaces.{fname[:-3]}")
+                        by_call[fn].setdefault(name, f"reform_eval.models.interfaces.{fname[:-3]}")
         _found = (by_call["register_model"], by_call["register_tiny_builder"])
     return _found
 

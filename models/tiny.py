@@ -39,12 +39,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
-from models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
-from models.registry_sources import tiny_builder_modules
-from models.tiny_zoo import save_checkpoint, seeded_model
-from utils.errors import ReformError
-from utils.paths import cache_root  # noqa: F401  (re-exported)
-from utils.runlock import FileLock
+from reform_eval.models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
+from reform_eval.models.registry_sources import tiny_builder_modules
+from reform_eval.models.tiny_zoo import save_checkpoint, seeded_model
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.paths import cache_root  # noqa: F401  (re-exported)
+from reform_eval.utils.runlock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def tiny_model_path(family: str, size: str = "tiny") -> str:
     if builder is None:
         if f"{family}/{size}" in read_shipped_manifest():
             raise ReformError(f"the shipped {family}/{size} checkpoint is not usable (see the warning above) and its "
-                              "trainer is not loaded: `import evaluation` (run_eval does) trains it, or restore the "
+                              "trainer is not loaded: `from reform_eval import evaluation` (run_eval does) trains it, or restore the "
                               "files with `git checkout models/checkpoints`")
         extra = sorted(s for f, s in _BUILDERS if f == family and s != "*")
         raise ReformError(f"unknown tiny model size '{size}' for family '{family}'; "

@@ -21,7 +21,7 @@ Which keys: those under a ``vision_tower.`` prefix whose next name is not ``visi
 checkpoint whose ``vision_config.model_type`` is a CLIP or SigLIP vision model (the towers vLLM
 wraps in ``vision_model``). Command line (a server needs the path too)::
 
-    python -m models.vllm_checkpoint <checkpoint dir | tiny-trained>   # prints the directory to hand to vLLM
+    python -m reform_eval.models.vllm_checkpoint <checkpoint dir | tiny-trained>   # prints the directory to hand to vLLM
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from models.checkpoint_files import check_safetensors
-from models.hf_loading import builtin_checkpoint
-from models.tiny import cache_root, sha256_file
-from utils.errors import ReformError
-from utils.runlock import FileLock
+from reform_eval.models.checkpoint_files import check_safetensors
+from reform_eval.models.hf_loading import builtin_checkpoint
+from reform_eval.models.tiny import cache_root, sha256_file
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.runlock import FileLock
 
 #: vision towers vLLM builds with a ``vision_model`` level (vllm/model_executor/models/clip.py, siglip.py)
 WRAPPED_TOWERS = ("clip_vision_model", "siglip_vision_model")
@@ -174,7 +174,7 @@ def vllm_checkpoint(path: str) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m models.vllm_checkpoint <checkpoint dir | tiny-trained>  (prints the directory "
+        print("usage: python -m reform_eval.models.vllm_checkpoint <checkpoint dir | tiny-trained>  (prints the directory "
               "vLLM should load)", file=sys.stderr)
         return 2
     try:

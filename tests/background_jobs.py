@@ -23,7 +23,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from utils.runlock import pid_alive
+from reform_eval.utils.runlock import pid_alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

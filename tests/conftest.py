@@ -67,14 +67,14 @@ def custom_cfg(tmp_path):
 def prediction_files(out) -> list:
     """The prediction files in an output directory: the library's one lookup of a run's files
     (``evaluation.reporting.scoring.prediction_files``), with a path object accepted."""
-    from evaluation.reporting.scoring import prediction_files as found
+    from reform_eval.evaluation.reporting.scoring import prediction_files as found
     return found(str(out))
 
 
 def results_of(pred: str, tag: str = "") -> dict:
     """The results run_eval wrote for a prediction file (``<stem>.results.json``, or its one
     ``<stem>.eval-<hash>.results.json`` when scored with other options), or those with ``tag``."""
-    from evaluation.reporting.scoring import results_files, results_paths
+    from reform_eval.evaluation.reporting.scoring import results_files, results_paths
     paths = results_paths(str(pred), tag=tag or None)
     path = paths["json"]
     if not tag and not os.path.exists(path):

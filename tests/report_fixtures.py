@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from metrics import evaluate
-from utils.seeding import rng_for
+from reform_eval.metrics import evaluate
+from reform_eval.utils.seeding import rng_for
 
 
 def iwisdm_records(n: int = 30, p_correct: float = 0.5, seed: int = 0, dups: int = 1) -> List[Dict[str, Any]]:

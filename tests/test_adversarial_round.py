@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-import run_eval
-import run_loader_eval
-from metrics.pif import check_instruction
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
+from reform_eval.metrics.pif import check_instruction
 from tests.report_fixtures import iwisdm_records, mme_records
-from utils.report import md_cell, md_text
+from reform_eval.utils.report import md_cell, md_text
 
 
 def _write(path, records):

@@ -13,9 +13,9 @@ from typing import Dict, List
 import pytest
 import torch
 
-from utils.schema import IMAGE_TOKEN
-from utils.images import noise_image
-from utils.seeding import derive_seed
+from reform_eval.utils.schema import IMAGE_TOKEN
+from reform_eval.utils.images import noise_image
+from reform_eval.utils.seeding import derive_seed
 
 QUESTIONS = ["Is there a cat?", "What colour are the two objects?", "Count to three, please.",
              "Which image shows a square? Answer.", "Describe the scene.", "Is it daytime?",
@@ -27,9 +27,9 @@ _LOADED: Dict[str, tuple] = {}
 
 def _model(fam: str):
     """``fam`` or ``fam:variant`` (a tiny checkpoint of another builder, e.g. ``blip2:blip2_t5``)."""
-    import models
-    from models import get_model
-    from models.tiny import tiny_model_path
+    from reform_eval import models
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
     torch.set_num_threads(1)
     if fam not in _LOADED:
         _LOADED.clear()  # one family in memory at a time
@@ -95,7 +95,7 @@ def test_seeded_sampling_respects_top_k():
 
 
 def test_gumbel_noise_depends_on_seed_and_step_only():
-    from models.sampling import gumbel_noise
+    from reform_eval.models.sampling import gumbel_noise
     a = gumbel_noise(11, 0, 1000)
     assert torch.equal(a, gumbel_noise(11, 0, 1000))
     assert not torch.equal(a, gumbel_noise(11, 1, 1000)) and not torch.equal(a, gumbel_noise(12, 0, 1000))
@@ -194,7 +194,7 @@ def test_qwen2_vl_text_only_prompts_after_an_image_prompt():
 def test_seeded_sampler_draws_from_the_warped_softmax(temperature, top_k, top_p):
     """20000 rows, one seed each, one step: the argmax frequencies match softmax(logits / T)
     restricted to the top-k / top-p set (filtered tokens never drawn)."""
-    from models.sampling import SeededGumbelSampler
+    from reform_eval.models.sampling import SeededGumbelSampler
     logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -3.0])
     probs = torch.softmax(logits / temperature, -1)
     keep = torch.ones(6, dtype=torch.bool)

@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import prediction_files
 
-from models import get_model
-from utils.errors import ReformError
-from utils.images import noise_image
+from reform_eval.models import get_model
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.images import noise_image
 
 #: llava's modules, half kept on cpu and half offloaded to disk (weights read per forward)
 LLAVA_SPLIT = {
@@ -97,7 +97,7 @@ def test_placement_options_are_validated():
 def test_gpu_group_per_rank(monkeypatch):
     import torch
 
-    from models.hf_base import gpu_group
+    from reform_eval.models.hf_base import gpu_group
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert gpu_group(0, 4) == [0, 1, 2, 3] and gpu_group(1, 4) == [4, 5, 6, 7]
     with pytest.raises(ReformError, match="needs GPUs 8..11 but this node has 8"):
@@ -107,7 +107,7 @@ def test_gpu_group_per_rank(monkeypatch):
 def test_rank_device_with_gpus_per_rank(monkeypatch):
     import torch
 
-    from utils.distributed import DistInfo, default_device
+    from reform_eval.utils.distributed import DistInfo, default_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device(DistInfo(rank=1, world_size=2, local_rank=1)) == "cuda:1"
     assert default_device(DistInfo(rank=1, world_size=2, local_rank=1), gpus_per_rank=4) == "cuda:4"
@@ -140,7 +140,7 @@ import json, sys
 import torch.distributed as dist
 sys.path.insert(0, {root!r})
 dist.init_process_group("gloo")
-from models import get_model
+from reform_eval.models import get_model
 from tests.test_big_models import _samples
 model, prep = get_model("llava", {{"model_name": "tiny", "device": "cpu", "tp_plan": "auto"}})
 samples = _samples()

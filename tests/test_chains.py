@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-import run_eval
-import run_loader_eval
-from build.mme import write_placeholder_release
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
+from reform_eval.build.mme import write_placeholder_release
 from tests.conftest import prediction_files, results_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +26,7 @@ RELEASE_CSV = os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv")
 
 def _scored(pred: str) -> dict:
     """The results run_loader_eval wrote for a prediction file (``<stem>.scored-<hash>``)."""
-    from evaluation.reporting.scoring import results_files
+    from reform_eval.evaluation.reporting.scoring import results_files
     found = [f for f in results_files(pred) if ".scored-" in os.path.basename(f)]
     assert len(found) == 1, found
     with open(found[0], encoding="utf-8") as f:

@@ -10,14 +10,14 @@ import subprocess
 import sys
 import zipfile
 
-import run_eval
+from reform_eval import run_eval
 from tests.conftest import prediction_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_help_lists_every_dataset_and_shipped_config():
-    from build.registry import BUILDERS
+    from reform_eval.build.registry import BUILDERS
     text = run_eval.build_parser().format_help()
     flat = " ".join(text.split())
     for name in BUILDERS:
@@ -43,11 +43,13 @@ def test_wheel_ships_dataset_configs_and_data(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = glob.glob(str(tmp_path / "*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {f"configs/datasets/{n}" for n in os.listdir(os.path.join(ROOT, "configs", "datasets"))}
+    shipped = {f"reform_eval/configs/datasets/{n}" for n in os.listdir(os.path.join(ROOT, "configs", "datasets"))}
     assert shipped and shipped <= names
+    # one import package at the top of site-packages, nothing else (docs/architecture.md, "One package")
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"reform_eval"}
     data = os.path.join(ROOT, "configs", "data")
     if os.path.isdir(data):
-        files = {os.path.relpath(os.path.join(r, n), ROOT) for r, _, fs in os.walk(data) for n in fs}
+        files = {"reform_eval/" + os.path.relpath(os.path.join(r, n), ROOT) for r, _, fs in os.walk(data) for n in fs}
         assert files and files <= names, files - names
 
 
@@ -58,8 +60,8 @@ def _help_entries(parser):
 
 
 def test_every_flag_has_help_and_each_default_shows_once():
-    import run_loader_eval
-    from models import available_models
+    from reform_eval import run_loader_eval
+    from reform_eval.models import available_models
     for parser in (run_eval.build_parser(), run_loader_eval.build_parser()):
         for flag, text in _help_entries(parser):
             assert text.strip(), f"{flag} has no help text"
@@ -74,7 +76,7 @@ def test_every_flag_has_help_and_each_default_shows_once():
 
 
 def test_logged_command_is_rebuilt_from_the_config_without_the_key(tmp_path):
-    from evaluation.config import RunConfig
+    from reform_eval.evaluation.config import RunConfig
     secret = "sk-live-abcdef123456"
     cfg = RunConfig.from_argv(["--model", "openai_api", "--dataset_name", "custom", "--model_option",
                                f"api_key={secret}", "--model_option", "max_concurrency=2", "--seed", "4"])
@@ -151,9 +153,9 @@ def test_python_api_config_is_checked_like_the_command_line(tmp_path):
     """A RunConfig built in Python is validated like argv: types, credentials, flags a family
     does not read."""
     import pytest as _pytest
-    from evaluation import DatasetConfig, ModelConfig, OutputConfig, RunConfig
-    from utils.errors import ReformError
-    from utils.secrets import Secret
+    from reform_eval.evaluation import DatasetConfig, ModelConfig, OutputConfig, RunConfig
+    from reform_eval.utils.errors import ReformError
+    from reform_eval.utils.secrets import Secret
     base = dict(model=ModelConfig("random"), dataset=DatasetConfig("custom", config="x.yaml"),
                 output=OutputConfig(str(tmp_path / "o")))
     for bad in (dict(dataset=DatasetConfig("custom", shuffle_options="false")),
@@ -175,7 +177,7 @@ def test_python_api_config_is_checked_like_the_command_line(tmp_path):
 
 
 def test_the_recorded_command_parses_back_to_the_same_config():
-    from evaluation.config import RunConfig
+    from reform_eval.evaluation.config import RunConfig
     argv = ["--model", "llava", "--model_name", "tiny", "--dataset_name", "custom",
             "--model_option", "system_msg='42'", "--model_option", "max_new_tokens=3",
             "--dataset_option", "data_file=items.jsonl", "--metric_option", "strip_reasoning=true",
@@ -200,7 +202,7 @@ def test_usage_errors_and_repeated_keys_are_one_line(tmp_path, capsys):
 
 
 def test_an_internal_error_names_the_stage_it_happened_in(tmp_path, capsys, monkeypatch):
-    import evaluation.calls as calls
+    import reform_eval.evaluation.calls as calls
     def boom(*a, **k):
         raise ZeroDivisionError("simulated bug")
     monkeypatch.setattr(calls.Runner, "run", boom)
@@ -213,18 +215,18 @@ def test_an_internal_error_names_the_stage_it_happened_in(tmp_path, capsys, monk
 
 
 def test_mme_placeholder_command_is_quiet_and_the_old_spelling_says_where_it_went(tmp_path):
-    """``python -m build.mme_placeholder`` prints the folder it wrote and nothing else (no
+    """``python -m reform_eval.build.mme_placeholder`` prints the folder it wrote and nothing else (no
     RuntimeWarning from running a module the package already imported)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = str(tmp_path / "release")
-    done = subprocess.run([sys.executable, "-W", "default", "-m", "build.mme_placeholder", "--questions",
+    done = subprocess.run([sys.executable, "-W", "default", "-m", "reform_eval.build.mme_placeholder", "--questions",
                            os.path.join(root, "configs", "data", "mme_questions"), "--out", out],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stderr == "" and done.stdout == out + "\n"
     assert len(os.listdir(os.path.join(out, "existence"))) == 60  # 30 images and their 30 answer files
-    old = subprocess.run([sys.executable, "-m", "build.mme", "placeholder"], cwd=root, capture_output=True,
+    old = subprocess.run([sys.executable, "-m", "reform_eval.build.mme", "placeholder"], cwd=root, capture_output=True,
                          text=True, timeout=300)
-    assert old.returncode == 1 and "use: python -m build.mme_placeholder" in old.stderr
+    assert old.returncode == 1 and "use: python -m reform_eval.build.mme_placeholder" in old.stderr
 
 
 def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsys, caplog):
@@ -234,7 +236,7 @@ def test_globs_and_shell_expanded_names_skip_what_the_tool_wrote(tmp_path, capsy
     import glob as globmod
     import json
 
-    import run_loader_eval
+    from reform_eval import run_loader_eval
     from tests.conftest import write_custom_dataset
     cfg = write_custom_dataset(str(tmp_path / "data"), n=6, formulation="Generation")
     out = tmp_path / "out"
@@ -296,7 +298,7 @@ def test_a_prediction_folder_stays_one_after_a_comparison_is_written_into_it(tmp
     import json
     import shutil
 
-    import run_loader_eval
+    from reform_eval import run_loader_eval
     from tests.conftest import write_custom_dataset
     cfg = write_custom_dataset(str(tmp_path / "data"), n=6, formulation="Generation")
     out = tmp_path / "out"

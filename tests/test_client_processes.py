@@ -19,9 +19,9 @@ from typing import List
 
 import pytest
 
-from evaluation.client_processes import shares, split_by_group
+from reform_eval.evaluation.client_processes import shares, split_by_group
 from tests.conftest import prediction_files
-from models.interfaces.openai_api_interface import OpenAIAPIInterface
+from reform_eval.models.interfaces.openai_api_interface import OpenAIAPIInterface
 from tests.test_request_window import ROOT, args, dataset, ok_body, question_of, saved, serve  # noqa: F401
 
 
@@ -194,9 +194,9 @@ def test_auto_shares_the_cores_among_the_ranks_of_a_node(monkeypatch):
 _FULL_CACHE = '''
 import errno, os, sys
 sys.path.insert(0, {root!r})
-import evaluation.cache as cache_module
-import evaluation.client_processes as cp
-import run_eval
+import reform_eval.evaluation.cache as cache_module
+import reform_eval.evaluation.client_processes as cp
+from reform_eval import run_eval
 
 class FullDiskOS:
     writes = 0
@@ -409,8 +409,8 @@ def test_an_interrupt_with_a_stopped_child_counts_what_the_child_saved(serve, tm
 _SLOW_SHARD = '''
 import os, sys, time
 sys.path.insert(0, {root!r})
-import utils.predictions as predictions
-import run_eval
+import reform_eval.utils.predictions as predictions
+from reform_eval import run_eval
 
 parent = os.getpid()
 original = predictions.ShardWriter.write
@@ -456,8 +456,8 @@ def test_a_second_ctrl_c_while_the_parent_drains_its_writer_keeps_the_count_true
 _SHARD_FULL_ONCE = '''
 import errno, os, sys
 sys.path.insert(0, {root!r})
-import utils.predictions as predictions
-import run_eval
+import reform_eval.utils.predictions as predictions
+from reform_eval import run_eval
 
 class FullOnceOS:
     writes = 0

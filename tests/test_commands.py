@@ -109,7 +109,7 @@ def test_scripts_keep_the_library_cache_root_and_run_one_process_without_a_launc
 
 
 def test_one_cache_root_in_the_library(monkeypatch):
-    from utils.paths import cache_root
+    from reform_eval.utils.paths import cache_root
     monkeypatch.delenv("REFORM_CACHE", raising=False)
     assert cache_root() == os.path.expanduser(os.path.join("~", ".cache", "reform_eval"))
     monkeypatch.setenv("REFORM_CACHE", "/somewhere/else")
@@ -125,8 +125,8 @@ def test_one_cache_root_in_the_library(monkeypatch):
 
 
 def test_a_missing_mme_release_says_how_to_set_it(tmp_path):
-    from build import build_dataset
-    from utils.errors import ReformError
+    from reform_eval.build import build_dataset
+    from reform_eval.utils.errors import ReformError
     with pytest.raises(ReformError) as e:
         build_dataset("MME", "Generation", {"root": str(tmp_path / "nowhere")})
     msg = str(e.value)

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-import run_eval
-import run_loader_eval
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
 from tests.conftest import prediction_files, results_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +52,7 @@ def test_three_models_on_iwisdm_levels(tmp_path, capsys):
 
 
 def test_mme_comparison_keeps_image_pairs(tmp_path):
-    from build.mme import write_placeholder_release
+    from reform_eval.build.mme import write_placeholder_release
     questions = os.path.join(ROOT, "configs", "data", "mme_questions")  # shipped with the project
     root = tmp_path / "release"
     write_placeholder_release(questions, str(root), subtasks=["existence", "OCR"])

@@ -13,13 +13,13 @@ import time
 import pytest
 from PIL import Image
 
-import run_eval
+from reform_eval import run_eval
 from tests.conftest import write_custom_dataset
 from tests.test_request_window import Server, dataset, ok_body, saved
-from build import _load_image
-from utils.errors import ReformError
-from utils.file_hashes import FileHashes, file_digest, hash_bytes_of
-from utils.run_images import open_run_image
+from reform_eval.build import _load_image
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.file_hashes import FileHashes, file_digest, hash_bytes_of
+from reform_eval.utils.run_images import open_run_image
 
 
 @pytest.fixture
@@ -65,8 +65,8 @@ def test_moved_touched_edited_data_costs_exactly_the_changed_requests(counting, 
 def test_the_run_identity_ignores_where_the_data_lies(tmp_path):
     """The data fingerprint is the same for a copy elsewhere with new modification times (the
     prediction file of the copy is then the same run's)."""
-    from evaluation.config import RunConfig, build_parser
-    from evaluation.plan import make_plan, read_dataset_config
+    from reform_eval.evaluation.config import RunConfig, build_parser
+    from reform_eval.evaluation.plan import make_plan, read_dataset_config
 
     def plan_of(cfg: str):
         config = RunConfig.from_namespace(build_parser().parse_args(
@@ -107,9 +107,9 @@ def test_in_memory_pictures_with_the_same_bytes_are_other_images(tmp_path):
     ``image_paths``, the run identity's token, the API client's encoded-image memo) comes from
     ``utils.fingerprint.pixel_digest``, which hashes mode and size too. Before, the saved files
     hashed the bytes alone and the portrait's record pointed at the landscape's file."""
-    from evaluation.calls import save_sample_images
-    from models.openai_messages import EncodedImages
-    from utils.fingerprint import image_token, pixel_digest
+    from reform_eval.evaluation.calls import save_sample_images
+    from reform_eval.models.openai_messages import EncodedImages
+    from reform_eval.utils.fingerprint import image_token, pixel_digest
 
     land, port, grey = Image.new("RGB", (40, 30)), Image.new("RGB", (30, 40)), Image.new("L", (60, 60))
     a = save_sample_images({"images": [land]}, str(tmp_path))[0]

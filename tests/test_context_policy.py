@@ -9,13 +9,13 @@ import pytest
 
 from tests.conftest import only_results, prediction_files
 
-from build import build_dataset
-from utils.schema import IMAGE_TOKEN
-from metrics.pif import INSTRUCTION_TEXTS
-from models import get_model
+from reform_eval.build import build_dataset
+from reform_eval.utils.schema import IMAGE_TOKEN
+from reform_eval.metrics.pif import INSTRUCTION_TEXTS
+from reform_eval.models import get_model
 from tests.test_mmmt_if_run import write_mmdu
-from evaluation.context import fit_batch, fit_sample, leading_instructions, truncated
-from utils.errors import ReformError
+from reform_eval.evaluation.context import fit_batch, fit_sample, leading_instructions, truncated
+from reform_eval.utils.errors import ReformError
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_skip_records_reason_and_fitting_samples_pass(chat, llava):
 
 
 def test_metrics_exclude_skipped_records_and_show_the_count():
-    from metrics import evaluate
+    from reform_eval.metrics import evaluate
     base = {"benchmark": "custom", "formulation": "Generation", "inference_method": "generation", "dup_index": 0}
     records = [dict(base, sample_id="a", answer="red", prediction="red"),
                dict(base, sample_id="b", answer="blue", prediction="green"),
@@ -139,7 +139,7 @@ def test_metrics_exclude_skipped_records_and_show_the_count():
 
 
 def _run(mmdu_cfg, out, policy, limit):
-    import run_eval
+    from reform_eval import run_eval
     return run_eval.main(["--model", "llava", "--model_name", "tiny", "--dataset_name", "MMMT-IF",
                           "--dataset_config", mmdu_cfg, "--max_new_tokens", "6", "--history", "reference",
                           "--dataset_option", "num_chats=2", "--output_dir", str(out), "--do_eval",

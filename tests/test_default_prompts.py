@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from utils.schema import IMAGE_TOKEN
+from reform_eval.utils.schema import IMAGE_TOKEN
 
 _IMG = Image.new("RGB", (32, 32), (200, 30, 30))
 ONE = {"sample_id": "one", "formulation": "SingleChoice", "inference_method": "generation",
@@ -85,8 +85,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("key", list(EXPECTED), ids=lambda k: "-".join([k[1]] + [f"{a}={b}" for a, b in k[2]]))
 def test_default_prompt_text(key):
-    from models import get_model
-    from models.tiny import tiny_model_path
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
 
     torch.set_num_threads(1)
     family, builder, extra = key
@@ -98,7 +98,7 @@ def test_default_prompt_text(key):
 
 def test_llava_without_a_chat_template_uses_vicuna_v1(cache_dir):
     """A checkpoint without a template falls back to the documented conversation by itself."""
-    from models import get_model
+    from reform_eval.models import get_model
 
     interface, _ = get_model("llava", {"model_name": "tiny", "device": "cpu"})
     interface.processor.chat_template = None
@@ -108,9 +108,9 @@ def test_llava_without_a_chat_template_uses_vicuna_v1(cache_dir):
 
 
 def test_roles_option_parses_and_bad_values_fail_early():
-    from models import check_model_options
-    from utils.errors import ReformError
-    from utils.preprocessors import parse_roles
+    from reform_eval.models import check_model_options
+    from reform_eval.utils.errors import ReformError
+    from reform_eval.utils.preprocessors import parse_roles
 
     assert parse_roles("User, Bot", ("Question", "Answer")) == ("User", "Bot")
     assert parse_roles(None, ("Question", "Answer")) == ("Question", "Answer")

@@ -15,10 +15,10 @@ import warnings
 import pytest
 import torch
 
-from utils.images import noise_image
+from reform_eval.utils.images import noise_image
 
 def _tiny_families() -> list:
-    from models.tiny import tiny_families
+    from reform_eval.models.tiny import tiny_families
     return sorted(tiny_families())  # read from the interfaces' sources, nothing imported
 
 
@@ -47,8 +47,8 @@ def test_every_tiny_family_is_covered():
 
 @pytest.mark.parametrize("builder", _tiny_families())
 def test_no_deprecation_warnings_from_our_calls(builder):
-    from models import get_model
-    from models.tiny import tiny_model_path
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
     from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(1)
@@ -82,7 +82,7 @@ def test_no_deprecation_warnings_from_our_calls(builder):
 def test_generated_token_count_stops_at_eos(cache_dir):
     """A row's count is its tokens up to and including its first EOS (not the padding a
     finished row gets in a batch); without EOS it is max_new_tokens."""
-    from models import get_model
+    from reform_eval.models import get_model
 
     torch.set_num_threads(1)
     interface, pre = get_model("llava", {"model_name": "tiny", "device": "cpu"})
@@ -112,15 +112,15 @@ def test_generated_token_count_stops_at_eos(cache_dir):
 def test_loading_prints_no_progress_bars(capfd):
     """Loading a model prints nothing of transformers' own (no "Loading weights" bars) unless
     -v asks for INFO; the global progress-bar setting is left as it was (issue 17)."""
-    from models import get_model
-    from models.tiny import tiny_model_path
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
     from transformers.utils import logging as hf_logging
 
     path = tiny_model_path("llava")
     capfd.readouterr()
     before = hf_logging.is_progress_bar_enabled()
     hf_logging.enable_progress_bar()  # as in a fresh process (another test may have turned them off)
-    logger = logging.getLogger("models.hf_loading")
+    logger = logging.getLogger("reform_eval.models.hf_loading")
     old = logger.level
     try:
         logger.setLevel(logging.WARNING)  # no -v (an earlier test may have configured logging)

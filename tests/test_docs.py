@@ -137,7 +137,7 @@ def test_norun_block_names_real_things(block):
     if lang != "bash":
         compile(code, f"{doc}:{line}", "exec")
         return
-    import run_eval
+    from reform_eval import run_eval
     flags = {a for act in run_eval.build_parser()._actions for a in act.option_strings}
     for cmd in code.replace("\\\n", " ").splitlines():
         cmd = cmd.split("#", 1)[0]
@@ -175,7 +175,7 @@ def _flag_table(doc: str, heading: str) -> List[str]:
 def test_readme_flag_tables_list_every_flag(cli: str, heading: str) -> None:
     """README's flag tables are the parsers' flags, no more, no fewer (a new flag needs its row)."""
     import importlib
-    parser = importlib.import_module(cli).build_parser()
+    parser = importlib.import_module(f"reform_eval.{cli}").build_parser()
     real = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.dest != "help"]
     listed = _flag_table("README.md", heading)
     assert sorted(set(real) - set(listed)) == [], f"README {heading!r} lacks these flags"

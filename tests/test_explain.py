@@ -16,15 +16,15 @@ import os
 import pytest
 from PIL import Image
 
-import run_loader_eval
-from build.mme_synthetic import write_yesno_release
-from evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
+from reform_eval import run_loader_eval
+from reform_eval.build.mme_synthetic import write_yesno_release
+from reform_eval.evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
                         evaluate, score)
-from evaluation.reporting.explain import explain_runs, format_explanation
-from evaluation.reporting.explain_factors import factor_of, run_facts
-from evaluation.reporting.explain_files import explain_files
-from metrics import evaluate as score_metrics
-from utils.errors import ReformError
+from reform_eval.evaluation.reporting.explain import explain_runs, format_explanation
+from reform_eval.evaluation.reporting.explain_factors import factor_of, run_facts
+from reform_eval.evaluation.reporting.explain_files import explain_files
+from reform_eval.metrics import evaluate as score_metrics
+from reform_eval.utils.errors import ReformError
 
 
 # -- known answers on hand-written records -------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_parse_mode(tmp_path, capsys):
 
 
 def test_a_comparison_of_two_runs_has_the_explanation_as_a_section(tmp_path):
-    from evaluation.reporting.report import compare_runs
+    from reform_eval.evaluation.reporting.report import compare_runs
     a = _run("A", [_rec(0, "A"), _rec(1, "B")], INFO_A)
     b = _run("B", [_rec(0, "B"), _rec(1, "B")], INFO_B)
     comp = compare_runs([a, b], str(tmp_path / "two"), n_boot=20, plots=False)
@@ -369,8 +369,8 @@ def test_against_lmms_eval_with_its_vicuna_system_line(tmp_path):
     the system line is named, and every flip is one of different prompts. Both parsed by lmms-eval's
     rule ('stripped': our run asks for it, the log's rows carry it), so parsing is no difference."""
     import glob
-    from evaluation.reporting.compare import flips as compare_flips
-    from evaluation.reporting.explain_files import load_run
+    from reform_eval.evaluation.reporting.compare import flips as compare_flips
+    from reform_eval.evaluation.reporting.explain_files import load_run
     fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lmms_eval_mme")
     data = json.load(open(os.path.join(fixture, "MANIFEST.json")))["data"]
     root = write_yesno_release(str(tmp_path / "release"), n_images=data["images"], seed=data["seed"])

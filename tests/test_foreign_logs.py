@@ -19,12 +19,12 @@ import sys
 
 import pytest
 
-from evaluation.reporting.compare import build_comparison, flips, markdown, pair_runs, tables
-from evaluation.reporting.scoring import load_records, loader_eval, score_records
-from metrics.mme import item_key, question_key
-from models.interfaces.llava_interface import VICUNA_V1_SYSTEM
-from utils.errors import ReformError
-from utils.references import beside, load_references, markdown_table, match, spread
+from reform_eval.evaluation.reporting.compare import build_comparison, flips, markdown, pair_runs, tables
+from reform_eval.evaluation.reporting.scoring import load_records, loader_eval, score_records
+from reform_eval.metrics.mme import item_key, question_key
+from reform_eval.models.interfaces.llava_interface import VICUNA_V1_SYSTEM
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.references import beside, load_references, markdown_table, match, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "data", "lmms_eval_mme")
@@ -180,7 +180,7 @@ def test_our_committed_run_is_what_the_harness_gives_now(tmp_path):
     """Our run re-made now on the regenerated data: the same responses as the committed one."""
     manifest = json.load(open(os.path.join(FIXTURE, "MANIFEST.json"), encoding="utf-8"))
     rel = tmp_path / "release"
-    from build.mme_synthetic import write_yesno_release
+    from reform_eval.build.mme_synthetic import write_yesno_release
     write_yesno_release(str(rel), manifest["data"]["images"], manifest["data"]["seed"])
     out = tmp_path / "out"
     cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), "--model", "llava", "--model_name", "tiny-trained",
@@ -387,6 +387,6 @@ EXPECTED_SYSTEM_LINE_FLIPS = (5, 10)  # of 80 pairs: verdicts flipped, answers c
 
 def test_an_lmms_eval_output_folder_is_its_samples_file():
     """Named as a folder, lmms-eval's output gives its samples; its results JSON is read with them."""
-    from evaluation.reporting.scoring import expand_prediction_files
+    from reform_eval.evaluation.reporting.scoring import expand_prediction_files
     folder = os.path.join(FIXTURE, "vicuna")
     assert expand_prediction_files([folder]) == [samples_file("vicuna")]

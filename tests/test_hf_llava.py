@@ -7,14 +7,14 @@ import threading
 import pytest
 import torch
 
-from utils.schema import IMAGE_TOKEN
-from utils.errors import ReformError
-from utils.images import noise_image
+from reform_eval.utils.schema import IMAGE_TOKEN
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.images import noise_image
 
 
 @pytest.fixture(scope="module")
 def llava(cache_dir):
-    from models import get_model
+    from reform_eval.models import get_model
     torch.set_num_threads(1)
     return get_model("llava", {"model_name": "tiny", "device": "cpu", "preprocessor": "conv"})
 
@@ -109,7 +109,7 @@ def test_ten_image_prompt(llava):
 
 
 def test_saved_and_reloaded_model_gives_identical_logits(llava, tmp_path):
-    from models.interfaces.llava_interface import LlavaInterface
+    from reform_eval.models.interfaces.llava_interface import LlavaInterface
     interface, pre = llava
     interface.model.save_pretrained(tmp_path)
     interface.processor.save_pretrained(tmp_path)
@@ -126,7 +126,7 @@ def test_saved_and_reloaded_model_gives_identical_logits(llava, tmp_path):
 
 
 def test_missing_model_path_is_a_clear_error(cache_dir, tmp_path):
-    from models import get_model
+    from reform_eval.models import get_model
     missing = str(tmp_path / "no_such_model")
     with pytest.raises(ReformError, match="no_such_model.*does not exist"):
         get_model("llava", {"model_name": missing, "device": "cpu"})
@@ -135,7 +135,7 @@ def test_missing_model_path_is_a_clear_error(cache_dir, tmp_path):
         get_model("llava", {"model_name": str(tmp_path / "empty"), "device": "cpu"})
     # a checkpoint directory missing its weights / its tokenizer
     import shutil
-    from models.tiny import tiny_model_path
+    from reform_eval.models.tiny import tiny_model_path
     for missing_files, message in ((("model.safetensors",), "cannot load weights"),
                                    (("tokenizer.json", "tokenizer_config.json"), "cannot load the processor")):
         broken = tmp_path / ("broken_" + missing_files[0])
@@ -148,7 +148,7 @@ def test_missing_model_path_is_a_clear_error(cache_dir, tmp_path):
 
 def test_family_mismatch_is_a_clear_error(cache_dir, tmp_path):
     from transformers import LlamaConfig
-    from models import get_model
+    from reform_eval.models import get_model
     LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                 vocab_size=50).save_pretrained(tmp_path)
     with pytest.raises(ReformError, match="'llama' model.*expects 'llava'"):
@@ -178,7 +178,7 @@ def test_bad_inputs_name_the_sample(llava, tmp_path):
 
 
 def test_tiny_builder_is_race_safe(cache_dir):
-    from models.tiny import register_tiny_builder, tiny_model_path
+    from reform_eval.models.tiny import register_tiny_builder, tiny_model_path
 
     def build(out_dir: str, size: str) -> None:
         from safetensors.torch import save_file
@@ -205,7 +205,7 @@ def test_tiny_builder_is_race_safe(cache_dir):
 
 def test_half_evaluation_uses_bf16_on_cpu(llava, cache_dir):
     """--half_evaluation loads bf16 weights on CPU; scores stay close to fp32 ones."""
-    from models import get_model
+    from reform_eval.models import get_model
     half, pre = get_model("llava", {"model_name": "tiny", "device": "cpu", "half_evaluation": True})
     assert half.model.dtype == torch.bfloat16
     fp32, _ = llava
@@ -221,6 +221,6 @@ def test_half_evaluation_uses_bf16_on_cpu(llava, cache_dir):
 
 def test_model_name_is_required():
     """No silent fall-back to the random tiny model."""
-    from models import get_model
+    from reform_eval.models import get_model
     with pytest.raises(ReformError, match="give --model_name"):
         get_model("llava", {"device": "cpu"})

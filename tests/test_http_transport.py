@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from models.http_transport import Endpoint, ProtocolError, Retryable, field_number
+from reform_eval.models.http_transport import Endpoint, ProtocolError, Retryable, field_number
 
 
 class RawServer:
@@ -296,7 +296,7 @@ def test_a_fast_request_sets_no_socket_timeout_and_a_dripping_one_ends_at_its_de
     """Each ``settimeout`` is a system call that gives up the interpreter lock: on a kept-alive
     connection to a fast server the socket's timeout already covers the deadline, so a request
     sets none (issue 24). The deadline still bounds the whole request, to within its slack."""
-    import models.http_transport as ht
+    import reform_eval.models.http_transport as ht
     calls = []
     real = ht._DeadlineSocket.settimeout
     monkeypatch.setattr(ht._DeadlineSocket, "settimeout", lambda self, t: calls.append(t) or real(self, t))

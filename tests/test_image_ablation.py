@@ -19,17 +19,17 @@ import os
 import pytest
 from PIL import Image
 
-from build import build_dataset, load_reform_dataset
-from build.ablation import IMAGE_ABLATIONS, ablate_images, strip_placeholders
-from build.mme_synthetic import write_yesno_release
-from evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
+from reform_eval.build import build_dataset, load_reform_dataset
+from reform_eval.build.ablation import IMAGE_ABLATIONS, ablate_images, strip_placeholders
+from reform_eval.build.mme_synthetic import write_yesno_release
+from reform_eval.evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
                         evaluate, score)
-from evaluation.plan import identity
-from models import needs_image
-from utils.fingerprint import image_token, samples_fingerprint
-from utils.images import SyntheticImage
-from utils.schema import IMAGE_TOKEN
-from utils.preprocessors import ConvProcessor
+from reform_eval.evaluation.plan import identity
+from reform_eval.models import needs_image
+from reform_eval.utils.fingerprint import image_token, samples_fingerprint
+from reform_eval.utils.images import SyntheticImage
+from reform_eval.utils.schema import IMAGE_TOKEN
+from reform_eval.utils.preprocessors import ConvProcessor
 
 SIZES = [(32, 20), (50, 40), (20, 60), (41, 17), (64, 64), (33, 31)]
 
@@ -185,7 +185,7 @@ def test_flag_parses_round_trips_and_refuses_other_values(capsys):
     with pytest.raises(SystemExit) as e:
         RunConfig.from_argv(argv[:-1] + ["gray"])
     assert e.value.code == 2 and "invalid choice: 'gray'" in capsys.readouterr().err
-    from utils.errors import ReformError
+    from reform_eval.utils.errors import ReformError
     with pytest.raises(ReformError, match="image_ablation"):
         RunConfig(model=ModelConfig("random"), dataset=DatasetConfig("iWISDM", image_ablation="gray")).validated()
 
@@ -197,7 +197,7 @@ def test_a_family_that_needs_an_image_gets_the_blank(tmp_path, caplog):
                         "instructblip", "paligemma", "mllama", "openai_api", "random") if needs_image(f)] == \
         ["blip2", "instructblip", "paligemma"]
     cfg = write_items(str(tmp_path / "d"))
-    with caplog.at_level(logging.WARNING, logger="build.ablation"):
+    with caplog.at_level(logging.WARNING, logger="reform_eval.build.ablation"):
         samples, builder = build(cfg, "none", image_required=True)
     assert [r.getMessage() for r in caplog.records if "cannot run without an image" in r.getMessage()]
     assert all(isinstance(s["images"][0], SyntheticImage) and s["images"][0].kind == "blank" for s in samples)

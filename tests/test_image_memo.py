@@ -11,10 +11,10 @@ import os
 import pytest
 from PIL import Image
 
-from utils.errors import ReformError
-from utils.file_hashes import FileHashes, _check_image, hash_bytes_of
-from utils.fingerprint import image_token
-from utils.run_images import read_run_image
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.file_hashes import FileHashes, _check_image, hash_bytes_of
+from reform_eval.utils.fingerprint import image_token
+from reform_eval.utils.run_images import read_run_image
 
 
 def _png(color, size=(4, 4)) -> bytes:
@@ -95,7 +95,7 @@ def test_dotdot_through_a_symlinked_folder_is_not_a_changed_file(tmp_path, monke
 def test_a_run_s_fingerprints_end_with_the_run(tmp_path, monkeypatch):
     """``load_reform_dataset`` (or a second run) in a process where a run fingerprinted a file
     takes the file as it is now: the 'changed during the run' promise is the run's only."""
-    from utils.file_hashes import forget_fingerprints
+    from reform_eval.utils.file_hashes import forget_fingerprints
     monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "a.png"
     path.write_bytes(_png((1, 2, 3)))
@@ -120,8 +120,8 @@ def test_another_name_for_an_encoded_picture_is_not_read_again(tmp_path, monkeyp
     """The endpoint client (issue 24): a file whose stat is what the run fingerprinted, and whose
     picture is already encoded under another name, is sent from that encoding without a read;
     a file changed since the fingerprint (new stat) is read, and refused."""
-    import models.openai_messages as om
-    from utils.file_hashes import forget_fingerprints
+    import reform_eval.models.openai_messages as om
+    from reform_eval.utils.file_hashes import forget_fingerprints
     monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
     forget_fingerprints()
     red, blue = _png((200, 0, 0)), _png((0, 0, 200))

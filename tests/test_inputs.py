@@ -17,19 +17,19 @@ import zlib
 import pytest
 from PIL import Image
 
-import run_loader_eval
-from build.iwisdm.io import read_trials
-from build.iwisdm.stimuli import DEFAULT_CATEGORIES, DirectoryStimuli, ProceduralStimuli
-from build.mmmt_if import load_mmdu, load_release
-from build.registry import load_config
-from evaluation.reporting.report import compare_runs
-from evaluation.reporting.html import Thumbnails
-from evaluation.reporting.scoring import evaluate_files, loader_eval, score_records
-from metrics.mme import read_official_results, write_official_results
+from reform_eval import run_loader_eval
+from reform_eval.build.iwisdm.io import read_trials
+from reform_eval.build.iwisdm.stimuli import DEFAULT_CATEGORIES, DirectoryStimuli, ProceduralStimuli
+from reform_eval.build.mmmt_if import load_mmdu, load_release
+from reform_eval.build.registry import load_config
+from reform_eval.evaluation.reporting.report import compare_runs
+from reform_eval.evaluation.reporting.html import Thumbnails
+from reform_eval.evaluation.reporting.scoring import evaluate_files, loader_eval, score_records
+from reform_eval.metrics.mme import read_official_results, write_official_results
 from tests.report_fixtures import iwisdm_records, mme_records, run
-from utils.commit import Commit, clean_stale_temps, owner_prefix
-from utils.errors import ReformError
-from utils.inputs import MAX_CSV_FIELD, list_dir
+from reform_eval.utils.commit import Commit, clean_stale_temps, owner_prefix
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.inputs import MAX_CSV_FIELD, list_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELEASE = os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv")
@@ -253,7 +253,7 @@ def test_failure_after_staging_leaves_previous_results(tmp_path, monkeypatch):
     path.write_text(json.dumps(mme_records(images=2)))
     first = loader_eval(str(path), quiet=True)
     before = {n: open(tmp_path / n, "rb").read() for n in os.listdir(tmp_path)}
-    import utils.predictions as up
+    import reform_eval.utils.predictions as up
 
     def boom(records, directory, **kw):
         open(os.path.join(directory, "existence.txt"), "w").close()
@@ -267,7 +267,7 @@ def test_failure_after_staging_leaves_previous_results(tmp_path, monkeypatch):
 
 def test_kill_9_leftovers_are_cleaned_at_the_next_start(tmp_path, capsys):
     out = tmp_path / "out"
-    code = ("import os, signal; from utils.commit import Commit; c = Commit(); "
+    code = ("import os, signal; from reform_eval.utils.commit import Commit; c = Commit(); "
             f"c.write_text({str(out / 'comparison.md')!r}, 'x'); d = c.folder({str(out / 'plots')!r}); "
             "open(os.path.join(d, 'a.png'), 'w').close(); os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT)

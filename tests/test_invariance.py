@@ -18,10 +18,10 @@ import sys
 
 import pytest
 
-import run_eval
-from build.mme import write_placeholder_release
-from evaluation.plan import plan_batches
-from evaluation.reporting.scoring import results_files
+from reform_eval import run_eval
+from reform_eval.build.mme import write_placeholder_release
+from reform_eval.evaluation.plan import plan_batches
+from reform_eval.evaluation.reporting.scoring import results_files
 from tests.conftest import ROOT, prediction_files, write_custom_dataset
 from tests.test_mmmt_if_run import write_mmdu
 

@@ -10,17 +10,17 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from build import build_dataset
-from build.iwisdm import (AutoTask, InstructionParser, Task, TrialGenerator, ctx_dm, dms, generate_trials,
+from reform_eval.build import build_dataset
+from reform_eval.build.iwisdm import (AutoTask, InstructionParser, Task, TrialGenerator, ctx_dm, dms, generate_trials,
                           load_task, read_trials, two_back, write_trials)
-from build.iwisdm.instructions import InstructionError
-from build.iwisdm.operators import CONST, And, GetCategory, GetLocation, IsSame, NotSame, Or, Select, Switch
-from build.iwisdm.presets import PRESETS
-from build.iwisdm.stimuli import DirectoryStimuli, ProceduralStimuli, procedural_set
-from metrics import evaluate
-from utils.errors import ReformError
-from utils.paths import cache_root
-from utils.seeding import rng_for
+from reform_eval.build.iwisdm.instructions import InstructionError
+from reform_eval.build.iwisdm.operators import CONST, And, GetCategory, GetLocation, IsSame, NotSame, Or, Select, Switch
+from reform_eval.build.iwisdm.presets import PRESETS
+from reform_eval.build.iwisdm.stimuli import DirectoryStimuli, ProceduralStimuli, procedural_set
+from reform_eval.metrics import evaluate
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.paths import cache_root
+from reform_eval.utils.seeding import rng_for
 
 STIM = procedural_set()
 PARSER = InstructionParser(STIM.categories)
@@ -262,7 +262,7 @@ def test_write_trials_read_back_gives_identical_samples(tmp_path):
             ia, ib = a.pop("images"), b.pop("images")
             assert a == b
             assert len(ia) == len(ib)
-            from utils.images import open_image
+            from reform_eval.utils.images import open_image
             for x, y in zip(ia, ib):
                 assert np.array_equal(np.asarray(x), np.asarray(open_image(y)))
 

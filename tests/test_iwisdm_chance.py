@@ -12,15 +12,15 @@ from collections import Counter
 
 import pytest
 
-from build import build_dataset
-from build.iwisdm.builder import IWISDMBuilder, answer_types
-from build.iwisdm.instructions import InstructionParser
-from build.iwisdm.stimuli import LOCATIONS, procedural_set
-from metrics import evaluate
-from metrics.single_choice import argmax, reduce_scores
-from models import get_model
-from utils.errors import ReformError
-from utils.predictions import make_record
+from reform_eval.build import build_dataset
+from reform_eval.build.iwisdm.builder import IWISDMBuilder, answer_types
+from reform_eval.build.iwisdm.instructions import InstructionParser
+from reform_eval.build.iwisdm.stimuli import LOCATIONS, procedural_set
+from reform_eval.metrics import evaluate
+from reform_eval.metrics.single_choice import argmax, reduce_scores
+from reform_eval.models import get_model
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.predictions import make_record
 
 PRESETS = ("low", "medium", "high", "single_frame_location", "single_frame_category")
 N_TRIALS = 300
@@ -160,7 +160,7 @@ def test_unknown_feature_and_option_names_declared():
     # every key the builder reads is declared (and nothing else)
     import inspect
     import re
-    import build.iwisdm.builder as mod
+    import reform_eval.build.iwisdm.builder as mod
     src = inspect.getsource(mod)
     read = set(re.findall(r'(?:config\.get\(|config\[|require\(|_opt\()"(\w+)"', src))
     assert read == set(IWISDMBuilder.option_names) == {

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from build import build_dataset
-from build.iwisdm import generate_trials, read_trials, write_trials
-from build.iwisdm.instructions import InstructionError, InstructionParser, evaluate_instruction
-from build.iwisdm.io import is_original_dir, original_task_info
-from build.iwisdm.stimuli import DirectoryStimuli, ProceduralStimuli, procedural_set
+from reform_eval.build import build_dataset
+from reform_eval.build.iwisdm import generate_trials, read_trials, write_trials
+from reform_eval.build.iwisdm.instructions import InstructionError, InstructionParser, evaluate_instruction
+from reform_eval.build.iwisdm.io import is_original_dir, original_task_info
+from reform_eval.build.iwisdm.stimuli import DirectoryStimuli, ProceduralStimuli, procedural_set
 from tests.test_iwisdm import ORIG_PYTHON  # the venv bench/iwisdm_gen.py creates (or IWISDM_ORIG_PYTHON)
-from utils.errors import ReformError
-from utils.images import open_image
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.images import open_image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STIM = procedural_set()

@@ -6,10 +6,10 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from build.iwisdm.instructions import InstructionParser
-from build.iwisdm.presets import PRESETS, PresetSampler
-from build.iwisdm.stimuli import LOCATIONS, procedural_set
-from utils.seeding import rng_for
+from reform_eval.build.iwisdm.instructions import InstructionParser
+from reform_eval.build.iwisdm.presets import PRESETS, PresetSampler
+from reform_eval.build.iwisdm.stimuli import LOCATIONS, procedural_set
+from reform_eval.utils.seeding import rng_for
 
 pytestmark = pytest.mark.slow  # (every preset generated at scale, about 15 s)
 

@@ -15,15 +15,15 @@ from collections import Counter
 import pytest
 
 from bench.iwisdm_shape import FEATURES, distribution, ours, shape_of, tv_distance
-from build.iwisdm import InstructionParser, Task, TrialGenerator
-from build.iwisdm.graph import load_task
-from build.iwisdm.instructions import InstructionError
-from build.iwisdm.operators import CONST, And, Context, GetCategory, GetLocation, IsSame, NotSame, Or, Select, Switch
-from build.iwisdm.presets import PRESETS, SHAPES, PresetSampler, Shape, example_trials, resolve_shape
-from build.iwisdm.stimuli import LOCATIONS, procedural_set
-from build.iwisdm.trial import DelayProcess, Trial, _defect, fixation_frames
-from utils.errors import ReformError
-from utils.seeding import rng_for
+from reform_eval.build.iwisdm import InstructionParser, Task, TrialGenerator
+from reform_eval.build.iwisdm.graph import load_task
+from reform_eval.build.iwisdm.instructions import InstructionError
+from reform_eval.build.iwisdm.operators import CONST, And, Context, GetCategory, GetLocation, IsSame, NotSame, Or, Select, Switch
+from reform_eval.build.iwisdm.presets import PRESETS, SHAPES, PresetSampler, Shape, example_trials, resolve_shape
+from reform_eval.build.iwisdm.stimuli import LOCATIONS, procedural_set
+from reform_eval.build.iwisdm.trial import DelayProcess, Trial, _defect, fixation_frames
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.seeding import rng_for
 
 STIM = procedural_set()
 PARSER = InstructionParser(STIM.categories)

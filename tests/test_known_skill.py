@@ -15,18 +15,18 @@ import sys
 import pytest
 from PIL import Image
 
-from build.frame_order import write_frame_order_set
-from build.mme_synthetic import write_yesno_release
-from evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
+from reform_eval.build.frame_order import write_frame_order_set
+from reform_eval.build.mme_synthetic import write_yesno_release
+from reform_eval.evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
                         evaluate)
-from evaluation.training import CHECK_STEPS, SHIPPED_NAME, VERSION, build_platform
-from models.hf_likelihood import HFLikelihoodMixin
-from models.hf_inputs import HFInputsMixin
-from models.interfaces.llava_interface import LlavaInterface
-from evaluation.plan import checkpoint_fingerprint
-from models import builtin_checkpoint_dir
-from models.tiny import SHIPPED_DIR, read_shipped_manifest, sha256_file, shipped_checkpoint, tiny_model_path
-from utils.errors import ReformError
+from reform_eval.evaluation.training import CHECK_STEPS, SHIPPED_NAME, VERSION, build_platform
+from reform_eval.models.hf_likelihood import HFLikelihoodMixin
+from reform_eval.models.hf_inputs import HFInputsMixin
+from reform_eval.models.interfaces.llava_interface import LlavaInterface
+from reform_eval.evaluation.plan import checkpoint_fingerprint
+from reform_eval.models import builtin_checkpoint_dir
+from reform_eval.models.tiny import SHIPPED_DIR, read_shipped_manifest, sha256_file, shipped_checkpoint, tiny_model_path
+from reform_eval.utils.errors import ReformError
 from tests.conftest import background_result
 
 TRIALS = 64
@@ -82,8 +82,8 @@ def _shipped_copy(tmp_path, monkeypatch, change=None):
         (dst / n).write_bytes(change(n, data) if change else data)
     entry = dict(entry, sha256={n: sha256_file(str(dst / n)) for n in os.listdir(dst)})
     (tmp_path / "checkpoints" / "manifest.json").write_text(json.dumps({"llava/trained": entry}))
-    monkeypatch.setattr("models.tiny.SHIPPED_DIR", str(tmp_path / "checkpoints"))
-    monkeypatch.setattr("models.tiny.SHIPPED_MANIFEST", str(tmp_path / "checkpoints" / "manifest.json"))
+    monkeypatch.setattr("reform_eval.models.tiny.SHIPPED_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setattr("reform_eval.models.tiny.SHIPPED_MANIFEST", str(tmp_path / "checkpoints" / "manifest.json"))
     return str(dst)
 
 
@@ -102,7 +102,7 @@ def test_new_shipped_weights_are_a_new_run_identity(tmp_path, monkeypatch):
 def test_a_damaged_manifest_never_stops_the_other_tiny_models(tmp_path, monkeypatch, caplog):
     path = tmp_path / "manifest.json"
     path.write_text('{"llava/trained": {"dir": ')
-    monkeypatch.setattr("models.tiny.SHIPPED_MANIFEST", str(path))
+    monkeypatch.setattr("reform_eval.models.tiny.SHIPPED_MANIFEST", str(path))
     assert read_shipped_manifest() == {} and "cannot be read" in caplog.text
     assert os.path.isdir(tiny_model_path("llava", "tiny"))
     path.write_text('{"llava/trained": {"version": "1"}}')
@@ -119,7 +119,7 @@ def test_wrong_uses_of_the_name_are_one_clear_line():
 @pytest.mark.slow
 @pytest.mark.skipif(BUILT_WITH != build_platform(),
                     reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH}; this is {build_platform()}")
-@pytest.mark.background(sys.executable, "-m", "evaluation.train_known_skill", "--check")
+@pytest.mark.background(sys.executable, "-m", "reform_eval.evaluation.train_known_skill", "--check")
 def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(request):
     """The suite's reproducibility check (about 2 CPU minutes, in the background after collection):
     the shipped files match the manifest, and the data, the pretrained tower and the weights after
@@ -137,9 +137,9 @@ def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(reque
                     reason="the full retraining (about 7 CPU minutes) runs with REFORM_FULL_RETRAIN=1")
 @pytest.mark.skipif(BUILT_WITH != build_platform(),
                     reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH}; this is {build_platform()}")
-@pytest.mark.background(sys.executable, "-m", "evaluation.train_known_skill", "--out", "{tmp}/rebuilt")
+@pytest.mark.background(sys.executable, "-m", "reform_eval.evaluation.train_known_skill", "--out", "{tmp}/rebuilt")
 def test_training_rebuilds_the_shipped_checkpoint_file_for_file(request):
-    """The shipped weights are what ``python -m evaluation.train_known_skill`` produces (deterministic)."""
+    """The shipped weights are what ``python -m reform_eval.evaluation.train_known_skill`` produces (deterministic)."""
     rc, _out, err, work = background_result(request)
     assert rc == 0, err[-3000:]
     out = os.path.join(work, "rebuilt")
@@ -151,7 +151,7 @@ def test_training_rebuilds_the_shipped_checkpoint_file_for_file(request):
 def test_the_check_names_the_first_stage_that_differs(monkeypatch, capsys):
     """The comparison of ``--check`` (the retraining itself replaced by the manifest's own records,
     one of them changed): a match passes, any changed record fails and is named."""
-    from evaluation import train_known_skill
+    from reform_eval.evaluation import train_known_skill
 
     stages = read_shipped_manifest()["llava/trained"]["stages"]
     recorded = [r for r in stages if r["name"] in ("data", "vision", "check")]
@@ -167,7 +167,7 @@ def test_the_check_names_the_first_stage_that_differs(monkeypatch, capsys):
 
 
 def test_the_check_refuses_a_changed_shipped_file(tmp_path, monkeypatch, capsys):
-    from evaluation import train_known_skill
+    from reform_eval.evaluation import train_known_skill
 
     _shipped_copy(tmp_path, monkeypatch)
     entry = read_shipped_manifest()["llava/trained"]
@@ -311,7 +311,7 @@ def test_template_without_the_question_falls_to_chance(tmp_path, monkeypatch):
 
 # -- the synthetic yes/no set -------------------------------------------------------------------------
 def test_yes_no_set_is_mme_shaped_and_deterministic(tmp_path):
-    from build import load_reform_dataset
+    from reform_eval.build import load_reform_dataset
     a = write_yesno_release(str(tmp_path / "a"), n_images=6, seed=3)
     b = write_yesno_release(str(tmp_path / "b"), n_images=6, seed=3)
     for sub in ("existence", "color"):
@@ -332,7 +332,7 @@ def test_yes_no_set_is_mme_shaped_and_deterministic(tmp_path):
 
 def test_yes_no_answers_agree_with_the_pixels(tmp_path):
     """The 'Yes' question names the drawn colour: the image's brightest pixels have that colour."""
-    from build.mme_synthetic import COLOURS
+    from reform_eval.build.mme_synthetic import COLOURS
     root = write_yesno_release(str(tmp_path / "y"), n_images=8, seed=4)
     rgb = dict(COLOURS)
     for n in sorted(os.listdir(os.path.join(root, "color"))):

@@ -7,9 +7,9 @@ import inspect
 import logging
 import os
 
-from build import LOAD_DEFAULTS, build_dataset, load_reform_dataset
-from build.mme import write_placeholder_release
-from evaluation.config import build_parser
+from reform_eval.build import LOAD_DEFAULTS, build_dataset, load_reform_dataset
+from reform_eval.build.mme import write_placeholder_release
+from reform_eval.evaluation.config import build_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUESTIONS = os.path.join(ROOT, "configs", "data", "mme_questions")
@@ -60,8 +60,8 @@ def test_oversized_subsample_says_so(caplog):
 def test_relative_path_keywords_are_read_from_the_current_directory(tmp_path, monkeypatch):
     """``root="release"`` in Python means ./release, as ``--dataset_option root=release`` does on
     the command line (not a folder next to the shipped config)."""
-    from build import load_reform_dataset
-    from build.mme import write_placeholder_release
+    from reform_eval.build import load_reform_dataset
+    from reform_eval.build.mme import write_placeholder_release
     from tests.conftest import ROOT
     write_placeholder_release(os.path.join(ROOT, "configs", "data", "mme_questions"), str(tmp_path / "release"),
                               subtasks=["existence"])

@@ -13,13 +13,13 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from build import build_dataset
-from build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, read_question_lists,
+from reform_eval.build import build_dataset
+from reform_eval.build.mme import (COGNITION, OFFICIAL_COUNTS, PERCEPTION, SUBTASKS, read_question_lists,
                        write_placeholder_parquet, write_placeholder_release)
-from metrics import evaluate
-from metrics.mme import (mme_metric, parse_official, parse_stripped, parse_word, read_official_results,
+from reform_eval.metrics import evaluate
+from reform_eval.metrics.mme import (mme_metric, parse_official, parse_stripped, parse_word, read_official_results,
                          write_official_results)
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the official question lists, shipped in configs/data (a copy of ../shared/data/mme)
@@ -449,7 +449,7 @@ def _results_dir(tmp_path, lines, name="existence.txt", raw=None):
 
 
 def test_results_file_not_utf8_is_one_line(tmp_path, capsys):
-    import run_loader_eval
+    from reform_eval import run_loader_eval
     d, p = _results_dir(tmp_path, [], raw="a.jpg\tIs it? Please answer yes or no.\tYes\tOui, c'est \u00e7a\n"
                         .encode("latin-1"))
     with pytest.raises(ReformError, match=r"existence\.txt: .*not UTF-8") as e:
@@ -474,7 +474,7 @@ def test_results_lines_of_an_image_not_adjacent_warn(tmp_path, caplog):
     q = "Is there a dog? Please answer yes or no."
     lines = [f"a.jpg\t{q}\tYes\tyes", f"b.jpg\t{q}\tYes\tyes", f"a.jpg\t{q}\tNo\tno", f"b.jpg\t{q}\tNo\tyes"]
     d, p = _results_dir(tmp_path, lines)
-    with caplog.at_level("WARNING", logger="metrics.mme"):
+    with caplog.at_level("WARNING", logger="reform_eval.metrics.mme"):
         recs = read_official_results(d)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and p in warned[0] and "not adjacent" in warned[0]
@@ -486,6 +486,6 @@ def test_results_lines_of_an_image_not_adjacent_warn(tmp_path, caplog):
     adjacent = [lines[0], lines[2], lines[1], lines[3]]
     (tmp_path / "ok").mkdir()
     d2, _ = _results_dir(tmp_path / "ok", adjacent)
-    with caplog.at_level("WARNING", logger="metrics.mme"):
+    with caplog.at_level("WARNING", logger="reform_eval.metrics.mme"):
         read_official_results(d2)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]

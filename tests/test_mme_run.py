@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-import run_eval
-import run_loader_eval
-from build.mme import write_placeholder_release
-from metrics.mme import read_official_results
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
+from reform_eval.build.mme import write_placeholder_release
+from reform_eval.metrics.mme import read_official_results
 from tests.conftest import only_results, prediction_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,11 +11,11 @@ from typing import Any, Dict, List
 import pytest
 from PIL import Image
 
-from build import build_dataset, load_reform_dataset
-from build.mmmt_if import (COL_ALL, COL_CHAT, COL_COUNT, COL_PROMPT, COL_TURN, RELEASE_ADD_COUNTS,
+from reform_eval.build import build_dataset, load_reform_dataset
+from reform_eval.build.mmmt_if import (COL_ALL, COL_CHAT, COL_COUNT, COL_PROMPT, COL_TURN, RELEASE_ADD_COUNTS,
                            add_probability, inject_instructions, load_release, release_statistics)
-from metrics.pif import CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list
-from utils.errors import ReformError
+from reform_eval.metrics.pif import CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list
+from reform_eval.utils.errors import ReformError
 
 RELEASE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "data",
                        "mmmt_if_release.csv")

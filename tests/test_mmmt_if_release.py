@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-import run_loader_eval
-from metrics.mmmt_if_release import (dominates, read_release_records, release_reference_report,
+from reform_eval import run_loader_eval
+from reform_eval.metrics.mmmt_if_release import (dominates, read_release_records, release_reference_report,
                                      wilcoxon_pair)
-from metrics.pif import pif_metric
-from utils.errors import ReformError
+from reform_eval.metrics.pif import pif_metric
+from reform_eval.utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELEASE = os.path.join(ROOT, "configs", "data", "mmmt_if_release.csv")
@@ -134,8 +134,8 @@ def test_release_configs_point_inside_the_repository() -> None:
 
 def test_reference_rows_beside_a_run_built_from_the_release(release_records: list) -> None:
     """A run on release_only carries meta.release_pif: the released rows pair with it per turn."""
-    from build import build_dataset
-    from metrics.mmmt_if_release import reference_records_from
+    from reform_eval.build import build_dataset
+    from reform_eval.metrics.mmmt_if_release import reference_records_from
     samples, _ = build_dataset("MMMT-IF", "Generation", {"source": "release_only", "release_csv": RELEASE},
                                in_context_sample=False)
     mine = [dict({k: v for k, v in s.items() if k != "images"}, model="mine", prediction="So 8 birds swim!")

@@ -81,8 +81,8 @@ def test_multi_turn_two_ranks_kill_resume(tmp_path):
 
 def test_reference_baseline_answers_with_the_mmdu_reference(tmp_path, capsys):
     """--model reference: every answer is the sample's MMDU reference; PIF is scored on it."""
-    import run_eval
-    from metrics.pif import pif
+    from reform_eval import run_eval
+    from reform_eval.metrics.pif import pif
     cfg = write_mmdu(str(tmp_path / "mmdu"))
     out = tmp_path / "ref"
     rc = run_eval.main(["--model", "reference", "--dataset_name", "MMMT-IF", "--dataset_config", cfg,

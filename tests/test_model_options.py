@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from evaluation.config import build_parser
-from models import RUN_CONFIG_KEYS, check_model_options
-from utils.errors import ReformError
+from reform_eval.evaluation.config import build_parser
+from reform_eval.models import RUN_CONFIG_KEYS, check_model_options
+from reform_eval.utils.errors import ReformError
 
 
 def _flags() -> set:
@@ -33,6 +33,6 @@ def test_device_advice_says_how_to_run_on_the_cpu():
 
 
 def test_dtype_names_of_the_registry_are_the_loaders():
-    from models import DTYPE_NAMES
-    from models.hf_loading import _DTYPES
+    from reform_eval.models import DTYPE_NAMES
+    from reform_eval.models.hf_loading import _DTYPES
     assert set(DTYPE_NAMES) == set(_DTYPES)

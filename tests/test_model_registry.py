@@ -27,10 +27,10 @@ def test_tiny_builders_of_families_not_yet_imported_are_found():
     imported every interface first."""
     out = _fresh("""
         import sys
-        from models.tiny import has_tiny_size, tiny_families
+        from reform_eval.models.tiny import has_tiny_size, tiny_families
         print(sorted(tiny_families()), "torch" in sys.modules)
-        print(has_tiny_size("mllama", "tiny"), "models.interfaces.mllama_interface" in sys.modules,
-              "models.interfaces.qwen2_vl_interface" in sys.modules)
+        print(has_tiny_size("mllama", "tiny"), "reform_eval.models.interfaces.mllama_interface" in sys.modules,
+              "reform_eval.models.interfaces.qwen2_vl_interface" in sys.modules)
     """)
     assert out.returncode == 0, out.stderr[-800:]
     listed, asked = out.stdout.strip().splitlines()[-2:]
@@ -52,9 +52,9 @@ def test_the_deprecation_test_collects_every_tiny_family():
 @pytest.fixture
 def extra_interfaces(tmp_path, monkeypatch):
     """A second interface folder on the package path, read afresh; forgotten afterwards."""
-    import models
-    import models.interfaces as pkg
-    from models import registry_sources, tiny
+    from reform_eval import models
+    import reform_eval.models.interfaces as pkg
+    from reform_eval.models import registry_sources, tiny
 
     monkeypatch.setattr(pkg, "__path__", list(pkg.__path__) + [str(tmp_path)])
     registry_sources.rescan()
@@ -65,7 +65,7 @@ def extra_interfaces(tmp_path, monkeypatch):
         del models.MODELS[name]
     for key in [k for k in tiny._BUILDERS if k[0].startswith("zz_")]:
         del tiny._BUILDERS[key]
-    for mod in [m for m in sys.modules if m.startswith("models.interfaces.zz_")]:
+    for mod in [m for m in sys.modules if m.startswith("reform_eval.models.interfaces.zz_")]:
         del sys.modules[mod]
 
 
@@ -74,13 +74,13 @@ def test_every_spelling_of_a_registration_is_found(extra_interfaces):
     regex read only ``@register_model("x")``, so such a family was 'unknown' although its module
     existed, and nothing told the author. Keyword, single-quoted and qualified spellings, and a
     tiny builder registered by keyword, are all found, and the family loads when asked for."""
-    import models
-    from models.tiny import tiny_families
+    from reform_eval import models
+    from reform_eval.models.tiny import tiny_families
 
     (extra_interfaces / "zz_kw_interface.py").write_text(textwrap.dedent("""
-        import models
-        from models import register_model
-        from models.tiny import register_tiny_builder
+        from reform_eval import models
+        from reform_eval.models import register_model
+        from reform_eval.models.tiny import register_tiny_builder
 
 
         @register_model(name="zz_kw")
@@ -104,11 +104,11 @@ def test_every_spelling_of_a_registration_is_found(extra_interfaces):
 def test_a_registration_the_scanner_cannot_read_is_an_error_naming_its_line(extra_interfaces):
     """A name that is not a literal string cannot be read without importing: one line naming the
     file and line, never a family silently missing."""
-    import models
-    from utils.errors import ReformError
+    from reform_eval import models
+    from reform_eval.utils.errors import ReformError
 
     (extra_interfaces / "zz_var_interface.py").write_text(
-        "from models import register_model\nNAME = 'zz_var'\n\n\n@register_model(NAME)\ndef make(config):\n"
+        "from reform_eval.models import register_model\nNAME = 'zz_var'\n\n\n@register_model(NAME)\ndef make(config):\n"
         "    return object(), str\n")
     with pytest.raises(ReformError, match=r"zz_var_interface\.py:5: register_model\(\.\.\.\) must name"):
         models.available_models()

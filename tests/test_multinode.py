@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import prediction_files, write_custom_dataset
-from utils.ports import unused_port
+from reform_eval.utils.ports import unused_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,8 +18,8 @@ from typing import Any, Dict, List
 import pytest
 from PIL import Image
 
-from models import get_model
-from utils.errors import ReformError
+from reform_eval.models import get_model
+from reform_eval.utils.errors import ReformError
 
 
 class _Httpd(ThreadingHTTPServer):
@@ -295,7 +295,7 @@ def test_image_count_mismatch_is_an_error(server):
 def test_run_eval_records_no_failed_call(server, tmp_path):
     """End to end: successes are recorded; a sample whose call fails is not, and the run fails."""
     import os
-    import run_eval
+    from reform_eval import run_eval
     from tests.conftest import write_custom_dataset
     cfg = write_custom_dataset(str(tmp_path / "data"), n=3, formulation="Generation")
     out = tmp_path / "out"
@@ -417,7 +417,7 @@ def test_timeout_bounds_the_whole_request_against_a_dripping_server(where):
 
 
 def test_api_key_is_redacted_everywhere_and_never_logged(server, caplog, monkeypatch):
-    from models import redact, redact_text
+    from reform_eval.models import redact, redact_text
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
     server.script = [500, 500]
     model, _ = _model(server, api_key="sk-secret-123456", max_retries=1)
@@ -495,7 +495,7 @@ def test_throughput_scales_with_max_concurrency(server):
 
 @pytest.mark.parametrize("key,value", [("preprocessor", "conv"), ("roles", "A,B"), ("response_prefix", "Answer:")])
 def test_options_the_client_cannot_honour_are_refused(server, key, value):
-    from models import check_model_options, model_option_names
+    from reform_eval.models import check_model_options, model_option_names
     assert key not in model_option_names("openai_api")
     with pytest.raises(ReformError, match=rf"^--model_option {key}: not used by model 'openai_api' \("):
         check_model_options("openai_api", {key: value})
@@ -514,7 +514,7 @@ def test_image_format_is_case_insensitive_and_jpg_means_jpeg(server, name, mime)
 
 
 def test_unknown_image_format_is_one_line(server):
-    from models import check_model_options
+    from reform_eval.models import check_model_options
     with pytest.raises(ReformError, match="image_format: must be PNG, JPEG"):
         check_model_options("openai_api", {"image_format": "gif"})
     with pytest.raises(ReformError, match=r"image_format: must be PNG, JPEG \(or JPG\) or WEBP, got 'gif'"):
@@ -531,7 +531,7 @@ def test_api_errors_name_the_sample_not_the_batch_position(server):
 
 
 def test_reply_text_is_normalised_by_the_function_the_in_process_path_uses(server):
-    from models.outputs import finish_text
+    from reform_eval.models.outputs import finish_text
     model, _ = _model(server)
     server.script = ["padded"]
     out = model.raw_generate([], "x")
@@ -541,7 +541,7 @@ def test_reply_text_is_normalised_by_the_function_the_in_process_path_uses(serve
 # -- issue 19 section 3: usage, budgets, adaptive concurrency -----------------------------------
 
 def test_reply_usage_is_kept_with_the_text(server):
-    from models.outputs import generation_stats
+    from reform_eval.models.outputs import generation_stats
     server.usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14,
                     "prompt_tokens_details": {"cached_tokens": 0}}
     model, _ = _model(server)
@@ -578,7 +578,7 @@ def _run_args(server, tmp_path, *extra: str, n: int = 3, images: bool = True) ->
 
 
 def _records(out) -> List[Dict[str, Any]]:
-    from evaluation.reporting.scoring import prediction_files
+    from reform_eval.evaluation.reporting.scoring import prediction_files
     files = prediction_files(str(out))
     assert len(files) == 1, files
     with open(files[0]) as f:
@@ -590,7 +590,7 @@ def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_res
     """Each reply costs 10 + 3 tokens; a request may need up to 5 + 10. With 40 tokens, two
     requests fit (26 used) and the third (26 + 15 > 40) is never sent: the run stops with one
     line, the two answers are saved, and the command with a raised budget finishes the same run."""
-    import run_eval
+    from reform_eval import run_eval
     server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     args = _run_args(server, tmp_path, "--model_option", "max_concurrency=1", "--model_option", "max_total_tokens=40",
                      images=False)
@@ -616,7 +616,7 @@ def test_run_records_usage_and_a_token_budget_stops_before_it_is_passed_then_res
 
 
 def test_a_batch_that_might_pass_the_budget_sends_nothing(server):
-    from utils.errors import BudgetExhausted
+    from reform_eval.utils.errors import BudgetExhausted
     server.usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     model, _ = _model(server, max_total_tokens=50)
     model.raw_generate([], "x", max_new_tokens=5)
@@ -667,7 +667,7 @@ def test_concurrency_backs_off_on_429_and_stays_within_bounds(adaptive):
 
 
 def test_adaptive_limit_grows_back_while_replies_are_healthy():
-    from models.interfaces.openai_api_interface import AdaptiveLimit
+    from reform_eval.models.interfaces.openai_api_interface import AdaptiveLimit
     lim = AdaptiveLimit(8)
     t = lim.acquire()
     lim.release(t, "congested", retry_after=0.0)
@@ -703,7 +703,7 @@ def test_credentials_reach_the_server_and_no_file_output_or_log(server, tmp_path
     appears in any file under the output directory (predictions, shards, results, log, cache),
     nor on stdout/stderr or in the log records."""
     import os
-    import run_eval
+    from reform_eval import run_eval
     monkeypatch.delenv("REFORM_NO_CACHE", raising=False)  # the response cache is written too
     host = server.url.split("//", 1)[1]
     base = f"http://user:{URL_PW}@{host}?api-key={URL_KEY}&deployment=d1"
@@ -739,7 +739,7 @@ def test_user_info_of_base_url_is_sent_as_basic_auth_and_never_shown(server):
 
 
 def test_config_time_split_and_plain_values_are_wrapped():
-    from utils.secrets import Secret, SecretURL, drop_secrets, secret_options, split_url_secrets
+    from reform_eval.utils.secrets import Secret, SecretURL, drop_secrets, secret_options, split_url_secrets
     url = f"https://user:{URL_PW}@h.example/v1?api-key={URL_KEY}&auth=a-secret-9&X-Amz-Signature=sig-777777&v=2"
     public, secrets = split_url_secrets(url)
     assert public == "https://h.example/v1?v=2"
@@ -765,7 +765,7 @@ def test_a_reply_that_fails_to_parse_does_not_print_the_key(server):
 
 
 def test_usage_totals_and_cost_per_million_tokens():
-    from utils.usage import usage_totals
+    from reform_eval.utils.usage import usage_totals
     recs = [{"usage": {"prompt_tokens": 1000, "completion_tokens": 10, "total_tokens": 1010}, "generated_tokens": 10},
             {"usage": {"prompt_tokens": 3000, "completion_tokens": 30}, "generated_tokens": 30}]
     out = usage_totals(recs, prompt_price=2.5, completion_price=10.0)
@@ -776,7 +776,7 @@ def test_usage_totals_and_cost_per_million_tokens():
 
 
 def test_an_option_value_that_fails_to_parse_does_not_print_a_nested_key():
-    from evaluation.config import RunConfig
+    from reform_eval.evaluation.config import RunConfig
     with pytest.raises(ReformError, match="cannot parse the value of extra_body") as e:
         RunConfig.from_argv(["--model", "openai_api", "--dataset_name", "MME", "--model_option",
                              f"extra_body={{auth: {{token: {BODY_KEY}, x: [1}}"])
@@ -784,8 +784,8 @@ def test_an_option_value_that_fails_to_parse_does_not_print_a_nested_key():
 
 
 def test_the_budget_is_the_runs_saved_answers_count_and_ranks_share_the_rest():
-    from models.interfaces.openai_api_interface import TokenBudget
-    from utils.errors import BudgetExhausted
+    from reform_eval.models.interfaces.openai_api_interface import TokenBudget
+    from reform_eval.utils.errors import BudgetExhausted
     b = TokenBudget(100)
     b.charge_recorded([{"prompt_tokens": 10, "completion_tokens": 10}, None, {"prompt_tokens": 5}], world_size=2)
     assert (b.used, b.earlier, b.limit, b.run_limit) == (25, 25, 62, 100)  # 25 + (100 - 25) // 2
@@ -804,8 +804,8 @@ def test_a_request_waits_for_reservations_in_flight_and_only_spending_stops_the_
     fits; tokens spent plus the worst case past the limit raise at once."""
     import threading
     import time
-    from models.interfaces.openai_api_interface import TokenBudget
-    from utils.errors import BudgetExhausted
+    from reform_eval.models.interfaces.openai_api_interface import TokenBudget
+    from reform_eval.utils.errors import BudgetExhausted
     b = TokenBudget(100)
     b.reserve(60, "a")
     threading.Timer(0.2, lambda: b.settle(60, {"prompt_tokens": 10, "completion_tokens": 5})).start()
@@ -820,7 +820,7 @@ def test_a_request_waits_for_reservations_in_flight_and_only_spending_stops_the_
 def test_saved_answers_cost_what_was_spent_on_them():
     """A resumed run counts a saved answer's ``usage``; nothing for one served from the response
     cache; a text-length estimate for one from a server that reports no usage."""
-    from models.interfaces.openai_api_interface import spent_usage
+    from reform_eval.models.interfaces.openai_api_interface import spent_usage
     assert spent_usage({"prediction": "x", "usage": {"prompt_tokens": 7, "completion_tokens": 2}}) == \
         {"prompt_tokens": 7, "completion_tokens": 2}
     assert spent_usage({"prediction": "x", "cached_responses": 1, "cached_usage": {"prompt_tokens": 7}}) is None
@@ -833,13 +833,13 @@ def test_saved_answers_cost_what_was_spent_on_them():
 @pytest.mark.parametrize("mode,bits,as_is", [("RGB", 8, True), ("RGBA", 8, False), ("L", 8, False), ("P", 8, False),
                                              ("I;16", 16, False), ("LA", 8, False)])
 def test_a_png_file_goes_out_as_its_own_bytes_only_when_that_is_the_same_picture(tmp_path, mode, bits, as_is):
-    """models.openai_messages.png_as_is: an 8-bit RGB PNG is sent as the file's own bytes (no
+    """reform_eval.models.openai_messages.png_as_is: an 8-bit RGB PNG is sent as the file's own bytes (no
     decode and encode per request); any other PNG is converted to RGB as before. Either way the
     server decodes exactly the pixels ``encode_image`` gives."""
     import base64
     import io
-    from models.openai_messages import EncodedImages, encode_image, png_as_is
-    from utils.file_hashes import file_digest
+    from reform_eval.models.openai_messages import EncodedImages, encode_image, png_as_is
+    from reform_eval.utils.file_hashes import file_digest
 
     im = Image.new(mode, (5, 4))
     im.putdata([(i * 37) % (256 if bits == 8 else 65536) if mode in ("L", "P", "I;16") else
@@ -857,7 +857,7 @@ def test_a_png_file_goes_out_as_its_own_bytes_only_when_that_is_the_same_picture
 
 
 def test_an_rgb_png_with_a_transparent_colour_is_converted():
-    from models.openai_messages import png_as_is
+    from reform_eval.models.openai_messages import png_as_is
     buf = io.BytesIO()
     Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, format="PNG", transparency=(1, 2, 3))
     assert b"tRNS" in buf.getvalue() and not png_as_is(buf.getvalue())

@@ -18,8 +18,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from models import get_model
-from utils.errors import BudgetExhausted, ReformError
+from reform_eval.models import get_model
+from reform_eval.utils.errors import BudgetExhausted, ReformError
 
 
 def _word_id(word: str) -> int:
@@ -165,7 +165,7 @@ def test_candidate_whose_tokens_do_not_extend_the_prompt_is_refused(vllm_like):
 
 def test_run_eval_likelihood_through_the_endpoint(vllm_like, tmp_path, custom_cfg):
     """The whole command: scores land in the records, the chosen option is the best-scored one."""
-    import run_eval
+    from reform_eval import run_eval
     out = tmp_path / "out"
     assert run_eval.main(["--model", "openai_api", "--model_name", "served", "--model_option",
                           f"base_url={vllm_like.url}", "--dataset_name", "custom", "--dataset_config", custom_cfg,

@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from metrics import evaluate
-from metrics.pif import (CATEGORIES, CHECKERS, INSTRUCTION_IDS, INSTRUCTION_TEXTS, bernoulli_ci,
+from reform_eval.metrics import evaluate
+from reform_eval.metrics.pif import (CATEGORIES, CHECKERS, INSTRUCTION_IDS, INSTRUCTION_TEXTS, bernoulli_ci,
                          check_instruction, check_instructions, count_words, ecdf, find_integers,
                          instruction_id, iqr, pif, pif_metric, pif_n_k, split_instruction_prefix,
                          split_sentences)
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 
 def test_instruction_set_shape() -> None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from metrics.pif import INSTRUCTION_IDS, check_instructions, pif_metric
+from reform_eval.metrics.pif import INSTRUCTION_IDS, check_instructions, pif_metric
 
 #: degenerate replies, each built to about ``n`` characters
 DEGENERATE = {

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from metrics.pif import pif, split_instruction_list
+from reform_eval.metrics.pif import pif, split_instruction_list
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mmmt_if_paper_turns.json"),
           encoding="utf-8") as _f:

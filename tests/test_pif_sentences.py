@@ -11,7 +11,7 @@ from typing import List
 
 import pytest
 
-from metrics.pif import check_instruction, check_instructions, count_words, find_integers, split_sentences
+from reform_eval.metrics.pif import check_instruction, check_instructions, count_words, find_integers, split_sentences
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,11 +1,11 @@
-"""utils.ports: a port for a server another process binds, never one the kernel hands out."""
+"""reform_eval.utils.ports: a port for a server another process binds, never one the kernel hands out."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 
-from utils import ports
+from reform_eval.utils import ports
 
 
 def test_reads_the_kernels_range_and_falls_back(tmp_path):

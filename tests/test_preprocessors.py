@@ -1,8 +1,8 @@
 """Exact prompt strings from the preprocessors."""
 import pytest
 
-from utils.errors import ReformError
-from utils.preprocessors import ChatTemplateProcessor, ConvProcessor, compose_query
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.preprocessors import ChatTemplateProcessor, ConvProcessor, compose_query
 
 SC = {"sample_id": "a", "formulation": "SingleChoice", "inference_method": "generation",
       "images": ["x.png"], "instruct": "Choose.", "question": "Is it red?",

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-import run_eval
+from reform_eval import run_eval
 from tests.conftest import prediction_files
 
 TRIALS = ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_identify_category", "--dataset_subsample", "6"]
@@ -81,8 +81,8 @@ def _traces(family: str, samples: list, builder: str = "") -> tuple:
     """(interface, traces) of one generation forward of ``samples`` on the tiny ``family``."""
     import torch
 
-    from models import get_model
-    from models.tiny import tiny_model_path
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
 
     torch.set_num_threads(1)
     it, pre = get_model(family, {"model_name": tiny_model_path(builder or family), "device": "cpu"})
@@ -99,7 +99,7 @@ def test_pixel_sha_of_a_sample_does_not_depend_on_its_batch(family):
     hashed differently at batch size 1 and 3, so ``explain`` between runs that differ only in
     --per_gpu_eval_batch_size blamed the pixels), and InternVL's rows got None in a batch. Now a
     sample's pictures are hashed without padding, the same alone and in any batch."""
-    from utils.images import noise_image
+    from reform_eval.utils.images import noise_image
 
     a, b, c = noise_image(1, (40, 32)), noise_image(2, (40, 32)), noise_image(3, (64, 48))
     _, alone = _traces(family, [_sample("x", "What colour?", [a])])
@@ -110,7 +110,7 @@ def test_pixel_sha_of_a_sample_does_not_depend_on_its_batch(family):
 
 
 def _tiny_builders() -> list:
-    from models.tiny import tiny_families
+    from reform_eval.models.tiny import tiny_families
     return tiny_families()
 
 
@@ -122,8 +122,8 @@ def test_every_hf_family_traces_what_vllm_would_hash(builder):
     (``VLLMInterface._pixel_sha``), so a vLLM run and an in-process run compare sample by sample."""
     from types import SimpleNamespace
 
-    from models.interfaces.vllm_interface import VLLMInterface
-    from utils.images import noise_image
+    from reform_eval.models.interfaces.vllm_interface import VLLMInterface
+    from reform_eval.utils.images import noise_image
 
     family = builder[:-3] if builder.endswith("_t5") else builder
     images = [noise_image(1, (40, 32))] if family in ("blip2", "instructblip", "paligemma") else \

@@ -1,7 +1,7 @@
 """--strip_reasoning: reasoning blocks removed before scoring, in linear time, raw text kept."""
 import time
 
-from metrics.reasoning import strip_reasoning, strip_reasoning_records
+from reform_eval.metrics.reasoning import strip_reasoning, strip_reasoning_records
 
 
 def test_blocks_are_removed_and_the_answer_kept():
@@ -32,8 +32,8 @@ def test_strip_reasoning_flag_scores_the_answer_only(tmp_path, capsys):
     import json
     import os
 
-    import run_eval
-    import run_loader_eval
+    from reform_eval import run_eval
+    from reform_eval import run_loader_eval
     from tests.conftest import prediction_files, write_custom_dataset
     cfg = write_custom_dataset(str(tmp_path / "data"), n=8, formulation="Generation")
     out = tmp_path / "out"

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from build import load_reform_dataset
-from build.reformulation import INSTRUCTION_POOLS, Reformulator, format_options, option_marks
-from utils.errors import ReformError
+from reform_eval.build import load_reform_dataset
+from reform_eval.build.reformulation import INSTRUCTION_POOLS, Reformulator, format_options, option_marks
+from reform_eval.utils.errors import ReformError
 
 ITEM = {"sample_id": "s1", "images": [], "question": "Pick the fruit.",
         "answer_options": ["car", "apple", "chair", "lamp"], "answer": 1, "meta": {}}
@@ -89,7 +89,7 @@ def test_same_samples_in_another_process(custom_cfg):
     kw = dict(data_duplication=3, option_mark="random", seed=11)
     here = digest(load_reform_dataset("custom", "SingleChoice", custom_cfg, **kw).samples)
     code = ("import sys, json, hashlib; sys.path.insert(0, '.');"
-            "from build import load_reform_dataset;"
+            "from reform_eval.build import load_reform_dataset;"
             f"ds = load_reform_dataset('custom', 'SingleChoice', {custom_cfg!r}, data_duplication=3, option_mark='random', seed=11);"
             "print(hashlib.sha256(json.dumps([{k: v for k, v in s.items() if k != 'images'} for s in ds.samples], sort_keys=True).encode()).hexdigest())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -99,7 +99,7 @@ def test_same_samples_in_another_process(custom_cfg):
 
 def test_dataloader_consumes_dataset(custom_cfg):
     from torch.utils.data import DataLoader
-    from utils.preprocessors import ConvProcessor
+    from reform_eval.utils.preprocessors import ConvProcessor
     ds = load_reform_dataset("custom", "SingleChoice", custom_cfg, in_context_sample=False,
                             preprocessor=ConvProcessor())
     batches = list(DataLoader(ds, batch_size=5, collate_fn=list))

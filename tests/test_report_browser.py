@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from tests.report_fixtures import iwisdm_records, mmmt_if_records, run
-from evaluation.reporting.browser import Browser, find_chromium
-from evaluation.reporting.compare import tables
-from evaluation.reporting.report import compare_runs
-from evaluation.reporting.html import verdict
+from reform_eval.evaluation.reporting.browser import Browser, find_chromium
+from reform_eval.evaluation.reporting.compare import tables
+from reform_eval.evaluation.reporting.report import compare_runs
+from reform_eval.evaluation.reporting.html import verdict
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,

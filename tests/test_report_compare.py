@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from metrics.mme import aggregate
-from metrics.pif import summarize
+from reform_eval.metrics.mme import aggregate
+from reform_eval.metrics.pif import summarize
 from tests.report_fixtures import iwisdm_records, mme_records, mmmt_if_records, run
-from utils.errors import ReformError
-from evaluation.reporting.bootstrap import FAMILIES, bootstrap, cluster_weights
-from evaluation.reporting.compare import build_comparison, mcnemar, paired_tests, wilcoxon_pairs
-from evaluation.reporting.report import compare_runs
+from reform_eval.utils.errors import ReformError
+from reform_eval.evaluation.reporting.bootstrap import FAMILIES, bootstrap, cluster_weights
+from reform_eval.evaluation.reporting.compare import build_comparison, mcnemar, paired_tests, wilcoxon_pairs
+from reform_eval.evaluation.reporting.report import compare_runs
 
 
 def test_cluster_weights_keep_clusters_and_strata_whole():
@@ -185,8 +185,8 @@ def test_bad_runs_say_why():
 def test_single_run_report_and_thumbnail_cap(tmp_path):
     from PIL import Image
 
-    from evaluation.reporting.report import write_run_report
-    from evaluation.reporting.html import sample_data
+    from reform_eval.evaluation.reporting.report import write_run_report
+    from reform_eval.evaluation.reporting.html import sample_data
     recs = mme_records(images=4)
     for r in recs:  # absolute image paths, as the MME builder records them
         path = tmp_path / "img" / r["meta"]["subtask"] / r["meta"]["image"]

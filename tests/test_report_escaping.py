@@ -9,10 +9,10 @@ import os
 from html.parser import HTMLParser
 
 from tests.report_fixtures import iwisdm_records, mme_records, run
-from evaluation.reporting.compare import tables
-from evaluation.reporting.report import compare_runs
-from evaluation.reporting.html import fill_template, safe_json, sample_data
-from utils.report import markdown_table, md_cell, metrics_report
+from reform_eval.evaluation.reporting.compare import tables
+from reform_eval.evaluation.reporting.report import compare_runs
+from reform_eval.evaluation.reporting.html import fill_template, safe_json, sample_data
+from reform_eval.utils.report import markdown_table, md_cell, metrics_report
 
 #: strings that end or bend a <script> element, a JS line, a markdown row or a mathtext parse
 HOSTILE = ["<!--<script>", "</script><b>x</b>", "]]>", "a\u2028b\u2029c", "`code` | pipe", "x\n# heading",

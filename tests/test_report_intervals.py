@@ -3,8 +3,8 @@ stratum of one cluster) has no interval, whatever its family; PIF-1-1 and PIF-IQ
 headline numbers with one response per turn; reporting reads benchmarks from the registry."""
 from __future__ import annotations
 
-from evaluation.reporting.bootstrap import MIN_CLUSTERS, bootstrap
-from metrics import REPORT_SPECS, report_spec
+from reform_eval.evaluation.reporting.bootstrap import MIN_CLUSTERS, bootstrap
+from reform_eval.metrics import REPORT_SPECS, report_spec
 
 
 def _acc_entries(n_clusters: int, per_cluster: int = 2):
@@ -62,13 +62,13 @@ def test_benchmarks_reach_reporting_through_the_registry():
     assert {"iwisdm", "mme", "pif"} <= set(REPORT_SPECS)
     assert report_spec("mme").family == "mme" and report_spec("pif").family == "pif"
     assert report_spec("single_choice").family == "accuracy" and report_spec("single_choice").breakdowns == ()
-    src = open(__import__("evaluation.reporting.bootstrap", fromlist=["x"]).__file__).read()
-    for name in ("build.mme", "metrics.iwisdm", "metrics.pif", "PERCEPTION", "INSTRUCTION_IDS", "iwisdm"):
+    src = open(__import__("reform_eval.evaluation.reporting.bootstrap", fromlist=["x"]).__file__).read()
+    for name in ("reform_eval.build.mme", "reform_eval.metrics.iwisdm", "reform_eval.metrics.pif", "PERCEPTION", "INSTRUCTION_IDS", "iwisdm"):
         assert name not in src, name
 
 
 def _captured_figures(monkeypatch):
-    from evaluation.reporting import plots
+    from reform_eval.evaluation.reporting import plots
     figs = []
     monkeypatch.setattr(plots, "_save", lambda fig, out_dir, name: figs.append((name, fig)) or [name])
     return plots, figs
@@ -104,7 +104,7 @@ def test_mme_plot_has_the_chance_line_and_a_zero_bar_is_drawn(monkeypatch, tmp_p
 
 
 def test_per_sample_card_shows_the_options_with_their_marks():
-    from evaluation.reporting.html import sample_data
+    from reform_eval.evaluation.reporting.html import sample_data
     rec = {"sample_id": "t0", "dup_index": 0, "question": "Is it?", "answer_options": ["false", "true"],
            "option_marks": ["A", "B"], "question_with_option": "Is it? Options: (A) false; (B) true.",
            "answer": 1, "prediction": "(B)"}
@@ -121,8 +121,8 @@ def test_all_clusters_agreeing_give_an_exact_interval_at_a_bound_and_none_inside
     scipy); a statistic without a known range, or at an interior value, shows none."""
     from scipy.stats import binomtest
 
-    from evaluation.reporting.bootstrap import stat_bounds
-    from utils.bootstrap import cluster_interval
+    from reform_eval.evaluation.reporting.bootstrap import stat_bounds
+    from reform_eval.utils.bootstrap import cluster_interval
     ids = [str(i) for i in range(100)]
     zero = cluster_interval([0.0] * 100, ids)
     exact = binomtest(0, 100).proportion_ci(method="exact")

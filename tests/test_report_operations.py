@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-import run_eval
-import run_loader_eval
-from evaluation.reporting.compare import operations
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
+from reform_eval.evaluation.reporting.compare import operations
 from tests.conftest import prediction_files, results_of, write_custom_dataset
 from tests.test_openai_api import _Server
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-import run_eval
-import run_loader_eval
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
 from tests.conftest import prediction_files
 from tests.report_fixtures import iwisdm_records, run
-from evaluation.reporting.compare import pair_keys, paired_tests
-from evaluation.reporting.html import sample_data
-from evaluation.reporting.compare import build_comparison
+from reform_eval.evaluation.reporting.compare import pair_keys, paired_tests
+from reform_eval.evaluation.reporting.html import sample_data
+from reform_eval.evaluation.reporting.compare import build_comparison
 
 
 def test_pair_keys_rule():
@@ -95,8 +95,8 @@ def test_generation_and_likelihood_runs_of_one_build_pair(tmp_path):
 
 
 def test_pairing_rule_across_old_and_new_files_and_methods():
-    from evaluation.reporting.compare import same_content
-    from utils.fingerprint import item_fields
+    from reform_eval.evaluation.reporting.compare import same_content
+    from reform_eval.utils.fingerprint import item_fields
     assert same_content(("i1", "s1"), ("i1", "s2"))            # one item asked two ways
     assert not same_content(("i1", "s1"), ("i2", "s1"))
     assert same_content(("i1", "s1"), (None, "s1"))            # a file from before item_sha
@@ -109,7 +109,7 @@ def test_pairing_rule_across_old_and_new_files_and_methods():
 
 
 def test_release_rows_pair_only_with_turns_asked_as_the_release_asked_them():
-    from metrics.mmmt_if_release import in_release_setting, reference_records_from
+    from reform_eval.metrics.mmmt_if_release import in_release_setting, reference_records_from
     base = {"sample_id": "c/1", "dup_index": 0, "item_sha": "i", "sample_sha": "s",
             "meta": {"chat_id": "c", "turn": 1, "release_pif": {"Gemini": 1.0}, "images_at": "start"}}
     at_end = dict(base, meta=dict(base["meta"], instructions_at_end=True))

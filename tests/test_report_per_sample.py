@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from metrics import evaluate
+from reform_eval.metrics import evaluate
 
 COMMON = ["sample_id", "dup_index", "cluster", "question", "answer_text", "prediction", "extracted"]
 

@@ -22,11 +22,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-import run_eval
-from models.http_transport import Retryable
-from models.interfaces.openai_api_interface import OpenAIAPIInterface
+from reform_eval import run_eval
+from reform_eval.models.http_transport import Retryable
+from reform_eval.models.interfaces.openai_api_interface import OpenAIAPIInterface
 from tests.conftest import write_custom_dataset
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -342,7 +342,7 @@ def test_many_retries_end_in_one_line_not_an_overflow(serve, tmp_path, capsys, c
     too large for a float, so a user who sets max_retries high ('retry for as long as it takes')
     got an internal OverflowError after 1024 failed attempts instead of the 'gave up' line."""
     caplog.set_level(logging.ERROR)  # 1100 retry warnings
-    logging.getLogger("models.interfaces.openai_api_interface").setLevel(logging.ERROR)
+    logging.getLogger("reform_eval.models.interfaces.openai_api_interface").setLevel(logging.ERROR)
     server = serve(lambda body, n: (0.0, 503, {}, b'{"error": {"message": "busy"}}'))
     cfg = dataset(tmp_path, 1)
     argv = args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=1", "--model_option",
@@ -363,7 +363,7 @@ def test_backoff_past_attempt_1024_does_not_overflow(monkeypatch):
     def busy(payload: bytes) -> Any:
         raise Retryable("HTTP 503: busy")
     monkeypatch.setattr(client, "_post_once", busy)
-    monkeypatch.setattr(logging.getLogger("models.interfaces.openai_api_interface"), "level", logging.ERROR)
+    monkeypatch.setattr(logging.getLogger("reform_eval.models.interfaces.openai_api_interface"), "level", logging.ERROR)
     with pytest.raises(ReformError, match="gave up after 1101 attempts"):
         client.request({"messages": [], "max_tokens": 1})
 

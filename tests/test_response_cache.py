@@ -13,8 +13,8 @@ import time
 import pytest
 from PIL import Image
 
-import run_eval
-from evaluation.cache import ResponseCache
+from reform_eval import run_eval
+from reform_eval.evaluation.cache import ResponseCache
 from tests.conftest import ROOT, prediction_files, results_of, write_custom_dataset
 from tests.test_openai_api import _Server
 
@@ -90,7 +90,7 @@ def test_another_served_model_or_seed_is_a_miss(tmp_path, server, cache_on):
 
 def test_a_changed_local_checkpoint_is_a_miss(tmp_path, cache_on):
     """Likelihood on a local checkpoint directory: new weight files are a new model."""
-    from models.tiny import tiny_model_path
+    from reform_eval.models.tiny import tiny_model_path
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model_path("llava"), ckpt)
     cfg = write_custom_dataset(str(tmp_path / "data"), n=4)
@@ -112,7 +112,7 @@ def test_a_changed_local_checkpoint_is_a_miss(tmp_path, cache_on):
 WRITER = """
 import sys
 sys.path.insert(0, {root!r})
-from evaluation.cache import ResponseCache
+from reform_eval.evaluation.cache import ResponseCache
 c = ResponseCache({cache!r}, "m" * 64)
 i = 0
 while True:
@@ -189,7 +189,7 @@ def test_a_hand_edited_segment_line_is_a_miss_not_a_crash(tmp_path, server, cach
     assert _api_run(server, cfg, tmp_path / "o1", cache) == 2
     (seg,) = [os.path.join(r, f) for r, _, fs in os.walk(cache) for f in fs]
     import zlib
-    from evaluation.cache import _canonical
+    from reform_eval.evaluation.cache import _canonical
     lines = open(seg, "rb").read().splitlines()
     bad = []
     for line in lines:  # a valid checksum of a wrongly shaped value

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-import run_eval
-from run_loader_eval import loader_eval
+from reform_eval import run_eval
+from reform_eval.run_loader_eval import loader_eval
 from tests.conftest import prediction_files, results_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,7 +144,7 @@ def test_a_torchrun_rank_ends_without_tearing_its_group_down(custom_cfg, tmp_pat
         f"sys.path.insert(0, {ROOT!r})\n"
         "import torch.distributed as dist\n"
         "dist.destroy_process_group = lambda *a, **k: os.abort()\n"
-        "import run_eval\n"
+        "from reform_eval import run_eval\n"
         "run_eval.cli()\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            *base_args(custom_cfg, tmp_path / "o")]

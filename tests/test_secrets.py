@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from utils.secrets import REDACTED, Secret, drop_secrets, json_default, redact, redact_text, secret_options
+from reform_eval.utils.secrets import REDACTED, Secret, drop_secrets, json_default, redact, redact_text, secret_options
 
 
 def test_a_secret_never_prints():

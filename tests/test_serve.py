@@ -22,7 +22,7 @@ from typing import Any, Dict, Tuple
 
 import pytest
 
-from utils.ports import unused_port
+from reform_eval.utils.ports import unused_port
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def _serve_python() -> str:
     """The serve venv's python, created and filled on first use; skips the test when it cannot be."""
     import transformers
 
-    from models.tiny import cache_root
+    from reform_eval.models.tiny import cache_root
     venv = os.path.join(cache_root(), "serve-venv")
     python = os.path.join(venv, "bin", "python")
     ready = os.path.join(venv, f".ready-{transformers.__version__}")
@@ -66,7 +66,7 @@ def _serve_python() -> str:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Any:
     """(base_url, model id) of a running ``transformers serve`` hosting the tiny LLaVA."""
-    from models.tiny import tiny_model_path
+    from reform_eval.models.tiny import tiny_model_path
     python = _serve_python()
     model = tiny_model_path("llava")
     port = unused_port()
@@ -111,7 +111,7 @@ def served(tmp_path_factory) -> Any:
 
 
 def _predictions(out: str) -> Dict[Tuple[str, int], Dict[str, Any]]:
-    from evaluation.reporting.scoring import prediction_files
+    from reform_eval.evaluation.reporting.scoring import prediction_files
     files = prediction_files(out)
     assert len(files) == 1, files
     with open(files[0]) as f:
@@ -127,7 +127,7 @@ def _dataset(name: str, tmp_path: Any) -> list:
     if name == "iWISDM":
         return ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample", "4"]
     if name == "MME":
-        from build.mme import write_placeholder_release
+        from reform_eval.build.mme import write_placeholder_release
         from tests.conftest import ROOT
         root = write_placeholder_release(os.path.join(ROOT, "configs", "data", "mme_questions"),
                                          str(tmp_path / "release"), subtasks=["existence", "OCR"])
@@ -141,7 +141,7 @@ def _dataset(name: str, tmp_path: Any) -> list:
 
 @pytest.mark.parametrize("benchmark", ["iWISDM", "MME", "MMMT-IF"])
 def test_served_tiny_llava_equals_in_process(served, tmp_path, benchmark):
-    import run_eval
+    from reform_eval import run_eval
     url, model = served
     common = [*_dataset(benchmark, tmp_path), "--max_new_tokens", "8", "--no_cache"]
     assert run_eval.main(["--model", "llava", "--model_name", "tiny", "--model_option", "preprocessor=chat_template",

@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from metrics import evaluate
-from metrics.single_choice import instability, parse_choice, reduce_scores
-from utils.errors import ReformError
+from reform_eval.metrics import evaluate
+from reform_eval.metrics.single_choice import instability, parse_choice, reduce_scores
+from reform_eval.utils.errors import ReformError
 
 OPTS = ["yes", "no", "maybe"]
 MARKS = ["A", "B", "C"]
@@ -98,7 +98,7 @@ def test_missing_field():
 
 
 def test_generation_match_vocabulary_and_likelihood():
-    from metrics.single_choice import score_generation_match
+    from reform_eval.metrics.single_choice import score_generation_match
     base = {"benchmark": "custom", "formulation": "Generation", "meta": {"vocab": ["true", "false"]},
             "candidates": ["true", "false"], "answer": "true"}
     recs = [dict(base, sample_id="a", prediction="True."), dict(base, sample_id="b", prediction="maybe"),

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-import run_eval
-import run_loader_eval
-from metrics import evaluate
-from metrics.mme import mme_metric
-from metrics.single_choice import stability_problem
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
+from reform_eval.metrics import evaluate
+from reform_eval.metrics.mme import mme_metric
+from reform_eval.metrics.single_choice import stability_problem
 from tests.conftest import prediction_files
 from tests.report_fixtures import mme_records
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 OPTS = ["yes", "no", "maybe"]
 

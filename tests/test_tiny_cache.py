@@ -9,16 +9,16 @@ import socket
 import pytest
 import torch
 
-from models import get_model
-from models.checkpoint_files import check_safetensors
-from models.tiny import _DONE, _build_lock, cache_problem, tiny_model_path
-from utils.errors import ReformError
+from reform_eval.models import get_model
+from reform_eval.models.checkpoint_files import check_safetensors
+from reform_eval.models.tiny import _DONE, _build_lock, cache_problem, tiny_model_path
+from reform_eval.utils.errors import ReformError
 
 
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
-    import models
+    from reform_eval import models
     models._load_all()  # importing the interfaces registers every tiny builder
     return tmp_path / "cache"
 

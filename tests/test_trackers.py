@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from evaluation.reporting.scoring import load_records, prediction_files, results_paths, score_records
-from evaluation.trackers import log_run, parse_markdown_table, run_content
-from utils.errors import ReformError
+from reform_eval.evaluation.reporting.scoring import load_records, prediction_files, results_paths, score_records
+from reform_eval.evaluation.trackers import log_run, parse_markdown_table, run_content
+from reform_eval.utils.errors import ReformError
 
 SECRET = "sk-tracker-secret-999999"
 
@@ -19,7 +19,7 @@ SECRET = "sk-tracker-secret-999999"
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
     """(result dict as score_records returns it, with the run's config; files) of a real run."""
-    import run_eval
+    from reform_eval import run_eval
     out = tmp_path_factory.mktemp("tracked")
     assert run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
                           "--dataset_subsample", "12", "--output_dir", str(out), "--do_eval"]) == 0
@@ -131,8 +131,8 @@ def test_run_eval_and_run_loader_eval_log_to_mlflow(tmp_path, monkeypatch):
     import json
     from mlflow.tracking import MlflowClient
 
-    import run_eval
-    import run_loader_eval
+    from reform_eval import run_eval
+    from reform_eval import run_loader_eval
     from tests.conftest import write_custom_dataset
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -17,10 +17,10 @@ import time
 import pytest
 from PIL import Image
 
-import run_eval
-import run_loader_eval
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
 from tests.conftest import only_results, prediction_files, results_of, write_custom_dataset
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -262,7 +262,7 @@ def test_3_flags_never_contradict_the_records(tmp_path):
 
 def test_1_checkpoint_changed_in_place_is_a_new_run(tmp_path):
     import shutil
-    from models.tiny import tiny_model_path
+    from reform_eval.models.tiny import tiny_model_path
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model_path("llava"), ckpt)
     cfg = write_custom_dataset(str(tmp_path / "data"), n=2)
@@ -324,7 +324,7 @@ def test_6_second_concurrent_run_exits_naming_the_holder(custom_cfg, tmp_path):
     os.unlink(pred)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from utils.runlock import _proc_start
+        from reform_eval.utils.runlock import _proc_start
         (out / f".lock-{digest}").write_text(json.dumps({"host": os.uname().nodename, "pid": holder.pid,
                                                            "start": _proc_start(holder.pid), "since": "now"}))
         proc = cli("run_eval.py", *args(custom_cfg, out))
@@ -369,7 +369,7 @@ def test_9_fifo_image_is_refused_not_awaited(tmp_path):
 
 def test_9_workers_die_with_their_parent(tmp_path):
     """A process set up like a DataLoader worker (run_eval.die_with_parent) dies when its parent is killed -9."""
-    child_code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); import run_eval; run_eval.die_with_parent(); "
+    child_code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from reform_eval import run_eval; run_eval.die_with_parent(); "
                   "print('ready', flush=True); time.sleep(120)")
     parent_code = ("import subprocess, sys, time\n"
                    f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}], stdout=subprocess.PIPE)\n"
@@ -429,7 +429,7 @@ def test_6_corrupt_lock_is_stale(custom_cfg, tmp_path):
 
 def test_10_full_disk_leaves_nothing_half_written(tmp_path, monkeypatch):
     import errno
-    from utils import predictions
+    from reform_eval.utils import predictions
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -489,7 +489,7 @@ def test_11_model_option_values_fail_before_loading(custom_cfg, tmp_path, model,
 
 
 def test_11_metric_option_value_fails_before_inference(tmp_path):
-    from build.mme import write_placeholder_release
+    from reform_eval.build.mme import write_placeholder_release
     questions = os.path.join(ROOT, "configs", "data", "mme_questions")
     write_placeholder_release(questions, str(tmp_path / "rel"), subtasks=["OCR"])
     cfg = tmp_path / "mme.yaml"
@@ -678,12 +678,12 @@ def test_1_api_model_from_the_environment_is_part_of_the_identity(tmp_path, monk
                                   "base_url=http://host/v1?key=sk-quoted-secret-777",
                                   "http://user:sk-quoted-secret-777@host/v1"])
 def test_15_credentials_in_quotes_and_urls_are_redacted(text):
-    from utils.secrets import redact_text
+    from reform_eval.utils.secrets import redact_text
     assert "sk-quoted-secret-777" not in redact_text(text)
 
 
 def test_15_redaction_rules(monkeypatch):
-    from utils.secrets import REDACTED as R, drop_secrets, redact
+    from reform_eval.utils.secrets import REDACTED as R, drop_secrets, redact
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-abcdefgh")
     cfg = {"model_option": ["api_key=sk-1", "timeout=3"], "note": "uses tok-abcdefgh", "token": "t",
            "nested": {"password": "p", "keep": 1}}

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.tiny import tiny_model_path
-from models.vllm_checkpoint import renamed_key, vllm_checkpoint
+from reform_eval.models.tiny import tiny_model_path
+from reform_eval.models.vllm_checkpoint import renamed_key, vllm_checkpoint
 
 
 @pytest.fixture

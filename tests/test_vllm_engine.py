@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from utils.ports import unused_port
+from reform_eval.utils.ports import unused_port
 
 from tests.conftest import ROOT, prediction_files
 from tests.conftest import vllm_python as built_vllm_python
@@ -56,7 +56,7 @@ def _engine_env() -> Dict[str, str]:
 
 # -- the data: the same argument lists for every engine --------------------------------------------
 def _datasets(tmp: str) -> Dict[str, List[str]]:
-    from build.mme_synthetic import write_yesno_release
+    from reform_eval.build.mme_synthetic import write_yesno_release
     from tests.test_mmmt_if_run import write_mmdu
     mme = write_yesno_release(os.path.join(tmp, "yesno"), n_images=4, seed=3)
     mmdu = write_mmdu(os.path.join(tmp, "mmdu"))
@@ -102,7 +102,7 @@ def data(tmp_path_factory) -> Dict[str, List[str]]:
 @pytest.fixture(scope="module")
 def in_process(data, tmp_path_factory) -> Dict[Tuple[str, str], str]:
     """The in-process HF runs (this interpreter): (method, dataset) -> output folder."""
-    import run_eval
+    from reform_eval import run_eval
     out = str(tmp_path_factory.mktemp("hf"))
     runs = _runs(["--model", "llava", "--model_name", "tiny-trained"], data, out)
     for argv in runs.values():
@@ -120,7 +120,7 @@ def server_process(vllm_python, tmp_path_factory):
     """A vLLM OpenAI-compatible server for tiny-trained, started at once (it loads while other
     tests run); yields (process, port, log path); stopped by its PID, with a watchdog."""
     env = _engine_env()
-    engine_path = subprocess.run([vllm_python, "-m", "models.vllm_checkpoint", "tiny-trained"], cwd=ROOT, env=env,
+    engine_path = subprocess.run([vllm_python, "-m", "reform_eval.models.vllm_checkpoint", "tiny-trained"], cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=300, check=True).stdout.strip().splitlines()[-1]
     port = unused_port()
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
@@ -228,7 +228,7 @@ def test_served_engine_equals_in_process(served, in_process, data, tmp_path):
     """``--model openai_api`` against the vLLM server: generation with BOS asked for
     (``extra_body={add_special_tokens: true}``, as the in-process processor adds it), likelihood
     through prompt log-probabilities (BOS by default)."""
-    import run_eval
+    from reform_eval import run_eval
     model = ["--model", "openai_api", "--model_name", "tiny-trained", "--model_option", f"base_url={served}",
              "--model_option", "timeout=300", "--model_option", "max_concurrency=8"]
     runs = _runs(model, data, str(tmp_path))

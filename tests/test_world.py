@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-import run_eval
-import run_loader_eval
+from reform_eval import run_eval
+from reform_eval import run_loader_eval
 from tests.conftest import prediction_files, write_custom_dataset
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +85,7 @@ def test_2_full_disk_of_the_response_cache_keeps_the_answers(tmp_path, monkeypat
     """The disk holding the response cache fills mid-run: one line naming the cache segment and
     --cache_dir (exit 2, not 'internal error'); the batch whose cache write failed is saved in the
     shard; the segment holds only whole lines; the same command then resumes."""
-    import evaluation.cache as cache_module
+    import reform_eval.evaluation.cache as cache_module
     monkeypatch.delenv("REFORM_NO_CACHE", raising=False)
     cfg = write_custom_dataset(str(tmp_path / "data"), n=12)
     out, cache = tmp_path / "out", tmp_path / "cache"
@@ -166,7 +166,7 @@ def test_2_sigterm_to_the_process_group_is_the_interrupt(tmp_path):
 def test_2_a_dataloader_worker_killed_for_memory_is_one_line():
     """A worker killed by SIGKILL (the out-of-memory killer) or SIGBUS (/dev/shm too small) is
     the world's condition (exit 2, naming --num_workers); by SIGTERM it is the interrupt."""
-    from utils import world
+    from reform_eval.utils import world
     world.reset()
     oom = RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
     assert world.interrupt_of(oom) is None
@@ -207,7 +207,7 @@ def test_2_a_tracker_refusing_after_the_work_is_one_line_naming_the_saved_result
     """A store that accepts the pre-check and then refuses the run: one line (exit 2) saying the
     results are saved and how to log them again."""
     mlflow = pytest.importorskip("mlflow", reason="mlflow not installed (pip install '.[mlflow]')")
-    from evaluation.trackers import log_run
+    from reform_eval.evaluation.trackers import log_run
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
@@ -226,7 +226,7 @@ def test_2_a_tracker_refusing_after_the_work_is_one_line_naming_the_saved_result
 def test_2_lone_surrogate_in_a_record_is_stored_and_counted(tmp_path):
     """A reply holding a lone surrogate ("\\ud800") cannot be written as UTF-8: the shard stores
     U+FFFD and counts it (``replaced_chars``); nothing is half-written, no empty shard is left."""
-    from utils.predictions import ShardWriter, read_shard_dir
+    from reform_eval.utils.predictions import ShardWriter, read_shard_dir
     path = tmp_path / "shards" / "rank0-of-1.jsonl"
     with ShardWriter(str(path), run_id="r1") as w:
         w.write([{"sample_id": "a", "dup_index": 0, "prediction": "x\ud800y"},
@@ -245,7 +245,7 @@ def test_2_lone_surrogate_in_a_record_is_stored_and_counted(tmp_path):
 def _fake_forward(monkeypatch, output):
     """The random baseline's forward returning ``output(sample)`` per sample (a stand-in for a
     checkpoint that returns NaN log-probabilities or a server that returns no text)."""
-    from models.interfaces.baseline_interface import RandomBaseline
+    from reform_eval.models.interfaces.baseline_interface import RandomBaseline
     monkeypatch.setattr(RandomBaseline, "forward", lambda self, method, samples, prompts, **kw:
                         [output(s) for s in samples])
 
@@ -300,9 +300,9 @@ def test_1_a_hub_id_is_fingerprinted_by_its_snapshot(tmp_path, monkeypatch):
     """``--model_name org/model`` resolves (offline, refs/main -> snapshots/<commit>) to the
     snapshot the cache holds; the run identity fingerprints its files like a local folder's, so
     new weights under the same id are a new identity (before: no fingerprint at all)."""
-    from evaluation.config import ModelConfig
-    from evaluation.plan import checkpoint_fingerprint
-    from models import checkpoint_source
+    from reform_eval.evaluation.config import ModelConfig
+    from reform_eval.evaluation.plan import checkpoint_fingerprint
+    from reform_eval.models import checkpoint_source
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     _hub_snapshot(tmp_path / "hub", "org/model", C1, {"config.json": b'{"a": 1}', "model.safetensors": b"w1"})
     first = checkpoint_fingerprint(ModelConfig("llava", name="org/model"))
@@ -321,7 +321,7 @@ def test_1_new_snapshot_under_one_hub_id_is_a_new_run_and_a_cache_miss(tmp_path)
     after a second snapshot arrives under the same id, the same command is a new run (a new
     prediction file, not the old predictions) and every model call a response-cache miss (not
     old answers); the run info records the commit each run loaded."""
-    from models.tiny import tiny_model_path
+    from reform_eval.models.tiny import tiny_model_path
     src = tiny_model_path("llava")
     files = {}
     for root, _, names in os.walk(src):
@@ -418,7 +418,7 @@ def test_5_a_kill_at_every_step_of_the_commit_is_completed_or_rolled_back(tmp_pa
     stem = os.path.basename(ref_pred)[:-5]
     unit = [f"{stem}.results.json", f"{stem}.results.md", f"{stem}.per_sample.json",
             f"{stem}.report/report.html", f"{stem}.report/comparison.json", f"{stem}.report/plots"]
-    from utils.commit import clean_stale_temps
+    from reform_eval.utils.commit import clean_stale_temps
     k = 0
     while True:
         k += 1

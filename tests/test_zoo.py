@@ -19,8 +19,8 @@ import pytest
 from tests.conftest import prediction_files
 import torch
 
-from utils.schema import IMAGE_TOKEN
-from utils.images import noise_image
+from reform_eval.utils.schema import IMAGE_TOKEN
+from reform_eval.utils.images import noise_image
 
 #: registry name -> keyword overrides for the sample images (sizes exercise tiling/resizing)
 FAMILIES = ["llava_next", "idefics3", "qwen2_vl", "llava_onevision", "internvl", "blip2", "instructblip",
@@ -35,7 +35,7 @@ _LOADED: dict = {}
 @pytest.fixture(params=FAMILIES)
 def zoo(request, cache_dir):
     """(family, interface, preprocessor), loaded once per family for the module."""
-    from models import get_model
+    from reform_eval.models import get_model
     torch.set_num_threads(1)
     fam = request.param
     if fam not in _LOADED:
@@ -98,7 +98,7 @@ def test_ten_image_prompt(zoo):
 
 @pytest.mark.parametrize("method", ["generation", "likelihood"])
 def test_run_eval_end_to_end(zoo, method, tmp_path):
-    import run_eval
+    from reform_eval import run_eval
     from tests.conftest import write_custom_dataset
     fam, interface, _ = zoo
     cfg = write_custom_dataset(str(tmp_path / "data"), n=3)
@@ -117,10 +117,10 @@ def test_run_eval_end_to_end(zoo, method, tmp_path):
 
 
 def test_family_checkpoint_mismatch_is_clear(cache_dir):
-    from models import get_model
-    from models.tiny import tiny_model_path
-    from utils.errors import ReformError
-    import models
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
+    from reform_eval.utils.errors import ReformError
+    from reform_eval import models
     models._load_all()
     path = tiny_model_path("llava_next")
     with pytest.raises(ReformError, match="'llava_next' model.*expects 'idefics3' or 'smolvlm'"):
@@ -131,9 +131,9 @@ def test_family_checkpoint_mismatch_is_clear(cache_dir):
 def test_blip_encoder_decoder_scores_on_the_decoder(cache_dir, fam, variant):
     """Flan-T5 style BLIP-2 / InstructBLIP: candidates scored on the decoder against one
     shared encoder pass equal one full forward per candidate; greedy batch 1 == batch 4."""
-    import models
-    from models import get_model
-    from models.tiny import tiny_model_path
+    from reform_eval import models
+    from reform_eval.models import get_model
+    from reform_eval.models.tiny import tiny_model_path
     models._load_all()
     torch.set_num_threads(1)
     interface, pre = get_model(fam, {"model_name": tiny_model_path(variant), "device": "cpu"})
@@ -157,8 +157,8 @@ def test_blip_encoder_decoder_scores_on_the_decoder(cache_dir, fam, variant):
 def test_blip2_layout_and_imageless_prompt(cache_dir):
     """Images go in front of the prompt (BLIP-2's layout: query tokens, then BOS); a prompt
     without an image is a clear error."""
-    from models import get_model
-    from utils.errors import ReformError
+    from reform_eval.models import get_model
+    from reform_eval.utils.errors import ReformError
     interface, pre = get_model("blip2", {"model_name": "tiny", "device": "cpu"})
     s = _sample(2, "Which image is brighter?")
     prompt = pre(s)
@@ -176,7 +176,7 @@ def test_paligemma_prefix_lm_split(cache_dir):
     """PaliGemma: the prefix (images + prompt + newline) is bidirectional, candidates are the
     causal suffix. Cached scores match a full forward whose candidate tokens have
     token_type_ids 1, and differ from one that puts them in the bidirectional prefix."""
-    from models import get_model
+    from reform_eval.models import get_model
     interface, pre = get_model("paligemma", {"model_name": "tiny", "device": "cpu"})
     s = _sample(2, "What colour are the two objects? Count them.")
     prompt = pre(s)
@@ -200,7 +200,7 @@ def test_paligemma_prefix_lm_split(cache_dir):
 def test_mllama_candidates_use_the_cross_attention_mask(cache_dir):
     """Mllama: candidates read the cached vision states through the prompt's last
     cross-attention mask row; scoring them unmasked (padded tiles visible) differs."""
-    from models import get_model
+    from reform_eval.models import get_model
     interface, pre = get_model("mllama", {"model_name": "tiny", "device": "cpu"})
     history = [{"from": "human", "value": f"{IMAGE_TOKEN}What is in the first image?"},
                {"from": "assistant", "value": "A red circle."}]

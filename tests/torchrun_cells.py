@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 def main(path: str) -> int:
     import torch.distributed as dist
 
-    import run_eval
+    from reform_eval import run_eval
     with open(path, encoding="utf-8") as f:
         cells = json.load(f)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))

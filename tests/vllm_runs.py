@@ -23,9 +23,9 @@ from typing import Any, Dict, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import evaluation.execute  # noqa: E402
-import models  # noqa: E402
-import run_eval  # noqa: E402
+import reform_eval.evaluation.execute  # noqa: E402
+from reform_eval import models  # noqa: E402
+from reform_eval import run_eval  # noqa: E402
 
 _real_get_model = models.get_model
 _engines: Dict[str, Any] = {}
@@ -48,7 +48,7 @@ def get_model(name: str, config: Optional[Dict[str, Any]] = None) -> Tuple[Any, 
 def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         runs = json.load(f)["runs"]
-    evaluation.execute.get_model = get_model
+    reform_eval.evaluation.execute.get_model = get_model
     worst = 0
     for argv in runs:
         t0 = time.perf_counter()

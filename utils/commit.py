@@ -33,8 +33,8 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from utils.errors import ReformError
-from utils.runlock import pid_alive
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.runlock import pid_alive
 
 TMP_PREFIX = ".tmp-"
 #: a unit's journal: what its renames, removals and index lines are (``recover_commits``)

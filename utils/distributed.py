@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 
 @dataclass

@@ -30,9 +30,9 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from utils.images import check_image, max_image_pixels
-from utils.paths import cache_root
-from utils.runlock import pid_alive
+from reform_eval.utils.images import check_image, max_image_pixels
+from reform_eval.utils.paths import cache_root
+from reform_eval.utils.runlock import pid_alive
 
 logger = logging.getLogger(__name__)
 

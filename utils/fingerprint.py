@@ -18,9 +18,9 @@ import json
 import os
 from typing import Any, Dict, Iterable, List, Tuple
 
-from utils.errors import input_error
-from utils.file_hashes import file_digest
-from utils.images import unreadable
+from reform_eval.utils.errors import input_error
+from reform_eval.utils.file_hashes import file_digest
+from reform_eval.utils.images import unreadable
 
 
 def image_token(image: Any, cache: Dict[int, str], record: Any = None) -> str:

@@ -25,7 +25,7 @@ import re
 import stat
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from utils.errors import input_error
+from reform_eval.utils.errors import input_error
 
 #: default size limit of one input file (bytes); REFORM_MAX_INPUT_BYTES changes it
 DEFAULT_MAX_INPUT_BYTES = 4 * 1024 ** 3

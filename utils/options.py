@@ -5,8 +5,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import yaml
 
-from utils.errors import ReformError
-from utils.secrets import is_secret_key, redact_text
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.secrets import is_secret_key, redact_text
 
 
 def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:

@@ -11,9 +11,9 @@ from typing import Any, Optional, Tuple
 
 from PIL import Image
 
-from utils.errors import input_error
-from utils.file_hashes import ChangedSinceFingerprint, bytes_as_fingerprinted
-from utils.images import _where, decode_image, unreadable
+from reform_eval.utils.errors import input_error
+from reform_eval.utils.file_hashes import ChangedSinceFingerprint, bytes_as_fingerprinted
+from reform_eval.utils.images import _where, decode_image, unreadable
 
 
 def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]:

@@ -15,10 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from PIL import Image
 
-from build.iwisdm.graph import Task
-from build.iwisdm.operators import (BOOL, Compare, Context, Exist, Get, Switch, answer_word, unwrap_target, walk)
-from build.iwisdm.stimuli import LOCATIONS, StimulusSet
-from utils.errors import ReformError
+from reform_eval.build.iwisdm.graph import Task
+from reform_eval.build.iwisdm.operators import (BOOL, Compare, Context, Exist, Get, Switch, answer_word, unwrap_target, walk)
+from reform_eval.build.iwisdm.stimuli import LOCATIONS, StimulusSet
+from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from metrics import ReportSpec, coverage_note, report_spec
-from utils.bootstrap import MIN_CLUSTERS, cluster_weights, interval, wmean
-from utils.report import markdown_table
+from reform_eval.metrics import ReportSpec, coverage_note, report_spec
+from reform_eval.utils.bootstrap import MIN_CLUSTERS, cluster_weights, interval, wmean
+from reform_eval.utils.report import markdown_table
 
 #: resamples per interval on every surface (results.md, comparison, report)
 N_BOOT = 1000

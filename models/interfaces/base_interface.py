@@ -17,7 +17,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
-from utils.errors import ReformError
+from reform_eval.utils.errors import ReformError
 
 
 class CandidateScore(NamedTuple):

@@ -76,21 +76,21 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from PIL import Image
 
-from models import register_model
-from models.http_transport import Endpoint, Retryable, log_clamp_once, public_url
-from models.http_transport import retry_after as parse_retry_after
-from models.interfaces.base_interface import BaseInterface, CandidateScore
-from models.openai_messages import (IMAGE_FORMATS, EncodedImages, encode_image, image_format,  # noqa: F401
+from reform_eval.models import register_model
+from reform_eval.models.http_transport import Endpoint, Retryable, log_clamp_once, public_url
+from reform_eval.models.http_transport import retry_after as parse_retry_after
+from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
+from reform_eval.models.openai_messages import (IMAGE_FORMATS, EncodedImages, encode_image, image_format,  # noqa: F401
                                     to_openai_messages)
-from models.openai_likelihood import score_candidates
-from models.outputs import GenText, finish_text
-from models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
+from reform_eval.models.openai_likelihood import score_candidates
+from reform_eval.models.outputs import GenText, finish_text
+from reform_eval.models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
                                    spent_usage)
-from utils.distributed import share_of
-from utils.errors import ReformError
-from utils.preprocessors import ChatTemplateProcessor
-from utils.request_pool import RequestPool
-from utils.secrets import REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep, secret_options
+from reform_eval.utils.distributed import share_of
+from reform_eval.utils.errors import ReformError
+from reform_eval.utils.preprocessors import ChatTemplateProcessor
+from reform_eval.utils.request_pool import RequestPool
+from reform_eval.utils.secrets import REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep, secret_options
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from typing import Any, Dict
 
 import torch
 
-from models import register_model
-from models.hf_base import HFBaseInterface
-from models.tiny import register_tiny_builder, train_tiny_tokenizer
-from models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, image_only_video_processor,
+from reform_eval.models import register_model
+from reform_eval.models.hf_base import HFBaseInterface
+from reform_eval.models.tiny import register_tiny_builder, train_tiny_tokenizer
+from reform_eval.models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, image_only_video_processor,
                              save_checkpoint, seeded_model)
 
 logger = logging.getLogger(__name__)

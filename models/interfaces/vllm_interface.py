@@ -57,14 +57,14 @@ import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from models import MODELS, load_all, register_model
-from models.hf_provenance import pixel_rows
-from models.hf_base import HFBaseInterface
-from models.hf_loading import _is_path_like, _one_line, builtin_checkpoint
-from models.interfaces.base_interface import BaseInterface, CandidateScore
-from models.outputs import GenText, finish_text
-from models.vllm_checkpoint import vllm_checkpoint
-from utils.errors import ReformError
+from reform_eval.models import MODELS, load_all, register_model
+from reform_eval.models.hf_provenance import pixel_rows
+from reform_eval.models.hf_base import HFBaseInterface
+from reform_eval.models.hf_loading import _is_path_like, _one_line, builtin_checkpoint
+from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
+from reform_eval.models.outputs import GenText, finish_text
+from reform_eval.models.vllm_checkpoint import vllm_checkpoint
+from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 
