@@ -22,7 +22,8 @@ from reform_eval.evaluation.plan import Key, RunPlan, dependencies, directory_fi
 from reform_eval.evaluation.client_processes import run_window_processes, split_by_group
 from reform_eval.evaluation.window import run_window
 from reform_eval.models import get_model, runs_on_device
-from reform_eval.utils.distributed import DistInfo, barrier, configure_cpu_threads, default_device, sample_sharding
+from reform_eval.utils.cpu_threads import configure_cpu_threads
+from reform_eval.utils.distributed import DistInfo, barrier, default_device, sample_sharding
 from reform_eval.utils.errors import Interrupted, ReformError
 from reform_eval.utils.lifetime import die_with_parent
 from reform_eval.utils.predictions import ShardWriter, read_shard_dir, shard_keys, trim_torn_line

@@ -17,7 +17,7 @@ from reform_eval.evaluation.reporting.html import verdict
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
-    reason="chromium is not installed (commands/test.sh installs the Debian package with apt-get install -y chromium)")
+    reason="chromium is not installed: bash commands/install_browser.sh (the Debian package; .ci/run does it)")
 
 
 def _with_images(records, directory):

@@ -12,7 +12,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from reform_eval.utils.errors import ReformError
 
 
 @dataclass
@@ -148,28 +147,3 @@ def default_device(info: DistInfo, gpus_per_rank: int = 1) -> str:
     if torch.cuda.is_available():
         return f"cuda:{info.local_rank * max(1, int(gpus_per_rank))}"
     return "cpu"
-
-
-def cpu_threads() -> int:
-    """Intra-op threads of this process on the CPU: ``REFORM_CPU_THREADS`` when set; the user's
-    ``OMP_NUM_THREADS`` when set (torchrun sets 1 per rank); else the cores shared among the
-    ranks of this node (bench/threads.py measures why: docs/models.md)."""
-    value = os.environ.get("REFORM_CPU_THREADS")
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ReformError(f"REFORM_CPU_THREADS must be a whole number >= 1, got {value!r}")
-        return int(value)
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, (os.cpu_count() or 1) // max(1, ranks_here))
-
-
-def configure_cpu_threads() -> int:
-    """Apply ``cpu_threads()`` to torch; returns the count."""
-    import torch  # heavy: asked only by a family that runs on the CPU
-
-    n = cpu_threads()
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
-    return n
