@@ -17,8 +17,8 @@ engine, tsv tab-separated with every field quoted. Columns read here (docs/forei
   extracted, score  (optional, VLMEvalKit's ``_auxmatch`` file) kept in ``meta`` for comparison
 
 Rows map to our items by (category, image file name, question) (``metrics.mme.item_key``), never
-by position. VLMEvalKit's own exact-matching extraction is word-level (yes without no, no without
-yes), so the records are scored with ``--mme_parse word`` unless another rule is asked for.
+by position. The records are scored with VLMEvalKit's own exact-matching rule (``YOrN_Extraction``,
+our ``--mme_parse vlmevalkit``, quirks included) unless another rule is asked for.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ from reform_eval.utils.predictions import ForeignRecords, head_text, register_fo
 
 HARNESS = "VLMEvalKit"
 COLUMNS = ("index", "category", "image_path", "question", "answer", "prediction")
-#: VLMEvalKit's exact-matching answer extraction is word-level: our ``word`` rule
-PARSE_RULE = "word"
+#: VLMEvalKit's exact-matching answer extraction (``YOrN_Extraction``): our ``vlmevalkit`` rule
+PARSE_RULE = "vlmevalkit"
 
 
 def accepts(path: str) -> bool:

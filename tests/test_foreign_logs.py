@@ -300,7 +300,7 @@ def test_vlmevalkit_file_scores_and_pairs_like_the_same_answers(tmp_path, fmt):
     (write_tsv if fmt == "tsv" else write_xlsx)(path, vlmevalkit_rows())
     run = scored(path)
     m = run["result"]["metrics"]
-    assert m["parse_rule"] == "word" and m["num_records"] == 80
+    assert m["parse_rule"] == "vlmevalkit" and m["num_records"] == 80
     assert run["records"][0]["model"] == "llava-tiny-trained (VLMEvalKit)"
     assert run["result"]["provenance"]["harness"]["layout"] == fmt
     # the same responses as the lmms-eval log: with one answer rule, the same score exactly
