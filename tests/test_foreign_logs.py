@@ -491,3 +491,36 @@ def test_hostile_chat_template_is_refused_in_one_line(tmp_path, monkeypatch, tem
     assert msg.startswith(f"{res_path}: field 'config.model_args.chat_template': the template is refused: ")
     assert why in msg and "\n" not in msg
 
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "xlsx"])
+def test_vlmevalkit_file_scores_as_vlmevalkit_does(tmp_path, fmt):
+    """Hard responses (the stress set's, whose reading by VLMEvalKit's own YOrN_Extraction is
+    committed) in a VLMEvalKit file: by default every row is read as VLMEvalKit reads it, and
+    acc, acc+ and score per category are MME_rating's (score = answer == extracted; acc over rows,
+    acc+ over an image's two rows)."""
+    cases = json.load(open(os.path.join(ROOT, "tests", "data", "mme_parse_stress", "expected.json"),
+                           encoding="utf-8"))["cases"]
+    # (a cell cannot hold the control characters an xlsx refuses, nor a tsv an empty-looking field)
+    cases = [c for c in cases if c["response"].strip() and not any(ord(ch) < 32 and ch not in "\t\n\r"
+                                                                   for ch in c["response"])]
+    rows = vlmevalkit_rows()
+    theirs = {}
+    for i, r in enumerate(rows):
+        case = cases[(7 * i) % len(cases)]
+        r["prediction"] = case["response"]
+        theirs[r["index"]] = case["vlmevalkit"]
+    path = str(tmp_path / f"hard_MME.{fmt}")
+    (write_tsv if fmt == "tsv" else write_xlsx)(path, rows)
+    result = scored(path)["result"]
+    by_q = {(s["subtask"], s["image"], s["question"]): s for s in result["per_sample"]}
+    stats = {}
+    for r in rows:
+        s = by_q[(r["category"], r["image_path"].split("/")[-1], r["question"])]
+        assert s["parsed"] == {"Yes": "yes", "No": "no", "Unknown": "other"}[theirs[r["index"]]], r["prediction"]
+        stats.setdefault(r["category"], {}).setdefault(r["image_path"], []).append(r["answer"] == theirs[r["index"]])
+    for cat, images in stats.items():
+        acc = 100 * sum(sum(v) for v in images.values()) / sum(len(v) for v in images.values())
+        acc_plus = 100 * sum(v[0] * v[1] for v in images.values()) / len(images)
+        m = result["metrics"]["subtasks"][cat]
+        assert (100 * m["acc"], 100 * m["acc_plus"], m["score"]) == pytest.approx((acc, acc_plus, acc + acc_plus))
