@@ -144,7 +144,7 @@ def read_lmms_eval_samples(path: str) -> ForeignRecords:
         bare = question[len(pre):] if pre and question.startswith(pre) else question  # the task's own wrapping
         bare = bare[: -len(post)] if post and bare.endswith(post) else bare
         records.append(foreign_record(HARNESS, sub, image, question, gt, response, path, line, model=model,
-                                      parse_rule=PARSE_RULE, trace=_trace(obj, question, None), meta=meta,
+                                      parse_rule=PARSE_RULE, trace=_trace(obj, question), meta=meta,
                                       key_question=bare))
     if not records:
         raise input_error("holds no samples", file=path)
@@ -196,7 +196,7 @@ def _user_content(user_text: str) -> str:
 
 def render_prompts(template: str, user_texts: Sequence[str], file: Optional[str] = None) -> List[Optional[str]]:
     """The prompt text llava_hf hands its processor for each user text: the chat template applied
-    to one user message ``"<image>\n" + text`` (lmms-eval 0.7 ``LlavaHf.generate_until``), rendered
+    to one user message ``"<image>\\n" + text`` (lmms-eval 0.7 ``LlavaHf.generate_until``), rendered
     as transformers renders templates, bounded (``utils.templates``: a hostile template in the log
     ``file`` is refused in one line); None where the template does not render."""
     contexts = [{"messages": [{"role": "user", "content": _user_content(t)}], "add_generation_prompt": True}
@@ -219,14 +219,14 @@ def system_line(template: str, file: Optional[str] = None) -> Optional[str]:
     return (before[: role.start()] if role else before).strip()
 
 
-def _trace(obj: Dict[str, Any], question: str, prompt: Optional[str]) -> Dict[str, Any]:
-    """The per-row trace in the agreed shape: the exact prompt where the chat template is known,
-    the user text always, token counts where lmms-eval logged them."""
+def _trace(obj: Dict[str, Any], question: str) -> Dict[str, Any]:
+    """The per-row trace in the agreed shape: the user text always, token counts where lmms-eval
+    logged them; the exact prompt is filled in where the chat template is known."""
     tokens = None
     counts = obj.get("token_counts")
     if isinstance(counts, list) and counts and isinstance(counts[0], dict):
         tokens = counts[0].get("input_tokens")
-    return {"prompt_sha": _sha(prompt) if prompt is not None else None, "prompt_text": prompt,
+    return {"prompt_sha": None, "prompt_text": None,
             "prompt_tokens": tokens if isinstance(tokens, int) else None, "bos": None, "pixel_sha": None,
             "user_text": question}
 
