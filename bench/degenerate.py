@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from reform_eval.metrics import evaluate  # noqa: E402
-from reform_eval.metrics.mme import parse_official, parse_stripped, parse_word  # noqa: E402
+from reform_eval.metrics.mme import parse_official, parse_stripped, parse_vlmevalkit, parse_word  # noqa: E402
 from reform_eval.metrics.pif import INSTRUCTION_IDS  # noqa: E402
 from reform_eval.metrics.single_choice import normalize_text, parse_choice  # noqa: E402
 from reform_eval.utils.secrets import redact_text  # noqa: E402
@@ -97,6 +97,7 @@ ENTRIES: Dict[str, Tuple[str, Callable[[str], Any]]] = {
     "normalize_text": ("extractor", normalize_text),
     "mme_parse_official": ("extractor", parse_official),
     "mme_parse_stripped": ("extractor", parse_stripped),
+    "mme_parse_vlmevalkit": ("extractor", parse_vlmevalkit),
     "mme_parse_word": ("extractor", parse_word),
     "single_choice": ("metric", lambda r: _score(_sc("custom", r))),
     "exact_match": ("metric", lambda r: _score({**_sc("custom", r), "formulation": "Generation", "answer": "yes"})),
@@ -105,6 +106,7 @@ ENTRIES: Dict[str, Tuple[str, Callable[[str], Any]]] = {
                                                        "formulation": "Generation", "answer": "true"})),
     "mme_official": ("metric", lambda r: _score(_mme(r, "Generation"), mme_parse="official")),
     "mme_stripped": ("metric", lambda r: _score(_mme(r, "Generation"), mme_parse="stripped")),
+    "mme_vlmevalkit": ("metric", lambda r: _score(_mme(r, "Generation"), mme_parse="vlmevalkit")),
     "mme_word": ("metric", lambda r: _score(_mme(r, "Generation"), mme_parse="word")),
     "mme_single_choice": ("metric", lambda r: _score(_mme(r, "SingleChoice"))),
     "pif_all_instructions": ("pif", lambda r: _score(_pif(r))),

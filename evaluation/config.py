@@ -46,7 +46,7 @@ PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder", "gpus_per_ran
 HISTORY_MODES = ("model", "reference")
 CONTEXT_POLICIES = ("error", "truncate_history", "skip")
 REDUCTIONS = ("sum", "mean")
-MME_PARSES = ("official", "stripped", "word")
+MME_PARSES = ("official", "stripped", "vlmevalkit", "word")
 #: bounds that keep a typo from asking for a week of work
 MAX_DUPLICATION = 1000
 MAX_N_BOOT = 100_000
@@ -484,7 +484,9 @@ def add_scoring_flags(group: Any) -> None:
     group.add_argument("--metric_option", action="append", default=[], metavar="KEY=VALUE",
                        help="metric option (repeatable), e.g. number_words=true for MMMT-IF")
     group.add_argument("--mme_parse", default=None, choices=list(MME_PARSES),
-                       help="MME answer parsing rule (default: official)")
+                       help="MME answer parsing rule (default: each file's own harness's rule: official for our "
+                            "records, stripped (lmms-eval's parse_pred_ans) for lmms-eval logs, vlmevalkit (its "
+                            "YOrN_Extraction) for VLMEvalKit files)")
     group.add_argument("--export_mme_results", default=None, metavar="DIR",
                        help="MME: also write the records in the official eval tool's results format")
     group.add_argument("--log_to", default=None, choices=list(TRACKERS),

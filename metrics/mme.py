@@ -6,9 +6,13 @@ answer parsing rule decides results, so the rule is explicit, selectable and rec
 Parse rules (``mme_parse``):
   official  lower-case; "yes"/"no" as is; else the first 4 characters: "yes" in them -> yes,
             else "no" in them -> no, else other ("not sure" -> no, "The answer is yes" -> other)
-  stripped  lmms-eval: lower-case, strip whitespace, remove every '.', a lone y/n maps to
-            yes/no, then as official
-  word      the words of the response: yes without no -> yes, no without yes -> no, else other
+  stripped  lmms-eval's ``parse_pred_ans``: lower-case, strip whitespace, remove every '.', a
+            lone y/n maps to yes/no, then as official
+  vlmevalkit  VLMEvalKit's ``YOrN_Extraction`` with every quirk of its punctuation step (see
+            ``parse_vlmevalkit``): the whitespace-separated words, yes without no -> yes, no
+            without yes -> no, else other
+  word      the runs of letters a-z of the response: yes without no -> yes, no without yes -> no,
+            else other
 "other" always counts wrong. SingleChoice generation uses the option-mark parser of
 metrics.single_choice; likelihood picks the best candidate.
 
@@ -37,8 +41,16 @@ from reform_eval.utils.report import markdown_table
 
 logger = logging.getLogger(__name__)
 
-PARSE_RULES = ("official", "stripped", "word")
+PARSE_RULES = ("official", "stripped", "vlmevalkit", "word")
 _WORD_RE = re.compile(r"[a-z]+")
+#: the marks VLMEvalKit's ``process_punctuation`` removes; every other character (':', '*', "'",
+#: '#', curly and CJK quotes and punctuation, ...) stays glued to its word
+_VLMEVALKIT_MARKS = ';/[]"{}()=+\\_-><@`,?!'
+_DIGIT_COMMA = re.compile(r"(\d)(,)(\d)")
+_LONE_PERIOD = re.compile(r"(?<!\d)\.(?!\d)")
+#: VLMEvalKit passes ``re.UNICODE`` (32) where ``Pattern.sub`` takes its count: only the first 32
+#: lone periods are removed
+_VLMEVALKIT_PERIODS = 32
 
 
 def parse_official(response: str) -> str:
@@ -64,6 +76,29 @@ def parse_stripped(response: str) -> str:
     return parse_official(r)
 
 
+def parse_vlmevalkit(response: str) -> str:
+    """VLMEvalKit's exact-matching rule (``YOrN_Extraction`` after ``process_punctuation``), quirks
+    included, so its files score as VLMEvalKit scores them:
+
+    * lower-case; a mark of ``_VLMEVALKIT_MARKS`` is deleted everywhere when the response holds it
+      next to a space (``"x, y"``) or holds a comma between digits anywhere (``1,000``), else
+      replaced by a space everywhere (so ``"sure,yes, it is"`` gives the word ``sureyes``);
+    * other characters are not punctuation to it: ``**yes**``, ``'yes'``, ``yes:``, ``yes。``, ``no1``
+      are words of their own;
+    * a period not next to a digit is deleted, the first 32 only;
+    * the words are the whitespace-separated pieces (Python's ``str.split``)."""
+    text = str(response).lower()
+    delete = _DIGIT_COMMA.search(text) is not None
+    table = {ord(m): "" if delete or f"{m} " in text or f" {m}" in text else " " for m in _VLMEVALKIT_MARKS}
+    words = _LONE_PERIOD.sub("", text.translate(table), count=_VLMEVALKIT_PERIODS).split()
+    has_yes, has_no = "yes" in words, "no" in words
+    if has_yes and not has_no:
+        return "yes"
+    if has_no and not has_yes:
+        return "no"
+    return "other"
+
+
 def parse_word(response: str) -> str:
     """Word-level: yes without no -> yes, no without yes -> no, else other."""
     words = set(_WORD_RE.findall(str(response).lower()))
@@ -76,7 +111,7 @@ def parse_word(response: str) -> str:
 
 
 PARSERS: Dict[str, Callable[[str], str]] = {"official": parse_official, "stripped": parse_stripped,
-                                            "word": parse_word}
+                                            "vlmevalkit": parse_vlmevalkit, "word": parse_word}
 
 
 def get_parser(rule: str) -> Callable[[str], str]:

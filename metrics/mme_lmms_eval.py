@@ -23,13 +23,14 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from reform_eval.build.mme import canonical_subtask, normalize_gt
 from reform_eval.metrics.mme import check_unique_items, foreign_record
 from reform_eval.utils.errors import input_error
-from reform_eval.utils.inputs import iter_jsonl, read_json
-from reform_eval.utils.predictions import ForeignRecords, head_text, register_foreign_companion, register_foreign_reader
+from reform_eval.utils.inputs import first_line, iter_jsonl, read_json
+from reform_eval.utils.predictions import ForeignRecords, register_foreign_companion, register_foreign_reader
+from reform_eval.utils.templates import render_templates
 
 HARNESS = "lmms-eval"
 METRIC_KEYS = ("mme_perception_score", "mme_cognition_score")
@@ -38,16 +39,18 @@ PARSE_RULE = "stripped"
 #: lmms-eval model names whose model code we read and know to run Hugging Face transformers
 #: (lmms_eval/models/{simple,chat}/llava_hf.py); other models' engine stays unknown
 TRANSFORMERS_MODELS = ("llava_hf", "llava_hf_chat")
+#: where lmms-eval's results JSON holds the chat template (named when a template is refused)
+TEMPLATE_FIELD = "config.model_args.chat_template"
 _SAMPLES_NAME = re.compile(r"^(?P<date>.+)_samples_(?P<task>.+)\.jsonl$")
 
 
 def accepts(path: str) -> bool:
-    """A ``.jsonl`` whose first record has lmms-eval's sample fields (``doc_id`` and responses)."""
+    """A ``.jsonl`` whose first record (its whole line, a BOM dropped) has lmms-eval's sample
+    fields (``doc_id`` and responses)."""
     if not path.lower().endswith(".jsonl"):
         return False
-    first = next((ln for ln in head_text(path).split("\n") if ln.strip()), "")
     try:
-        obj = json.loads(first)
+        obj = json.loads(first_line(path))
     except ValueError:
         return False
     return isinstance(obj, dict) and "doc_id" in obj and ("filtered_resps" in obj or "resps" in obj)
@@ -141,10 +144,13 @@ def read_lmms_eval_samples(path: str) -> ForeignRecords:
         bare = question[len(pre):] if pre and question.startswith(pre) else question  # the task's own wrapping
         bare = bare[: -len(post)] if post and bare.endswith(post) else bare
         records.append(foreign_record(HARNESS, sub, image, question, gt, response, path, line, model=model,
-                                      parse_rule=PARSE_RULE, trace=_trace(obj, question, template), meta=meta,
+                                      parse_rule=PARSE_RULE, trace=_trace(obj, question), meta=meta,
                                       key_question=bare))
     if not records:
         raise input_error("holds no samples", file=path)
+    if template:  # every row's prompt in one bounded rendering
+        for rec, prompt in zip(records, render_prompts(template, [r["question"] for r in records], results_path)):
+            rec["trace"].update(prompt_sha=_sha(prompt) if prompt is not None else None, prompt_text=prompt)
     check_unique_items(records, path)
     return ForeignRecords(records, prov)
 
@@ -184,30 +190,28 @@ def model_args(results: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return _split_args(raw) if isinstance(raw, str) and raw.strip() else {}
 
 
-def render_prompt(template: str, user_text: str) -> Optional[str]:
-    """The prompt text llava_hf hands its processor: the chat template applied to one user
-    message ``"<image>\\n" + text`` (lmms-eval 0.7 ``LlavaHf.generate_until``), rendered as
-    transformers renders templates (sandboxed Jinja, trim_blocks, lstrip_blocks); None if the
-    template does not render."""
-    try:
-        import jinja2  # a dependency of transformers; only a log with a chat template needs it
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        return None
-    content = user_text if "<image>" in user_text else f"<image>\n{user_text}"
-    try:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                           extensions=[jinja2.ext.loopcontrols])
-        return env.from_string(template).render(messages=[{"role": "user", "content": content}],
-                                                add_generation_prompt=True)
-    except (jinja2.TemplateError, TypeError, ValueError):  # lmms-eval's template error: the prompt is unknown
-        return None
+def _user_content(user_text: str) -> str:
+    return user_text if "<image>" in user_text else f"<image>\n{user_text}"
 
 
-def system_line(template: str) -> Optional[str]:
+def render_prompts(template: str, user_texts: Sequence[str], file: Optional[str] = None) -> List[Optional[str]]:
+    """The prompt text llava_hf hands its processor for each user text: the chat template applied
+    to one user message ``"<image>\\n" + text`` (lmms-eval 0.7 ``LlavaHf.generate_until``), rendered
+    as transformers renders templates, bounded (``utils.templates``: a hostile template in the log
+    ``file`` is refused in one line); None where the template does not render."""
+    contexts = [{"messages": [{"role": "user", "content": _user_content(t)}], "add_generation_prompt": True}
+                for t in user_texts]
+    return render_templates(template, contexts, file=file, field=TEMPLATE_FIELD)
+
+
+def render_prompt(template: str, user_text: str, file: Optional[str] = None) -> Optional[str]:
+    """``render_prompts`` of one user text."""
+    return render_prompts(template, [user_text], file)[0]
+
+
+def system_line(template: str, file: Optional[str] = None) -> Optional[str]:
     """The text a chat template puts before the user's turn (its system line; "" when none)."""
-    rendered = render_prompt(template, "\x00")
+    rendered = render_prompt(template, "\x00", file)
     if rendered is None or "\x00" not in rendered:
         return None
     before = rendered.split("<image>", 1)[0]
@@ -215,15 +219,14 @@ def system_line(template: str) -> Optional[str]:
     return (before[: role.start()] if role else before).strip()
 
 
-def _trace(obj: Dict[str, Any], question: str, template: Optional[str]) -> Dict[str, Any]:
-    """The per-row trace in the agreed shape: the exact prompt where the chat template is known,
-    the user text always, token counts where lmms-eval logged them."""
-    prompt = render_prompt(template, question) if template else None
+def _trace(obj: Dict[str, Any], question: str) -> Dict[str, Any]:
+    """The per-row trace in the agreed shape: the user text always, token counts where lmms-eval
+    logged them; the exact prompt is filled in where the chat template is known."""
     tokens = None
     counts = obj.get("token_counts")
     if isinstance(counts, list) and counts and isinstance(counts[0], dict):
         tokens = counts[0].get("input_tokens")
-    return {"prompt_sha": _sha(prompt) if prompt is not None else None, "prompt_text": prompt,
+    return {"prompt_sha": None, "prompt_text": None,
             "prompt_tokens": tokens if isinstance(tokens, int) else None, "bos": None, "pixel_sha": None,
             "user_text": question}
 
@@ -282,7 +285,7 @@ def provenance(results: Optional[Dict[str, Any]], results_path: Optional[str] = 
         "model_class": None, "dtype": args.get("dtype"), "device": args.get("device") or config.get("device"),
         "attn_implementation": args.get("attn_implementation"),
         "chat_template_sha": _sha(template) if template else None,
-        "system_line": system_line(template) if template else None,
+        "system_line": system_line(template, results_path) if template else None,
         "preprocessor": "chat_template" if template or (backend and ".chat." in backend) else None,
         "bos_token": None, "adds_bos": None,
         "image_processor": {"class": None, "backend": None, "output_size": None},

@@ -17,8 +17,8 @@ engine, tsv tab-separated with every field quoted. Columns read here (docs/forei
   extracted, score  (optional, VLMEvalKit's ``_auxmatch`` file) kept in ``meta`` for comparison
 
 Rows map to our items by (category, image file name, question) (``metrics.mme.item_key``), never
-by position. VLMEvalKit's own exact-matching extraction is word-level (yes without no, no without
-yes), so the records are scored with ``--mme_parse word`` unless another rule is asked for.
+by position. The records are scored with VLMEvalKit's own exact-matching rule (``YOrN_Extraction``,
+our ``--mme_parse vlmevalkit``, quirks included) unless another rule is asked for.
 """
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from reform_eval.build.mme import canonical_subtask, normalize_gt
 from reform_eval.metrics.mme import check_unique_items, foreign_record
 from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import max_input_bytes, read_csv
-from reform_eval.utils.predictions import ForeignRecords, head_text, register_foreign_reader
+from reform_eval.utils.inputs import check_zip, first_line, read_csv
+from reform_eval.utils.predictions import ForeignRecords, register_foreign_reader
 
 HARNESS = "VLMEvalKit"
 COLUMNS = ("index", "category", "image_path", "question", "answer", "prediction")
-#: VLMEvalKit's exact-matching answer extraction is word-level: our ``word`` rule
-PARSE_RULE = "word"
+#: VLMEvalKit's exact-matching answer extraction (``YOrN_Extraction``): our ``vlmevalkit`` rule
+PARSE_RULE = "vlmevalkit"
 
 
 def accepts(path: str) -> bool:
@@ -45,7 +45,7 @@ def accepts(path: str) -> bool:
         return True
     if not low.endswith(".tsv"):
         return False
-    header = head_text(path).split("\n", 1)[0]
+    header = first_line(path)
     names = {c.strip().strip('"') for c in header.split("\t")}
     return {"index", "question", "prediction"} <= names
 
@@ -58,24 +58,24 @@ def _cell(value: Any) -> Any:
 
 
 def _xlsx_rows(path: str) -> Tuple[List[str], List[Dict[str, Any]]]:
-    """(header, rows) of the first sheet; openpyxl only here (it is optional: tsv needs nothing)."""
-    if os.path.getsize(path) > max_input_bytes():
-        raise input_error(f"is larger than {max_input_bytes()} bytes (REFORM_MAX_INPUT_BYTES)", file=path)
+    """(header, rows) of the first sheet; openpyxl only here (it is optional: tsv needs nothing).
+    The archive is checked first: an .xlsx is a zip, whose sheet may inflate far past the file."""
     try:
         import openpyxl  # optional dependency, needed for .xlsx only
     except ImportError:
         raise ReformError(f"{path}: reading .xlsx needs openpyxl (pip install openpyxl), or write VLMEvalKit's "
                           "predictions as tsv (PRED_FORMAT=tsv)") from None
-    try:
+    check_zip(path, "VLMEvalKit prediction file (.xlsx)")  # its size, and what its members inflate to
+    try:  # openpyxl raises many kinds for a file that is not a workbook, or a member that fails its CRC
         wb = openpyxl.load_workbook(path, read_only=True, data_only=True)
-    except Exception as e:  # openpyxl raises many kinds for a file that is not a workbook
+        try:
+            rows = wb.worksheets[0].iter_rows(values_only=True)
+            header = [str(c) if c is not None else "" for c in next(rows, ())]
+            out = [dict(zip(header, (_cell(v) for v in r))) for r in rows if any(v is not None for v in r)]
+        finally:
+            wb.close()
+    except Exception as e:
         raise input_error(f"not a readable xlsx workbook ({type(e).__name__}: {e})", file=path) from None
-    try:
-        rows = wb.worksheets[0].iter_rows(values_only=True)
-        header = [str(c) if c is not None else "" for c in next(rows, ())]
-        out = [dict(zip(header, (_cell(v) for v in r))) for r in rows if any(v is not None for v in r)]
-    finally:
-        wb.close()
     return header, out
 
 

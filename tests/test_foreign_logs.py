@@ -300,7 +300,7 @@ def test_vlmevalkit_file_scores_and_pairs_like_the_same_answers(tmp_path, fmt):
     (write_tsv if fmt == "tsv" else write_xlsx)(path, vlmevalkit_rows())
     run = scored(path)
     m = run["result"]["metrics"]
-    assert m["parse_rule"] == "word" and m["num_records"] == 80
+    assert m["parse_rule"] == "vlmevalkit" and m["num_records"] == 80
     assert run["records"][0]["model"] == "llava-tiny-trained (VLMEvalKit)"
     assert run["result"]["provenance"]["harness"]["layout"] == fmt
     # the same responses as the lmms-eval log: with one answer rule, the same score exactly
@@ -390,3 +390,137 @@ def test_an_lmms_eval_output_folder_is_its_samples_file():
     from reform_eval.evaluation.reporting.scoring import expand_prediction_files
     folder = os.path.join(FIXTURE, "vicuna")
     assert expand_prediction_files([folder]) == [samples_file("vicuna")]
+
+
+# -- foreign files at the input boundary ---------------------------------------------------------
+
+def test_lmms_eval_log_whose_first_line_is_long_is_recognised(tmp_path):
+    """A thinking model's raw response makes the first line far longer than any fixed head."""
+    path = _bad_log(tmp_path, lambda ls: ls[0].update(resps=["<think>" + "hmm " * 50000 + "</think> Yes"]))
+    assert os.path.getsize(path) > 200_000 and open(path, "rb").readline().__len__() > 200_000
+    records = load_records(path)
+    assert len(records) == 80 and {r["meta"]["harness"] for r in records} == {"lmms-eval"}
+    assert records[0]["meta"]["raw_response"][0].endswith("</think> Yes")
+
+
+@pytest.mark.parametrize("blank_lines", [0, 2])
+def test_lmms_eval_log_with_a_bom_is_recognised(tmp_path, blank_lines):
+    path = tmp_path / "20260101_000000_samples_mme_local.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n" * blank_lines + open(samples_file("matched"), "rb").read())
+    records = load_records(str(path))
+    assert len(records) == 80 and records[0]["meta"]["harness"] == "lmms-eval"
+    assert scored(str(path))["result"]["metrics"]["perception_score"] == pytest.approx(EXPECTED_SCORES["matched"])
+
+
+def test_vlmevalkit_tsv_with_a_bom_is_recognised(tmp_path):
+    path = tmp_path / "m_MME.tsv"
+    write_tsv(str(path), vlmevalkit_rows())
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    records = load_records(str(path))
+    assert len(records) == 80 and records[0]["meta"]["harness"] == "VLMEvalKit"
+
+
+@pytest.mark.parametrize("layout", ["array", "jsonl"])
+def test_our_records_with_a_bom_are_read(tmp_path, layout):
+    records = json.load(open(os.path.join(FIXTURE, "ours.json"), encoding="utf-8"))
+    text = json.dumps(records) if layout == "array" else "\n".join(json.dumps(r) for r in records)
+    path = tmp_path / f"ours.{'json' if layout == 'array' else 'jsonl'}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert [r["sample_id"] for r in load_records(str(path))] == [r["sample_id"] for r in records]
+
+
+def test_xlsx_whose_sheet_inflates_past_the_limit_is_refused(tmp_path, monkeypatch):
+    """An .xlsx is a zip: the limit bounds what its members inflate to, not only the file."""
+    rows = [dict(r, prediction="Yes. " + "a" * 30000) for r in vlmevalkit_rows()]
+    path = str(tmp_path / "bomb_MME.xlsx")
+    write_xlsx(path, rows)
+    limit = 1_000_000
+    assert os.path.getsize(path) < limit // 4  # the file itself is far under the limit
+    monkeypatch.setenv("REFORM_MAX_INPUT_BYTES", str(limit))
+    with pytest.raises(ReformError) as e:
+        load_records(path)
+    msg = str(e.value)
+    assert msg.startswith(path + ": VLMEvalKit prediction file (.xlsx) inflates to ") and "\n" not in msg
+    assert f"over the limit of {limit} (a zip bomb?)" in msg
+    monkeypatch.setenv("REFORM_MAX_INPUT_BYTES", str(10 * 1024 ** 2))
+    assert len(load_records(path)) == 80  # under a limit it fits, it is read
+
+
+def test_xlsx_member_compressed_without_a_bound_is_refused(tmp_path):
+    """bzip2 and lzma members inflate one read without a bound: refused, whatever their size."""
+    import zipfile
+    plain = str(tmp_path / "plain.xlsx")
+    write_xlsx(plain, vlmevalkit_rows())
+    path = str(tmp_path / "bz_MME.xlsx")
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            method = zipfile.ZIP_BZIP2 if info.filename.startswith("xl/worksheets/") else zipfile.ZIP_DEFLATED
+            dst.writestr(info.filename, src.read(info.filename), compress_type=method)
+    with pytest.raises(ReformError, match=r"member 'xl/worksheets/sheet1\.xml' uses zip compression method 12; "
+                                          r"only stored and deflated members are read"):
+        load_records(path)
+
+
+def _hostile_template_log(tmp_path, template: str) -> str:
+    """The vicuna run's log with its results JSON's chat template replaced."""
+    dst = tmp_path / "vicuna"
+    shutil.copytree(os.path.join(FIXTURE, "vicuna"), dst)
+    res_path = glob.glob(str(dst / "*_results.json"))[0]
+    res = json.load(open(res_path, encoding="utf-8"))
+    args = res["config"]["model_args"]
+    res["config"]["model_args"] = args[: args.index("chat_template=")] + "chat_template=" + template
+    with open(res_path, "w", encoding="utf-8") as f:
+        json.dump(res, f)
+    return samples_file("vicuna", str(tmp_path))
+
+
+@pytest.mark.parametrize("template, why", [
+    # 10^10 steps: the sandbox caps one range at 10^5, not their product
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "s of CPU"),
+    ("{{ 'x' * 10000000000 }}", "bytes of memory"),
+    ("{% for i in range(100000) %}{{ 'yes ' * 100 }}{% endfor %}", "characters"),
+])
+def test_hostile_chat_template_is_refused_in_one_line(tmp_path, monkeypatch, template, why):
+    from reform_eval.utils import templates
+    monkeypatch.setattr(templates, "MAX_CPU_SECONDS", 1)
+    path = _hostile_template_log(tmp_path, template)
+    with pytest.raises(ReformError) as e:
+        load_records(path)
+    msg = str(e.value)
+    res_path = glob.glob(str(tmp_path / "vicuna" / "*_results.json"))[0]
+    assert msg.startswith(f"{res_path}: field 'config.model_args.chat_template': the template is refused: ")
+    assert why in msg and "\n" not in msg
+
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "xlsx"])
+def test_vlmevalkit_file_scores_as_vlmevalkit_does(tmp_path, fmt):
+    """Hard responses (the stress set's, whose reading by VLMEvalKit's own YOrN_Extraction is
+    committed) in a VLMEvalKit file: by default every row is read as VLMEvalKit reads it, and
+    acc, acc+ and score per category are MME_rating's (score = answer == extracted; acc over rows,
+    acc+ over an image's two rows)."""
+    cases = json.load(open(os.path.join(ROOT, "tests", "data", "mme_parse_stress", "expected.json"),
+                           encoding="utf-8"))["cases"]
+    # (a cell cannot hold the control characters an xlsx refuses, nor a tsv an empty-looking field)
+    cases = [c for c in cases if c["response"].strip() and not any(ord(ch) < 32 and ch not in "\t\n\r"
+                                                                   for ch in c["response"])]
+    rows = vlmevalkit_rows()
+    theirs = {}
+    for i, r in enumerate(rows):
+        case = cases[(7 * i) % len(cases)]
+        r["prediction"] = case["response"]
+        theirs[r["index"]] = case["vlmevalkit"]
+    path = str(tmp_path / f"hard_MME.{fmt}")
+    (write_tsv if fmt == "tsv" else write_xlsx)(path, rows)
+    result = scored(path)["result"]
+    by_q = {(s["subtask"], s["image"], s["question"]): s for s in result["per_sample"]}
+    stats = {}
+    for r in rows:
+        s = by_q[(r["category"], r["image_path"].split("/")[-1], r["question"])]
+        assert s["parsed"] == {"Yes": "yes", "No": "no", "Unknown": "other"}[theirs[r["index"]]], r["prediction"]
+        stats.setdefault(r["category"], {}).setdefault(r["image_path"], []).append(r["answer"] == theirs[r["index"]])
+    for cat, images in stats.items():
+        acc = 100 * sum(sum(v) for v in images.values()) / sum(len(v) for v in images.values())
+        acc_plus = 100 * sum(v[0] * v[1] for v in images.values()) / len(images)
+        m = result["metrics"]["subtasks"][cat]
+        assert (100 * m["acc"], 100 * m["acc_plus"], m["score"]) == pytest.approx((acc, acc_plus, acc + acc_plus))

@@ -5,7 +5,8 @@ tried. Here, whatever the benchmark, a file is read once and checked once for
 
 * its name: a path or directory entry that is not UTF-8, a dangling symbolic link, two entries
   of one folder whose names differ only in case;
-* its kind and size: a regular file (a FIFO would block), at most ``REFORM_MAX_INPUT_BYTES``;
+* its kind and size: a regular file (a FIFO would block), at most ``REFORM_MAX_INPUT_BYTES``,
+  and for a zip archive (an ``.xlsx``) what its members inflate to as well (``check_zip``);
 * its text: UTF-8 with or without a BOM, else the byte offset and line of the first bad byte;
 * its structure: JSON nested at most ``MAX_DEPTH`` levels (so no later ``deepcopy`` or
   recursive walk can overflow the stack), integers that fit 64 bits, finite numbers, strings
@@ -23,6 +24,7 @@ import math
 import os
 import re
 import stat
+import zipfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from reform_eval.utils.errors import input_error
@@ -102,8 +104,9 @@ def list_dir(path: str, what: str = "folder", suffix: Optional[Sequence[str]] = 
 
 
 # --------------------------------------------------------------------------- bytes and text
-def read_bytes(path: str, what: str = "file") -> bytes:
-    """The bytes of a regular file of at most ``max_input_bytes()``; one line otherwise."""
+def check_file(path: str, what: str = "file") -> None:
+    """Refuse, in one line, what ``read_bytes`` would not read: a missing file or dangling link,
+    a directory or other non-regular file, a file over ``max_input_bytes()``."""
     check_name(path, what)
     try:
         st = os.stat(path)
@@ -121,11 +124,41 @@ def read_bytes(path: str, what: str = "file") -> bytes:
     if st.st_size > limit:
         raise input_error(f"{what} is {st.st_size} bytes, over the limit of {limit}; raise it with "
                           "REFORM_MAX_INPUT_BYTES=<bytes> if the file is trusted", file=path)
+
+
+def read_bytes(path: str, what: str = "file") -> bytes:
+    """The bytes of a regular file of at most ``max_input_bytes()``; one line otherwise."""
+    check_file(path, what)
     try:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
         raise input_error(f"cannot read {what} ({e.strerror or e})", file=path) from None
+
+
+def check_zip(path: str, what: str = "zip file") -> None:
+    """Refuse, in one line, a zip archive (an ``.xlsx`` is one) whose members would inflate past
+    ``max_input_bytes()`` together, or are compressed otherwise than stored or deflated.
+
+    Why the declared sizes suffice: Python's ``zipfile`` yields at most a member's declared size
+    (deflate is inflated in bounded steps, then cut there; a member that holds more fails its
+    CRC), so the sum bounds everything a reader of the archive can inflate. Other methods
+    (bzip2, lzma) inflate one read without a bound, and no spreadsheet writer uses them."""
+    check_file(path, what)
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise input_error(f"{what} is not a readable zip archive ({type(e).__name__}: {e})", file=path) from None
+    limit = max_input_bytes()
+    total = sum(i.file_size for i in infos)
+    if total > limit:
+        raise input_error(f"{what} inflates to {total} bytes, over the limit of {limit} (a zip bomb?); raise it with "
+                          "REFORM_MAX_INPUT_BYTES=<bytes> if the file is trusted", file=path)
+    odd = next((i for i in infos if i.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)), None)
+    if odd is not None:
+        raise input_error(f"{what} member {odd.filename!r} uses zip compression method {odd.compress_type}; only "
+                          "stored and deflated members are read", file=path)
 
 
 def decode(raw: bytes, path: str, what: str = "file") -> str:
@@ -245,6 +278,46 @@ def parse_json(text: str, path: str, where: Optional[str] = None) -> Any:
         raise input_error(f"JSON nested too deeply (more than {MAX_DEPTH} levels){at}", file=path) from None
     except ValueError as e:  # e.g. an integer of thousands of digits
         raise input_error(f"unreadable JSON value{at} ({e})", file=path) from None
+
+
+_BOM = b"\xef\xbb\xbf"
+#: how much of a file ``first_line`` reads at a time
+_LINE_CHUNK = 1 << 16
+
+
+def first_line(path: str) -> str:
+    """The first non-blank line of a file, whole whatever its length (a thinking model's response
+    can make it megabytes), decoded as ``decode`` does (a BOM dropped; undecodable bytes replaced:
+    the caller only recognises a format by it); "" for an unreadable or blank file.
+
+    Why not the first bytes: a record cut at a fixed size is not JSON, and a file of another
+    harness would then be read as the wrong format. Reading stops at ``max_input_bytes()``: a
+    larger file is refused when it is read."""
+    limit, buf, start, scan = max_input_bytes(), bytearray(), 0, 0
+    try:
+        with open(path, "rb") as f:
+            while len(buf) <= limit:
+                chunk = f.read(_LINE_CHUNK)
+                if not chunk:
+                    break
+                buf += chunk
+                if start == 0 and buf.startswith(_BOM):
+                    start = scan = len(_BOM)
+                while True:
+                    end = buf.find(b"\n", scan)
+                    if end < 0:
+                        scan = len(buf)  # each byte is searched once
+                        break
+                    if buf[start:end].strip():
+                        return _line_text(bytes(buf[start:end]))
+                    start = scan = end + 1
+    except OSError:
+        return ""
+    return _line_text(bytes(buf[start:]))
+
+
+def _line_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").strip("\r\n")
 
 
 def read_json(path: str, what: str = "JSON file") -> Any:

@@ -67,7 +67,7 @@ class ForeignRecords(list):
 
 
 #: readers of other harnesses' files, tried in order on any prediction file:
-#: (name, accepts(path) -> bool from the name and the first bytes, reader(path) -> records)
+#: (name, accepts(path) -> bool from the name and the first record (utils.inputs.first_line), reader(path) -> records)
 FOREIGN_READERS: List[Tuple[str, Callable[[str], bool], Callable[[str], List[Dict[str, Any]]]]] = []
 
 
@@ -98,16 +98,6 @@ def foreign_reader(path: str) -> Optional[Tuple[str, Callable[[str], List[Dict[s
         if accepts(path):
             return name, reader
     return None
-
-
-def head_text(path: str, size: int = 65536) -> str:
-    """The first ``size`` bytes of a file as text (undecodable bytes replaced): enough for a
-    reader to recognise a format by its first line without reading a large file."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(size).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def record_key(rec: Dict[str, Any]) -> RecordKey:
