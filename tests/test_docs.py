@@ -16,6 +16,10 @@ runs small, as the docs promise they work on any checkpoint and dataset size:
   them;
 * ``python`` is this interpreter; ``torchrun`` is ``python -m torch.distributed.run``.
 
+A fenced block (any language) whose first line is ``# file: PATH`` is a file the reader saves:
+it is not run, but written to PATH in the scratch directory before every later block of its doc
+runs (and checked to parse).
+
 **Shown outputs are generated, not written.** What a block prints may be shown right after it,
 as the next fenced block, fenced ``text output``, or, where it is markdown to render (a table),
 between the lines ``<!-- output -->`` and ``<!-- /output -->``. Such a block runs as written (no
@@ -61,6 +65,18 @@ class Shown(NamedTuple):
     text: str
 
 
+class DocFile(NamedTuple):
+    """A fenced block whose first line is ``# file: PATH``: a file the reader saves, not a command."""
+    doc: str
+    line: int
+    path: str
+    text: str
+
+
+FILE_HEADER = re.compile(r"^# file: (\S+)\s*$")
+FILES: List[DocFile] = []
+
+
 class Block(NamedTuple):
     doc: str
     line: int
@@ -89,7 +105,10 @@ def blocks() -> List[Block]:
                 j = i + 1
                 while j < len(lines) and not lines[j].startswith("```"):
                     j += 1
-                if lang in ("bash", "python"):
+                header = FILE_HEADER.match(lines[i + 1]) if i + 1 < j else None
+                if header:
+                    FILES.append(DocFile(doc, start, header.group(1), "\n".join(lines[i + 1:j]) + "\n"))
+                elif lang in ("bash", "python"):
                     out.append(Block(doc, start, lang, flag, "\n".join(lines[i + 1:j])))
                 elif flag == "output":
                     _attach(out, doc, Shown("fenced", i + 2, "\n".join(lines[i + 1:j])))
@@ -275,15 +294,17 @@ def regenerate(shown: str, actual: List[str]) -> str:
 
 def rewrite_shown(block: Block, new_text: str) -> None:
     """Replace the block's shown output in its doc (under a lock: blocks of one doc may be
-    regenerated at once); the old text is found after the block's code, not by line number."""
+    regenerated at once); the output is the first one after the block's code, found by its markers."""
     path = os.path.join(ROOT, block.doc)
+    fenced = block.output.kind == "fenced"
     with open(path + ".regen.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         text = open(path, encoding="utf-8").read()
-        at = text.index(block.code)
-        old = block.output.text
-        i = text.index(old, at + len(block.code))
-        text = text[:i] + new_text + text[i + len(old):]
+        at = text.index(block.code + "\n```") + len(block.code)
+        opener = re.compile(r"^```text[ \t]+output[ \t]*\n" if fenced else r"^" + re.escape(OUTPUT_OPEN) + r"[ \t]*\n",
+                            re.M).search(text, at)
+        closer = re.compile(r"^```[ \t]*$" if fenced else r"^" + re.escape(OUTPUT_CLOSE), re.M).search(text, opener.end())
+        text = text[:opener.end()] + new_text.rstrip("\n") + "\n" + text[closer.start():]
         with open(path + ".regen.tmp", "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(path + ".regen.tmp", path)
@@ -310,6 +331,11 @@ def test_documented_block_runs(block, tmp_path):
     if flag == "engine":
         _engine_available()
     work = scratch_tree(tmp_path)
+    for f in FILES:  # the files the doc asks the reader to save before this block
+        if f.doc == doc and f.line < line:
+            os.makedirs(os.path.dirname(os.path.join(work, f.path)) or work, exist_ok=True)
+            with open(os.path.join(work, f.path), "w", encoding="utf-8") as fh:
+                fh.write(f.text)
     env = dict(os.environ, PYTHONPATH=work, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     if lang == "bash":
         proc = subprocess.run(["bash", "-c", adapt_bash(code, work, as_written=shown is not None)],
@@ -349,6 +375,16 @@ def test_every_doc_block_is_classified():
                                                  "'engine' or nothing)")
         assert shown is None or flag == "", (f"{doc}:{shown.line}: an output is shown after a block the test "
                                              f"cannot run here ({flag}); show outputs only of blocks that run")
+
+
+@pytest.mark.parametrize("f", FILES, ids=lambda f: f"{f.doc}:{f.line}")
+def test_doc_files_are_valid(f):
+    """A file a doc asks the reader to save parses (the blocks after it run with it)."""
+    if f.path.endswith(".py"):
+        compile(f.text, f"{f.doc}:{f.line}", "exec")
+    elif f.path.endswith((".yaml", ".yml")):
+        import yaml
+        assert isinstance(yaml.safe_load(f.text), dict), f"{f.doc}:{f.line}: not a YAML mapping"
 
 
 def test_the_docs_show_generated_outputs():
