@@ -362,8 +362,8 @@ def test_norun_block_names_real_things(block):
         for script in re.findall(r"\b(\S+\.(?:py|sh))\b", cmd):
             if not script.startswith(("/", "$")) and "/" in script or script in ("run_eval.py", "run_loader_eval.py"):
                 assert os.path.exists(os.path.join(ROOT, script)), f"{doc}:{line}: {script} does not exist"
-        if "run_eval.py" in cmd or "run_eval " in cmd:
-            for flag in re.findall(r"(?<!\S)(--[a-z_]+)", cmd):
+        if "run_eval.py" in cmd or "run_eval " in cmd:  # the flags after it (torchrun's own come before)
+            for flag in re.findall(r"(?<!\S)(--[a-z_]+)", re.split(r"run_eval(?:\.py)?\s", cmd, maxsplit=1)[-1]):
                 assert flag in flags, f"{doc}:{line}: run_eval has no flag {flag}"
 
 
