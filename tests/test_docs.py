@@ -445,16 +445,19 @@ def _flag_table(doc: str, heading: str) -> List[str]:
     return flags
 
 
-@pytest.mark.parametrize("cli,heading", [("run_eval", "### run_eval flags"),
-                                         ("run_loader_eval", "### run_loader_eval flags")])
+FLAG_TABLES = "docs/usage.md"
+
+
+@pytest.mark.parametrize("cli,heading", [("run_eval", "## run_eval flags"),
+                                         ("run_loader_eval", "## run_loader_eval flags")])
 def test_readme_flag_tables_list_every_flag(cli: str, heading: str) -> None:
-    """README's flag tables are the parsers' flags, no more, no fewer (a new flag needs its row)."""
+    """The flag tables (docs/usage.md) are the parsers' flags, no more, no fewer (a new flag needs its row)."""
     import importlib
     parser = importlib.import_module(f"reform_eval.{cli}").build_parser()
     real = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.dest != "help"]
-    listed = _flag_table("README.md", heading)
-    assert sorted(set(real) - set(listed)) == [], f"README {heading!r} lacks these flags"
-    assert sorted(set(listed) - set(real)) == [], f"README {heading!r} lists flags {cli} does not have"
+    listed = _flag_table(FLAG_TABLES, heading)
+    assert sorted(set(real) - set(listed)) == [], f"{FLAG_TABLES} {heading!r} lacks these flags"
+    assert sorted(set(listed) - set(real)) == [], f"{FLAG_TABLES} {heading!r} lists flags {cli} does not have"
     assert len(listed) == len(set(listed)), "a flag is listed twice"
 
 
@@ -467,3 +470,27 @@ def test_placeholder_checkpoints_say_so_and_how_to_try_them():
         assert "placeholder" in comments and "--model_name tiny" in comments, (
             f"{doc}:{line}: say in a comment that the /path/to/ checkpoint is a placeholder and that "
             "--model_name tiny runs the line")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _prose(path: str) -> str:
+    return re.sub(r"```.*?```", "", open(path, encoding="utf-8").read(), flags=re.S)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_relative_links_resolve(doc: str) -> None:
+    """Every relative link of a doc names a file that exists and, with #anchor, a heading in it
+    (moving a section between pages must move its links too)."""
+    for link in re.findall(r"\]\(([^)\s]+)\)", _prose(os.path.join(ROOT, doc))):
+        if link.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = os.path.normpath(os.path.join(ROOT, os.path.dirname(doc), path)) if path else os.path.join(ROOT, doc)
+        assert os.path.exists(target), f"{doc}: link {link} names no file"
+        if anchor and target.endswith(".md"):
+            heads = {_slug(h) for h in re.findall(r"^#+ (.*)$", _prose(target), re.M)}
+            assert anchor in heads, f"{doc}: link {link} names no heading of {os.path.relpath(target, ROOT)}"
