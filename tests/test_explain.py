@@ -203,8 +203,11 @@ def test_system_line(baseline, tmp_path, capsys):
     assert all(f["prompt_differs"] is True and f["pixels_differ"] is False and f["touched_by"] == ["system line"]
                for f in exp["flips"])
     n = len(exp["flips"])
-    assert exp["summary"].endswith(f": {n} samples flipped; {n} of them have different prompts, 0 different "
+    assert exp["summary"].endswith(f"{n} verdict{'' if n == 1 else 's'} changed ({exp['counts']['to_right']} to right, "
+                                   f"{exp['counts']['to_wrong']} to wrong: {exp['counts']['to_right'] - exp['counts']['to_wrong']:+d} "
+                                   f"of {N_TRIALS} paired samples); {n} of them have different prompts, 0 different "
                                    "pixels, 0 only different settings")
+    assert exp["moved"] == pytest.approx((exp["counts"]["to_right"] - exp["counts"]["to_wrong"]) / N_TRIALS)
     # the command line prints the same, its last line the summary
     assert run_loader_eval.main(["--explain", baseline.prediction_file, other.prediction_file]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -238,8 +241,9 @@ def test_identical_runs(baseline, tmp_path):
     again = _evaluate(tmp_path)
     exp, factors = _explain(baseline.prediction_file, again.prediction_file)
     assert factors == [] and exp["recorded_by_one_run"] == [] and exp["no_difference"]
-    assert exp["summary"] == ("accuracy moved by +0.0000: 0 samples flipped; 0 of them have different prompts, "
-                              "0 different pixels, 0 only different settings")
+    assert exp["summary"] == ("accuracy moved by +0.0000 (1.0000 to 1.0000): 0 verdicts changed (0 to right, 0 to "
+                              "wrong: +0 of 12 paired samples); 0 of them have different prompts, 0 different pixels, "
+                              "0 only different settings")
     # a comparison of the two runs carries the same explanation as a section
     comp = score([baseline.prediction_file, again.prediction_file], output_dir=str(tmp_path / "cmp"),
                  quiet=True).comparison

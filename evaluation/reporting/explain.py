@@ -32,12 +32,15 @@ harness's rows by the benchmark's item key; then the same question asked another
 other option marks or the same images at another resolution, by ``question_key``; never by
 position), lists every difference of the run-level records (named as
 a researcher knows them: ``explain_factors.FACTORS``; paths, run ids, timings and output folders are left out,
-``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other;
-for generation also a changed extracted answer; for PIF a changed per-turn PIF) says which
-differences touch it: its prompt (text or tokens differ), its pixels (the image tensor or the
-images' sizes differ), or only settings (dtype, parse mode, ...: what acts on every sample).
-It ends with one line: "accuracy moved by X: N samples flipped; M of them have different
-prompts, K different pixels, J only different settings".
+``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other; for PIF a changed
+per-turn PIF), and apart from those each whose extracted answer alone changed (generation), says
+which differences touch it: its prompt (text or tokens differ), its pixels (the image tensor or
+the images' sizes differ), or only settings (dtype, parse mode, ...: what acts on every sample).
+It ends with one line: "accuracy moved by X (a to b): N verdicts changed (R to right, W to
+wrong: R-W of P paired samples); M of them have different prompts, K different pixels, J only
+different settings", X being the two runs' own headline accuracies' difference; answer-only
+changes and, where pairing was partial, what the paired part moved and what was left out
+(counted) follow. Runs that share no sample are refused (``NothingToExplain``).
 """
 from __future__ import annotations
 
@@ -314,7 +317,8 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
               "settings": sum(1 for f in flips if f["prompt_differs"] is False and f["pixels_differ"] is False),
               "unknown": sum(1 for f in flips if not f["prompt_differs"] and not f["pixels_differ"]
                              and (f["prompt_differs"] is None or f["pixels_differ"] is None)),
-              "to_right": sum(1 for f in flips if f["b"] == "right"), "to_wrong": sum(1 for f in flips if f["b"] == "wrong"),
+              "to_right": sum(1 for f in flips if f["b"] == "right"),
+              "to_wrong": sum(1 for f in flips if f["b"] == "wrong"),
               "answers": len(answers)}
     exp = {"a": {"name": a["name"], "prediction_file": a["result"].get("prediction_file")},
            "b": {"name": b["name"], "prediction_file": b["result"].get("prediction_file")},
@@ -323,7 +327,7 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
            "paired_by_item": sum(1 for _, _, how in pairs if how == "item"),
            "paired_by_item_key": sum(1 for _, _, how in pairs if how == "item key"),
            "paired_by_question": sum(1 for _, _, how in pairs if how == "question"),
-           "refused": left["other_content"], "only_a": left["only_a"], "only_b": left["only_b"],
+           "unpaired": left, "refused": left["other_content"], "only_a": left["only_a"], "only_b": left["only_b"],
            "differences": diffs, "recorded_by_one_run": one_sided,
            "no_difference": not diffs and not flips and not answers and not any(left.values()),
            "moved": head_b - head_a, "moved_paired": (sums[1] - sums[0]) / n, "score_moved": None,
@@ -359,9 +363,9 @@ def summary_line(exp: Dict[str, Any]) -> str:
     if exp["answer_changes"]:
         m = len(exp["answer_changes"])
         out += f"; {m} more answer{'' if m == 1 else 's'} changed without changing a verdict"
-    if exp["refused"] or exp["only_a"] or exp["only_b"]:
+    if any(exp["unpaired"].values()):
         out += (f"; on the {n} paired samples it moved by {exp['moved_paired']:+.4f}, the rest by the samples not "
-                f"paired ({unpaired_text({k: exp[k2] for k, k2 in (('other_content', 'refused'), ('only_a', 'only_a'), ('only_b', 'only_b'))})})")
+                f"paired ({unpaired_text(exp['unpaired'])})")
     return out
 
 
@@ -399,10 +403,9 @@ def explanation_notes(exp: Dict[str, Any]) -> List[str]:
     """The pairing in one sentence, "no difference" when so, and the summary line (last)."""
     by_key = f"{exp['paired_by_item_key']} by the benchmark's item key (another harness's rows), " \
         if exp.get("paired_by_item_key") else ""
-    left = {"other_content": exp["refused"], "only_a": exp["only_a"], "only_b": exp["only_b"]}
     notes = [f"Paired {exp['n_pairs']} samples by item ({exp['paired_by_item']} of the same content, {by_key}"
              f"{exp['paired_by_question']} of the same question asked another way) of {exp['n_a']} in A and "
-             f"{exp['n_b']} in B; not paired (not compared): {unpaired_text(left)}."]
+             f"{exp['n_b']} in B; not paired (not compared): {unpaired_text(exp['unpaired'])}."]
     for side in ("A", "B"):
         names = [d["factor"] for d in exp["recorded_by_one_run"] if d["recorded_by"] == side]
         if names:
