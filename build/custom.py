@@ -1,8 +1,12 @@
 """``--dataset_name custom``: your own items from a JSONL file.
 
 Each line: ``{"sample_id": str, "images": [paths], "question": str, "answer_options": [str],
-"answer": int}`` for SingleChoice, or ``"answer": str`` (optional ``"candidates"``) for
-Generation; optional ``"meta"`` (an object). Image paths are relative to the JSONL file.
+"answer": int}`` (a choice: the answer is the right option's index), or ``"answer": str``
+(optional ``"candidates"``: [str]) for Generation only; optional ``"meta"`` (an object). Image
+paths are relative to the JSONL file. A choice line run with ``--formulation Generation`` means
+the same: its reference is the right option's text and its options are the closed vocabulary
+(``candidates``). An answer that must be text and is not (a number) is refused, never
+converted.
 Config keys: ``data_file`` (required), ``skip_corrupt`` (skip and count items whose images do
 not decode, instead of failing).
 """
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from reform_eval.build.registry import FLAG, PATH, Builder, register_builder
 from reform_eval.utils.errors import ReformError, input_error
@@ -85,33 +89,49 @@ class CustomBuilder(Builder):
         item = {"sample_id": str(rec["sample_id"]), "question": rec["question"],
                 "images": [p if os.path.isabs(p) else os.path.join(base, p) for p in images],
                 "meta": dict(meta)}
-        if formulation == "SingleChoice":
-            opts = rec.get("answer_options")
-            if not isinstance(opts, list) or len(opts) < 2 or not all(
-                    isinstance(o, (str, int, float)) and not isinstance(o, bool) and str(o) not in ("nan", "inf", "-inf")
-                    for o in opts):
-                raise input_error("needs a list of at least 2 option texts", file=path, record=where,
-                                  field="answer_options")
-            if len({str(o) for o in opts}) != len(opts):
-                raise input_error("has the same option twice", file=path, record=where, field="answer_options")
-            ans = rec["answer"]
-            if not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts):
-                raise input_error(f"must be an option index in 0..{len(opts) - 1}", file=path, record=where,
-                                  field="answer")
-            item["answer_options"] = [str(o) for o in opts]
-            item["answer"] = ans
-        else:
-            if not isinstance(rec["answer"], (str, int, float)) or isinstance(rec["answer"], bool):
-                raise input_error("must be a string", file=path, record=where, field="answer")
-            item["answer"] = str(rec["answer"])
+        if "answer_options" in rec:  # a choice line: it means the same under either formulation
+            opts, ans = CustomBuilder._options(rec, path, where)
+            if formulation == "SingleChoice":
+                item["answer_options"], item["answer"] = opts, ans
+                return item
             if "candidates" in rec:
-                cands = rec["candidates"]
-                if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int, float)) for c in cands):
-                    raise input_error("must be a non-empty list of strings", file=path, record=where,
-                                      field="candidates")
-                item["candidates"] = [str(c) for c in cands]
-                if item["answer"] not in item["candidates"]:
-                    raise input_error(f"the answer {item['answer']!r} is not one of the candidates (the sample could "
-                                      "never be scored right)", file=path, record=where, field="candidates")
-                item["answer_index"] = item["candidates"].index(item["answer"])
+                raise input_error("give answer_options (the answer an option index) or candidates (the answer its "
+                                  "text), not both", file=path, record=where, field="candidates")
+            # Generation: the reference is the right option's text, the options its closed vocabulary
+            item["answer"], item["candidates"], item["answer_index"] = opts[ans], opts, ans
+            return item
+        if formulation == "SingleChoice":
+            raise input_error("needs a list of at least 2 option texts", file=path, record=where,
+                              field="answer_options")
+        if not isinstance(rec["answer"], str):
+            raise input_error(f"must be a string (the reference answer's text), got {type(rec['answer']).__name__} "
+                              f"{json.dumps(rec['answer'])[:40]}; an option index needs answer_options", file=path,
+                              record=where, field="answer")
+        item["answer"] = rec["answer"]
+        if "candidates" in rec:
+            cands = rec["candidates"]
+            if not isinstance(cands, list) or not cands or not all(isinstance(c, str) for c in cands):
+                raise input_error("must be a non-empty list of strings", file=path, record=where, field="candidates")
+            item["candidates"] = list(cands)
+            if item["answer"] not in item["candidates"]:
+                raise input_error(f"the answer {item['answer']!r} is not one of the candidates (the sample could "
+                                  "never be scored right)", file=path, record=where, field="candidates")
+            item["answer_index"] = item["candidates"].index(item["answer"])
         return item
+
+    @staticmethod
+    def _options(rec: Dict[str, Any], path: str, where: str) -> Tuple[List[str], int]:
+        """(option texts, the right option's index) of a choice line."""
+        opts = rec.get("answer_options")
+        if not isinstance(opts, list) or len(opts) < 2 or not all(
+                isinstance(o, (str, int, float)) and not isinstance(o, bool) and str(o) not in ("nan", "inf", "-inf")
+                for o in opts):
+            raise input_error("needs a list of at least 2 option texts", file=path, record=where,
+                              field="answer_options")
+        if len({str(o) for o in opts}) != len(opts):
+            raise input_error("has the same option twice", file=path, record=where, field="answer_options")
+        ans = rec["answer"]
+        if not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts):
+            raise input_error(f"must be an option index in 0..{len(opts) - 1}", file=path, record=where,
+                              field="answer")
+        return [str(o) for o in opts], ans

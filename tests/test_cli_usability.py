@@ -317,3 +317,32 @@ def test_a_prediction_folder_stays_one_after_a_comparison_is_written_into_it(tmp
         comp = json.load(open(folder / "comparison.json"))
         assert len(comp["models"]) == 2
     assert os.path.isfile(folder / "report.html")
+
+
+def test_a_dataset_name_that_contradicts_the_records_is_refused(tmp_path, capsys):
+    """--dataset_name names what the records fix, as --formulation does: iWISDM predictions with
+    --dataset_name MME, MMMT-IF turns with MME, MME answers with MMMT-IF are refused in one line
+    (exit 2) with nothing written; the name that agrees (any case) still scores."""
+    import json
+    from reform_eval import run_loader_eval
+    from tests.report_fixtures import mme_records, mmmt_if_records
+    assert run_eval.main(["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",
+                          "--dataset_subsample", "4", "--output_dir", str(tmp_path / "iw")]) == 0
+    (iwisdm,) = prediction_files(tmp_path / "iw")
+    files = {"iWISDM": iwisdm, "MME": str(tmp_path / "mme.json"), "MMMT-IF": str(tmp_path / "pif.json")}
+    (tmp_path / "mme.json").write_text(json.dumps(mme_records(seed=1, images=2)))
+    (tmp_path / "pif.json").write_text(json.dumps(mmmt_if_records(seed=1)))
+    capsys.readouterr()
+    for given, theirs in (("MME", "iWISDM"), ("MME", "MMMT-IF"), ("MMMT-IF", "MME"), ("custom", "iWISDM")):
+        out = tmp_path / f"out-{given}-{theirs}"
+        assert run_loader_eval.main(["--dataset_name", given, "--prediction_file", files[theirs],
+                                     "--output_dir", str(out)]) == 2, (given, theirs)
+        printed, err = capsys.readouterr()
+        assert printed == "" and err.strip().splitlines() == [
+            f"error: {files[theirs]}: --dataset_name '{given}' contradicts the records, which are '{theirs}'; "
+            "leave --dataset_name out to read it from the records"]
+        assert not out.exists()
+    assert run_loader_eval.main(["--explain", files["MME"], files["MME"], "--dataset_name", "iWISDM"]) == 2
+    assert "contradicts the records, which are 'MME'" in capsys.readouterr().err
+    assert run_loader_eval.main(["--dataset_name", "mme", "--prediction_file", files["MME"],
+                                 "--output_dir", str(tmp_path / "agrees")]) == 0

@@ -70,8 +70,9 @@ def test_each_flip_is_attributed_to_what_touches_it():
     assert flips["s2"]["touched_by"] == ["image processor backend", "dtype"]
     assert (flips["s1"]["a"], flips["s1"]["b"], flips["s1"]["answer_a"], flips["s1"]["answer_b"]) == \
         ("wrong", "right", "blue", "red")
-    assert exp["summary"] == ("accuracy moved by -0.2500: 3 samples flipped; 1 of them have different prompts, "
-                              "1 different pixels, 1 only different settings")
+    assert exp["summary"] == ("accuracy moved by -0.2500 (0.7500 to 0.5000): 3 verdicts changed (1 to right, 2 to "
+                              "wrong: -1 of 4 paired samples); 1 of them have different prompts, 1 different pixels, "
+                              "1 only different settings")
     text = format_explanation(exp)
     assert text.splitlines()[-1] == exp["summary"] and "no difference" not in text
 
@@ -82,8 +83,9 @@ def test_identical_runs_say_no_difference():
     assert exp["differences"] == [] and exp["flips"] == [] and exp["no_difference"]
     text = format_explanation(exp)
     assert "no difference" in text
-    assert text.splitlines()[-1] == ("accuracy moved by +0.0000: 0 samples flipped; 0 of them have different "
-                                     "prompts, 0 different pixels, 0 only different settings")
+    assert text.splitlines()[-1] == ("accuracy moved by +0.0000 (0.5000 to 0.5000): 0 verdicts changed (0 to right, "
+                                     "0 to wrong: +0 of 2 paired samples); 0 of them have different prompts, "
+                                     "0 different pixels, 0 only different settings")
 
 
 def test_pairs_by_item_or_by_question_never_by_position():
@@ -98,7 +100,11 @@ def test_pairs_by_item_or_by_question_never_by_position():
     assert (exp["n_pairs"], exp["paired_by_item"], exp["paired_by_question"], exp["refused"]) == (2, 0, 2, 1)
     assert [d["factor"] for d in exp["differences"]] == ["option marks"]
     assert [(f["sample_id"], f["touched_by"]) for f in exp["flips"]] == [("s1", ["option marks"])]
-    assert exp["moved"] == -0.5
+    # the headline moved by each run's own accuracy (3/3 to 2/3); the paired part and the rest are named
+    assert (exp["moved"], exp["moved_paired"]) == (pytest.approx(-1 / 3), -0.5)
+    assert exp["summary"].endswith("; on the 2 paired samples it moved by -0.5000, the rest by the samples not paired "
+                                   "(1 shared id holding other content (another question, options or images), "
+                                   "0 only in A, 0 only in B)")
 
 
 def test_a_foreign_run_without_traces_is_explained_by_what_it_records():
@@ -114,7 +120,8 @@ def test_a_foreign_run_without_traces_is_explained_by_what_it_records():
     exp = explain_runs(ours, _run("lmms-eval", theirs, {"provenance": {"engine": "lmms-eval", "system_line": "Hi."}}))
     assert [d["factor"] for d in exp["differences"]] == ["system line"]
     assert {d["factor"] for d in exp["recorded_by_one_run"]} >= {"dtype", "image processor", "model family"}
-    assert exp["counts"] == {"prompt": 1, "pixels": 0, "settings": 0, "unknown": 1}
+    assert exp["counts"] == {"prompt": 1, "pixels": 0, "settings": 0, "unknown": 1, "to_right": 0, "to_wrong": 2,
+                             "answers": 0}
     assert exp["summary"].endswith("0 only different settings, 1 unknown (no trace or prompt hash to tell)")
 
 
@@ -196,8 +203,11 @@ def test_system_line(baseline, tmp_path, capsys):
     assert all(f["prompt_differs"] is True and f["pixels_differ"] is False and f["touched_by"] == ["system line"]
                for f in exp["flips"])
     n = len(exp["flips"])
-    assert exp["summary"].endswith(f": {n} samples flipped; {n} of them have different prompts, 0 different "
+    assert exp["summary"].endswith(f"{n} verdict{'' if n == 1 else 's'} changed ({exp['counts']['to_right']} to right, "
+                                   f"{exp['counts']['to_wrong']} to wrong: {exp['counts']['to_right'] - exp['counts']['to_wrong']:+d} "
+                                   f"of {N_TRIALS} paired samples); {n} of them have different prompts, 0 different "
                                    "pixels, 0 only different settings")
+    assert exp["moved"] == pytest.approx((exp["counts"]["to_right"] - exp["counts"]["to_wrong"]) / N_TRIALS)
     # the command line prints the same, its last line the summary
     assert run_loader_eval.main(["--explain", baseline.prediction_file, other.prediction_file]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -231,8 +241,9 @@ def test_identical_runs(baseline, tmp_path):
     again = _evaluate(tmp_path)
     exp, factors = _explain(baseline.prediction_file, again.prediction_file)
     assert factors == [] and exp["recorded_by_one_run"] == [] and exp["no_difference"]
-    assert exp["summary"] == ("accuracy moved by +0.0000: 0 samples flipped; 0 of them have different prompts, "
-                              "0 different pixels, 0 only different settings")
+    assert exp["summary"] == ("accuracy moved by +0.0000 (1.0000 to 1.0000): 0 verdicts changed (0 to right, 0 to "
+                              "wrong: +0 of 12 paired samples); 0 of them have different prompts, 0 different pixels, "
+                              "0 only different settings")
     # a comparison of the two runs carries the same explanation as a section
     comp = score([baseline.prediction_file, again.prediction_file], output_dir=str(tmp_path / "cmp"),
                  quiet=True).comparison
@@ -316,8 +327,8 @@ def test_a_comparison_of_two_runs_has_the_explanation_as_a_section(tmp_path):
     a = _run("A", [_rec(0, "A"), _rec(1, "B")], INFO_A)
     b = _run("B", [_rec(0, "B"), _rec(1, "B")], INFO_B)
     comp = compare_runs([a, b], str(tmp_path / "two"), n_boot=20, plots=False)
-    summary = ("accuracy moved by -0.5000: 1 samples flipped; 0 of them have different prompts, "
-               "0 different pixels, 1 only different settings")
+    summary = ("accuracy moved by -0.5000 (0.5000 to 0.0000): 1 verdict changed (0 to right, 1 to wrong: -1 of 2 "
+               "paired samples); 0 of them have different prompts, 0 different pixels, 1 only different settings")
     assert comp["explain"]["summary"] == summary
     md = open(str(tmp_path / "two" / "comparison.md")).read()
     assert "## Explanation: differences between A (A) and B (B)" in md and f"- Note: {summary}" in md
@@ -351,8 +362,9 @@ def test_a_run_rescored_by_run_loader_eval_is_explained_against_its_own_scoring(
                    likelihood_reduction="mean", metric_options={})
     exp = explain_files(str(pred), str(tmp_path / "run.scored-0123abcd.results.json"), quiet=True)
     assert [d["factor"] for d in exp["differences"]] == ["likelihood reduction"] and not exp["recorded_by_one_run"]
-    assert exp["summary"] == ("accuracy moved by +1.0000: 1 samples flipped; 0 of them have different prompts, "
-                              "0 different pixels, 1 only different settings")
+    assert exp["summary"] == ("accuracy moved by +1.0000 (0.0000 to 1.0000): 1 verdict changed (1 to right, 0 to "
+                              "wrong: +1 of 1 paired samples); 0 of them have different prompts, 0 different pixels, "
+                              "1 only different settings")
     assert run_loader_eval.main(["--explain", str(pred), str(tmp_path / "run.scored-0123abcd.results.json"),
                                  "--output_dir", str(tmp_path / "why")]) == 0
     out = capsys.readouterr().out
@@ -382,6 +394,77 @@ def test_against_lmms_eval_with_its_vicuna_system_line(tmp_path):
     assert exp["n_pairs"] == exp["paired_by_item_key"] == 2 * 2 * data["images"]
     assert "system line" in factors and set(factors) <= {"system line", "chat template"}
     a, b = load_run(ours.prediction_file), load_run(log)
-    assert len(exp["flips"]) == len({x for x, _ in compare_flips(a, b)["answer_changes"]}
-                                    | {x for x, _ in compare_flips(a, b)["flips"]})
+    verdicts = {x for x, _ in compare_flips(a, b)["flips"]}
+    assert {(f["sample_id"], f["dup_index"]) for f in exp["flips"]} == verdicts
+    assert {(f["sample_id"], f["dup_index"]) for f in exp["answer_changes"]} == \
+        {x for x, _ in compare_flips(a, b)["answer_changes"]} - verdicts
     assert exp["flips"] and all(f["prompt_differs"] is True and "system line" in f["touched_by"] for f in exp["flips"])
+
+
+# -- explain and compare reconcile (issue 34) ----------------------------------------------------------
+
+LMMS_EVAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lmms_eval_mme")
+
+
+def test_the_committed_lmms_eval_pair_counts_verdicts_apart_from_answers():
+    """Ours against lmms-eval's log with its Vicuna system line: 5 verdicts changed (all right to
+    wrong) and 5 answers changed under an unchanged wrong verdict; the headline counts the 5, and
+    -5 of 80 is the -0.0625 the two runs' own accuracies differ by."""
+    exp = explain_files(os.path.join(LMMS_EVAL, "ours.json"), os.path.join(LMMS_EVAL, "vicuna"), quiet=True)
+    assert [f["a"] != f["b"] for f in exp["flips"]] == [True] * 5
+    assert [(f["a"], f["b"]) for f in exp["answer_changes"]] == [("wrong", "wrong")] * 5
+    assert all(f["answer_a"] != f["answer_b"] for f in exp["answer_changes"])
+    assert exp["moved"] == pytest.approx(exp["headline_b"] - exp["headline_a"]) == pytest.approx(-5 / 80)
+    assert exp["summary"] == ("accuracy moved by -0.0625 (0.8875 to 0.8250) and the MME score by -27.5: 5 verdicts "
+                              "changed (0 to right, 5 to wrong: -5 of 80 paired samples); 5 of them have different "
+                              "prompts, 0 different pixels, 0 only different settings; 5 more answers changed without "
+                              "changing a verdict")
+    text = format_explanation(exp)
+    assert "samples whose verdict changed (5)" in text
+    assert "samples whose answer changed but not their verdict (5)" in text
+
+
+def _other_items(records):
+    """The same ids holding other questions (another build of a custom set)."""
+    return [dict(r, item_sha="other-" + r["item_sha"], question="Another question?", meta={"n": "other"})
+            for r in records]
+
+
+def test_runs_sharing_no_sample_are_refused_in_one_line(tmp_path, capsys):
+    from reform_eval.evaluation.reporting.explain import NothingToExplain
+    recs_a = [_rec(i, "A") for i in range(3)]
+    recs_b = _other_items([_rec(i, "B") for i in range(3)]) + [_rec(7, "A")]
+    with pytest.raises(NothingToExplain, match=r"share no sample: 3 shared ids holding other content \(another "
+                                               r"question, options or images\), 0 only in A, 1 only in B"):
+        explain_runs(_run("A", recs_a, INFO_A), _run("B", recs_b, INFO_A))
+    for name, recs in (("a", recs_a), ("b", recs_b)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(recs))
+    assert run_loader_eval.main(["--explain", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "share no sample: 3 shared ids" in err
+
+
+def test_a_comparison_never_tests_or_explains_pairs_that_do_not_exist(tmp_path):
+    """No sample in common: the comparison says so, has no paired test and no explanation (no
+    'accuracy moved by +0.0000'). Partly paired: the test covers the paired part with its n, and
+    the part left out is named and counted."""
+    from reform_eval.evaluation.reporting.report import compare_runs
+    a = _run("A", [_rec(i, "A") for i in range(4)], INFO_A)
+    none = _run("B", _other_items([_rec(i, "B") for i in range(4)]), INFO_A)
+    comp = compare_runs([a, none], str(tmp_path / "none"), n_boot=20, plots=False)
+    (t,) = comp["paired_tests"]
+    assert (t["n_pairs"], t["test"], t["unpaired"]) == (0, None, {"other_content": 4, "only_a": 0, "only_b": 0})
+    md = open(str(tmp_path / "none" / "comparison.md")).read()
+    assert "accuracy moved" not in md and "share no sample: 4 shared ids holding other content" in md
+    assert "they share no sample, so there is no paired test." in md
+    part = _run("B", [_rec(0, "B"), _rec(1, "B")] + _other_items([_rec(2, "B")]) + [_rec(9, "A")], INFO_A)
+    comp = compare_runs([a, part], str(tmp_path / "part"), n_boot=20, plots=False)
+    (t,) = comp["paired_tests"]
+    assert (t["n_pairs"], t["test"], t["unpaired"]) == (2, "exact McNemar", {"other_content": 1, "only_a": 1,
+                                                                            "only_b": 1})
+    md = open(str(tmp_path / "part" / "comparison.md")).read()
+    assert ("Not paired between A and B: 1 shared id holding other content (another question, options or images), "
+            "1 only in A, 1 only in B; the paired test (exact McNemar) and its means cover the 2 entries") in md
+    exp = comp["explain"]
+    assert (exp["n_pairs"], exp["refused"], exp["only_a"], exp["only_b"]) == (2, 1, 1, 1)
+    assert exp["moved"] == pytest.approx(1 / 4 - 4 / 4) and exp["moved_paired"] == -1.0  # s9 right, in B only

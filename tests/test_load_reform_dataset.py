@@ -69,3 +69,62 @@ def test_relative_path_keywords_are_read_from_the_current_directory(tmp_path, mo
     ds = load_reform_dataset("MME", "Generation", "mme", root="release", subtasks=["existence"])
     assert len(ds) == 60
     assert ds[0]["image_ids"][0].startswith(str(tmp_path / "release"))
+
+
+# -- custom data means what it says (issue 34) ---------------------------------------------------------
+
+def _custom(tmp_path, lines):
+    import json
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "c.yaml").write_text("data_file: items.jsonl\n")
+    return str(tmp_path / "c.yaml")
+
+
+CHOICE = [{"sample_id": f"q{i}", "images": [], "question": f"Which is right {i}?",
+           "answer_options": ["red", "green", "blue"], "answer": i % 3} for i in range(6)]
+
+
+def test_a_choice_line_under_generation_is_scored_against_its_option_text(tmp_path):
+    """A SingleChoice line (answer: an index into answer_options) run as Generation: the
+    reference is the right option's text and the options its closed vocabulary (candidates),
+    never the index as text ("0"), and the options are not dropped; likelihood scores the same
+    candidates. A random model's answer counts as right exactly when it is that text."""
+    import glob
+    import json
+    from reform_eval import run_eval
+    cfg = _custom(tmp_path, CHOICE)
+    for method in ("generation", "likelihood"):
+        samples, _ = build_dataset("custom", "Generation", cfg, inference_method=method)
+        assert [(s["answer"], s["candidates"], s["answer_index"]) for s in samples] == \
+            [(["red", "green", "blue"][i % 3], ["red", "green", "blue"], i % 3) for i in range(6)]
+    out = tmp_path / "out"
+    assert run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
+                          "--formulation", "Generation", "--output_dir", str(out), "--do_eval"]) == 0
+    (per_sample,) = glob.glob(str(out / "*.per_sample.json"))
+    records = {r["sample_id"]: r for r in json.load(open(per_sample))}
+    preds = [p for p in glob.glob(str(out / "*.json")) if p.count(".") == 1]
+    (pred,) = preds
+    for rec in json.load(open(pred)):
+        assert rec["answer"] == ["red", "green", "blue"][int(rec["sample_id"][1:]) % 3]
+        assert rec["candidates"] == ["red", "green", "blue"]
+        assert records[rec["sample_id"]]["correct"] == (rec["prediction"].strip() == rec["answer"])
+    assert any(r["correct"] for r in records.values())  # scored against the text "0" none could be
+
+
+def test_a_number_where_text_is_required_is_refused_in_one_line(tmp_path, capsys):
+    """Generation's answer and candidates are text: a number is refused (file, line, field), not
+    converted with str(); a line with both answer_options and candidates is refused too."""
+    from reform_eval import run_eval
+    first = {"sample_id": "b", "question": "q", "answer": "red", "candidates": ["red", "green"]}
+    cases = [({"sample_id": "a", "question": "q", "answer": 0, "candidates": ["0", "1"]},
+              "field 'answer': must be a string"),
+             ({"sample_id": "a", "question": "q", "answer": "1", "candidates": [1, 2]}, "field 'candidates': must be"),
+             ({**CHOICE[0], "candidates": ["red", "green", "blue"]}, "field 'candidates': give answer_options")]
+    for i, (line, said) in enumerate(cases):
+        cfg = _custom(tmp_path, [first, line])
+        out = tmp_path / f"o{i}"
+        assert run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
+                              "--formulation", "Generation", "--output_dir", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "items.jsonl" in err[0] and "line 2" in err[0] and said in err[0], err
+        assert not out.exists()

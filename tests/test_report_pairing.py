@@ -60,7 +60,7 @@ def test_iwisdm_runs_with_other_trial_seeds_refuse_mcnemar(tmp_path, capsys):
     comp = json.load(open(cmp_dir / "comparison.json"))
     (t,) = comp["paired_tests"]
     assert (t["n_pairs"], t["n_refused"], t["test"], t["p_value"]) == (0, 12, None, None)
-    note = "12 entries that"
+    note = "12 shared ids holding other content (another question, options or images), 0 only in"
     assert note in open(cmp_dir / "comparison.md").read()
     assert note in open(cmp_dir / "report.html").read()
     assert "exact McNemar" not in capsys.readouterr().out

@@ -163,6 +163,23 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
     return sorted(pairs), refused
 
 
+def unpaired(keys_a: Sequence[Key], keys_b: Sequence[Key], pairs: Sequence[Tuple[Key, Key]]) -> Dict[str, int]:
+    """What a pairing left out, so that the paired part and the rest add up to each run:
+    ``other_content`` (ids both runs hold, paired on neither side: another question, options or
+    images under one id), ``only_a`` and ``only_b`` (ids one run holds, left unpaired)."""
+    left_a = set(keys_a) - {a for a, _ in pairs}
+    left_b = set(keys_b) - {b for _, b in pairs}
+    other = left_a & left_b
+    return {"other_content": len(other), "only_a": len(left_a - other), "only_b": len(left_b - other)}
+
+
+def unpaired_text(counts: Dict[str, int], a: str = "A", b: str = "B") -> str:
+    """The unpaired part in words: '12 shared ids holding other content, 3 only in A, 0 only in B'."""
+    n = counts["other_content"]
+    return (f"{n} shared id{'' if n == 1 else 's'} holding other content (another question, options or images), "
+            f"{counts['only_a']} only in {a}, {counts['only_b']} only in {b}")
+
+
 def flips(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Dict[str, Any]:
     """What changed between two runs on the items both answered (``pair_runs``): ``flips``, the
     pairs whose verdict differs, and ``answer_changes``, those whose parsed answer differs
@@ -210,7 +227,7 @@ def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, 
         keys, refused = pair_runs(ra, rb)
         a, b = [va[k] for k, _ in keys], [vb[k] for _, k in keys]
         row: Dict[str, Any] = {"a": ra["name"], "b": rb["name"], "metric": field, "n_pairs": len(keys),
-                               "n_refused": refused,
+                               "n_refused": refused, "unpaired": unpaired(list(va), list(vb), keys),
                                "mean_a": float(np.mean(a)) if keys else None,
                                "mean_b": float(np.mean(b)) if keys else None}
         if not keys:
@@ -224,14 +241,20 @@ def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, 
 
 
 def pairing_notes(comp: Dict[str, Any]) -> List[str]:
-    """One sentence per pair of runs whose shared sample ids were (partly) refused as pairs."""
+    """One sentence per pair of runs whose entries did not all pair: what was left out of the
+    paired test (named and counted), and that the test covers the paired entries only (or that
+    there is no test: no pair exists)."""
     notes = []
     for t in comp.get("paired_tests") or []:
-        if t.get("n_refused"):
-            notes.append(f"{t['n_refused']} entries that {t['a']} and {t['b']} share by sample id were not paired: "
-                         f"their item content differs (item_sha or sample_sha) or is unknown for one run; the paired test "
-                         f"uses the {t['n_pairs']} entries made from the same samples"
-                         + (" (none, so no test)." if not t["n_pairs"] else "."))
+        left = t.get("unpaired") or {"other_content": t.get("n_refused", 0), "only_a": 0, "only_b": 0}
+        if not any(left.values()):
+            continue
+        what = f"Not paired between {t['a']} and {t['b']}: " + unpaired_text(left, t["a"], t["b"])
+        if t["n_pairs"]:
+            notes.append(f"{what}; the paired test ({t['test']}) and its means cover the {t['n_pairs']} entries "
+                         "made from the same samples only.")
+        else:
+            notes.append(f"{what}; they share no sample, so there is no paired test.")
     return notes
 
 
@@ -462,11 +485,13 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
                     ["model", "checkpoint", "metric", "run", "published", "run - published", "known spread",
                      "in spreads", "source", "note"], rows))
     if comp["paired_tests"]:
-        header = ["model A", "model B", "test", "pairs", "refused pairs", f"mean {comp['paired_tests'][0]['metric']} A",
-                  "mean B", "statistic", "p-value"]
+        header = ["model A", "model B", "test", "pairs", "other content", "only in A", "only in B",
+                  f"mean {comp['paired_tests'][0]['metric']} A (paired)", "mean B (paired)", "statistic", "p-value"]
         rows = []
         for t in comp["paired_tests"]:
-            rows.append([t["a"], t["b"], t["test"] or "-", str(t["n_pairs"]), str(t.get("n_refused", 0)),
+            left = t.get("unpaired") or {}
+            rows.append([t["a"], t["b"], t["test"] or "-", str(t["n_pairs"]),
+                         *(str(left.get(k, "-")) for k in ("other_content", "only_a", "only_b")),
                          "-" if t["mean_a"] is None else f"{t['mean_a']:.3f}",
                          "-" if t["mean_b"] is None else f"{t['mean_b']:.3f}",
                          "-" if t["statistic"] is None else f"{t['statistic']:g}",
@@ -503,6 +528,9 @@ def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
         if title.startswith("Explanation: differences"):  # the pairing, and the summary line
             notes = (comp.get("explain") or {}).get("notes") or []
         lines += [f"- Note: {md_text(n)}" for n in notes] + ([""] if notes else [])
+    refused = (comp.get("explain") or {}).get("refused")
+    if refused:  # two runs with no sample in common: no explanation, and why
+        lines += ["## Explanation", "", f"- Note: {md_text(refused)}", ""]
     if plots:
         lines += ["## Plots", ""] + [f"- [{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in plots] + [""]
     return "\n".join(lines)

@@ -32,12 +32,15 @@ harness's rows by the benchmark's item key; then the same question asked another
 other option marks or the same images at another resolution, by ``question_key``; never by
 position), lists every difference of the run-level records (named as
 a researcher knows them: ``explain_factors.FACTORS``; paths, run ids, timings and output folders are left out,
-``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other;
-for generation also a changed extracted answer; for PIF a changed per-turn PIF) says which
-differences touch it: its prompt (text or tokens differ), its pixels (the image tensor or the
-images' sizes differ), or only settings (dtype, parse mode, ...: what acts on every sample).
-It ends with one line: "accuracy moved by X: N samples flipped; M of them have different
-prompts, K different pixels, J only different settings".
+``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other; for PIF a changed
+per-turn PIF), and apart from those each whose extracted answer alone changed (generation), says
+which differences touch it: its prompt (text or tokens differ), its pixels (the image tensor or
+the images' sizes differ), or only settings (dtype, parse mode, ...: what acts on every sample).
+It ends with one line: "accuracy moved by X (a to b): N verdicts changed (R to right, W to
+wrong: R-W of P paired samples); M of them have different prompts, K different pixels, J only
+different settings", X being the two runs' own headline accuracies' difference; answer-only
+changes and, where pairing was partial, what the paired part moved and what was left out
+(counted) follow. Runs that share no sample are refused (``NothingToExplain``).
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from reform_eval.evaluation.reporting.bootstrap import family_of
-from reform_eval.evaluation.reporting.compare import Key, pair_runs, same_content, sample_shas
+from reform_eval.evaluation.reporting.compare import Key, pair_runs, same_content, sample_shas, unpaired, unpaired_text
 from reform_eval.evaluation.reporting.explain_factors import (ALSO_PROMPT, PIXELS, PROMPT, SETTINGS, run_differences, run_facts,
                                                   shown_value)
 from reform_eval.utils.errors import ReformError, input_error
@@ -194,12 +197,18 @@ def _answer(p: Dict[str, Any]) -> Any:
     return None
 
 
-def _changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str, generation: bool) -> bool:
+def _verdict_changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str) -> bool:
+    """Right in one run and wrong in the other; for MMMT-IF, another per-turn PIF or
+    per-instruction verdicts."""
     if family == "pif":
         return pa.get("pif") != pb.get("pif") or pa.get("followed") != pb.get("followed")
-    if bool(pa.get("correct")) != bool(pb.get("correct")):
-        return True
-    return generation and _answer(pa) != _answer(pb)
+    return bool(pa.get("correct")) != bool(pb.get("correct"))
+
+
+def _answer_changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str, generation: bool) -> bool:
+    """Another extracted answer under the same verdict (generation: yes read as 'other', a
+    wrong option read as another wrong option); never counted as a verdict change."""
+    return family != "pif" and generation and _answer(pa) != _answer(pb)
 
 
 def _verdict_text(p: Dict[str, Any], family: str) -> str:
@@ -214,12 +223,27 @@ def _methods(run: Dict[str, Any]) -> set:
     return {str(r.get("inference_method")) for r in run["records"] if r.get("inference_method")}
 
 
+class NothingToExplain(ReformError):
+    """Two runs with no sample in common: no pair to explain (one line, exit 2)."""
+
+
+def headline(result: Dict[str, Any], field: str) -> float:
+    """A run's headline accuracy (or PIF), as its results report it: the metric, else the mean of
+    every scored sample's verdict."""
+    value = (result.get("metrics") or {}).get("pif" if field == "pif" else "accuracy")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    ps = result.get("per_sample") or []
+    return sum(float(p.get(field) or 0.0) for p in ps) / len(ps) if ps else 0.0
+
+
 def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str, Any]] = None,
                  info_b: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The explanation of B against A, as data (JSON-ready); ``format_explanation`` writes it.
 
     ``a``/``b``: runs ``{"name", "records", "result"}`` (``result`` scored: ``metric``,
-    ``metrics``, ``per_sample``); ``info_*``: their run-level records (default: ``info_of``)."""
+    ``metrics``, ``per_sample``); ``info_*``: their run-level records (default: ``info_of``).
+    Runs that share no sample are refused (``NothingToExplain``): there is no pair to explain."""
     for run in (a, b):
         if not (run.get("result") or {}).get("per_sample"):
             raise ReformError(f"run '{run.get('name')}': no scored samples to explain")
@@ -232,32 +256,35 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
         raise ReformError(f"explain: the runs were scored by different metrics ({metric_a!r}, {metric_b!r}); "
                           "explain two runs of one benchmark")
     family = family_of(metric_a)
+    ra, rb = {_key(r): r for r in a["records"]}, {_key(r): r for r in b["records"]}
+    va, vb = _verdicts(a["result"]), _verdicts(b["result"])
+    pairs = [(ka, kb, how) for ka, kb, how in pair_records(a, b)[0]
+             if ka in va and kb in vb and ka in ra and kb in rb]
+    left = unpaired(list(va), list(vb), [(ka, kb) for ka, kb, _ in pairs])
+    if not pairs:
+        raise NothingToExplain(f"explain: A ({a['name']}) and B ({b['name']}) share no sample: "
+                               f"{unpaired_text(left)}; explain two runs of the same items")
     fa, reca = run_facts(info_a if info_a is not None else info_of(a), str(a.get("source") or a["name"]))
     fb, recb = run_facts(info_b if info_b is not None else info_of(b), str(b.get("source") or b["name"]))
     methods = _methods(a) | _methods(b)
     diffs, one_sided = run_differences(fa, reca, fb, recb, methods)
-    pairs, refused = pair_records(a, b)
-    ra, rb = {_key(r): r for r in a["records"]}, {_key(r): r for r in b["records"]}
-    va, vb = _verdicts(a["result"]), _verdicts(b["result"])
     generation = "generation" in methods
     field = "pif" if family == "pif" else "correct"
     by_kind = {kind: [d["factor"] for d in diffs if d["kind"] == kind or (kind == PROMPT and d["factor"] in ALSO_PROMPT)]
                for kind in (PROMPT, PIXELS, SETTINGS)}
     item_factors: Dict[str, Dict[str, Any]] = {}
     flips: List[Dict[str, Any]] = []
+    answers: List[Dict[str, Any]] = []
     sums = [0.0, 0.0]
-    n = 0
     for ka, kb, how in pairs:
-        if ka not in va or kb not in vb or ka not in ra or kb not in rb:
-            continue
-        n += 1
         pa, pb = va[ka], vb[kb]
         sums[0] += float(pa.get(field) or 0.0)
         sums[1] += float(pb.get(field) or 0.0)
         items = item_differences(ra[ka], rb[kb], how)
         for name, kind in items:
             item_factors.setdefault(name, {"factor": name, "kind": kind, "samples": 0})["samples"] += 1
-        if not _changed(pa, pb, family, generation):
+        verdict = _verdict_changed(pa, pb, family)
+        if not verdict and not _answer_changed(pa, pb, family, generation):
             continue
         prompt, pixels = prompt_differs(ra[ka], rb[kb]), pixels_differ(ra[ka], rb[kb])
         if any(kind == PIXELS for _, kind in items):
@@ -272,46 +299,74 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
             named = by_kind[PIXELS] + [nm for nm, kind in items if kind == PIXELS and nm not in by_kind[PIXELS]]
             touching += named or ["pixels (their cause is not recorded)"]
         touching += by_kind[SETTINGS]
-        flips.append({"sample_id": ka[0], "dup_index": ka[1], "paired_by": how,
-                      **({"sample_id_b": kb[0]} if kb != ka else {}),
-                      "a": _verdict_text(pa, family), "b": _verdict_text(pb, family),
-                      "answer_a": _answer(pa), "answer_b": _answer(pb),
-                      "prompt_differs": prompt, "pixels_differ": pixels, "touched_by": touching})
+        (flips if verdict else answers).append(
+            {"sample_id": ka[0], "dup_index": ka[1], "paired_by": how, **({"sample_id_b": kb[0]} if kb != ka else {}),
+             "a": _verdict_text(pa, family), "b": _verdict_text(pb, family),
+             "answer_a": _answer(pa), "answer_b": _answer(pb),
+             "prompt_differs": prompt, "pixels_differ": pixels, "touched_by": touching})
     for name, entry in item_factors.items():  # the ways items were asked differently join the run's factors
         if not any(d["factor"] == name for d in diffs):
             diffs.append({"factor": name, "kind": entry["kind"], "a": "-", "b": "-",
                           "keys": [f"records ({entry['samples']} paired items)"]})
         else:
             next(d for d in diffs if d["factor"] == name)["keys"].append(f"records ({entry['samples']} paired items)")
-    moved = (sums[1] - sums[0]) / n if n else 0.0
+    n = len(pairs)
+    head_a, head_b = headline(a["result"], field), headline(b["result"], field)
     counts = {"prompt": sum(1 for f in flips if f["prompt_differs"]),
               "pixels": sum(1 for f in flips if f["pixels_differ"]),
               "settings": sum(1 for f in flips if f["prompt_differs"] is False and f["pixels_differ"] is False),
               "unknown": sum(1 for f in flips if not f["prompt_differs"] and not f["pixels_differ"]
-                             and (f["prompt_differs"] is None or f["pixels_differ"] is None))}
-    stat = "pif" if family == "pif" else "accuracy"
-    lead = f"{stat} moved by {moved:+.4f}"
-    score_moved = None
+                             and (f["prompt_differs"] is None or f["pixels_differ"] is None)),
+              "to_right": sum(1 for f in flips if f["b"] == "right"),
+              "to_wrong": sum(1 for f in flips if f["b"] == "wrong"),
+              "answers": len(answers)}
+    exp = {"a": {"name": a["name"], "prediction_file": a["result"].get("prediction_file")},
+           "b": {"name": b["name"], "prediction_file": b["result"].get("prediction_file")},
+           "family": family, "statistic": "pif" if family == "pif" else "accuracy", "n_pairs": n,
+           "n_a": len(va), "n_b": len(vb), "headline_a": head_a, "headline_b": head_b,
+           "paired_by_item": sum(1 for _, _, how in pairs if how == "item"),
+           "paired_by_item_key": sum(1 for _, _, how in pairs if how == "item key"),
+           "paired_by_question": sum(1 for _, _, how in pairs if how == "question"),
+           "unpaired": left, "refused": left["other_content"], "only_a": left["only_a"], "only_b": left["only_b"],
+           "differences": diffs, "recorded_by_one_run": one_sided,
+           "no_difference": not diffs and not flips and not answers and not any(left.values()),
+           "moved": head_b - head_a, "moved_paired": (sums[1] - sums[0]) / n, "score_moved": None,
+           "flips": sorted(flips, key=lambda f: (f["sample_id"], f["dup_index"])),
+           "answer_changes": sorted(answers, key=lambda f: (f["sample_id"], f["dup_index"])), "counts": counts}
     if family == "mme":
         ta, tb = (a["result"].get("metrics") or {}).get("total_score"), (b["result"].get("metrics") or {}).get("total_score")
         if isinstance(ta, (int, float)) and isinstance(tb, (int, float)):
-            score_moved = float(tb) - float(ta)
-            lead += f" and the MME score by {score_moved:+.1f}"
-    summary = (f"{lead}: {len(flips)} samples flipped; {counts['prompt']} of them have different prompts, "
-               f"{counts['pixels']} different pixels, {counts['settings']} only different settings")
+            exp["score_moved"] = float(tb) - float(ta)
+    exp["summary"] = summary_line(exp)
+    return exp
+
+
+def summary_line(exp: Dict[str, Any]) -> str:
+    """The last line: the headline moved (B minus A, each run's own headline), the verdicts that
+    changed and what touches them, the answers that changed alone, and, where the runs did not
+    all pair, what the paired part moved and what was left out, so the numbers add up."""
+    stat, counts, n = exp["statistic"], exp["counts"], exp["n_pairs"]
+    lead = f"{stat} moved by {exp['moved']:+.4f} ({exp['headline_a']:.4f} to {exp['headline_b']:.4f})"
+    if exp.get("score_moved") is not None:
+        lead += f" and the MME score by {exp['score_moved']:+.1f}"
+    k = len(exp["flips"])
+    if stat == "pif":
+        changed = f"{k} sample{'' if k == 1 else 's'} changed their PIF ({exp['moved_paired'] * n:+.2f} of {n} paired)"
+    else:
+        net = counts["to_right"] - counts["to_wrong"]
+        changed = (f"{k} verdict{'' if k == 1 else 's'} changed ({counts['to_right']} to right, {counts['to_wrong']} "
+                   f"to wrong: {net:+d} of {n} paired samples)")
+    out = (f"{lead}: {changed}; {counts['prompt']} of them have different prompts, {counts['pixels']} different "
+           f"pixels, {counts['settings']} only different settings")
     if counts["unknown"]:
-        summary += f", {counts['unknown']} unknown (no trace or prompt hash to tell)"
-    flips.sort(key=lambda f: (f["sample_id"], f["dup_index"]))
-    return {"a": {"name": a["name"], "prediction_file": a["result"].get("prediction_file")},
-            "b": {"name": b["name"], "prediction_file": b["result"].get("prediction_file")},
-            "family": family, "statistic": stat, "n_pairs": n,
-            "paired_by_item": sum(1 for _, _, how in pairs if how == "item"),
-            "paired_by_item_key": sum(1 for _, _, how in pairs if how == "item key"),
-            "paired_by_question": sum(1 for _, _, how in pairs if how == "question"),
-            "refused": len(refused), "only_a": len(set(ra) - {ka for ka, _, _ in pairs} - set(refused)),
-            "only_b": len(set(rb) - {kb for _, kb, _ in pairs} - set(refused)),
-            "differences": diffs, "recorded_by_one_run": one_sided, "no_difference": not diffs and not flips,
-            "moved": moved, "score_moved": score_moved, "flips": flips, "counts": counts, "summary": summary}
+        out += f", {counts['unknown']} unknown (no trace or prompt hash to tell)"
+    if exp["answer_changes"]:
+        m = len(exp["answer_changes"])
+        out += f"; {m} more answer{'' if m == 1 else 's'} changed without changing a verdict"
+    if any(exp["unpaired"].values()):
+        out += (f"; on the {n} paired samples it moved by {exp['moved_paired']:+.4f}, the rest by the samples not "
+                f"paired ({unpaired_text(exp['unpaired'])})")
+    return out
 
 
 # -- text ---------------------------------------------------------------------------------------------
@@ -320,20 +375,27 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
 KIND_TEXT = {PROMPT: "each sample's prompt", PIXELS: "each sample's pixels", SETTINGS: "every sample"}
 
 
+def _sample_rows(rows: List[Dict[str, Any]]) -> List[List[str]]:
+    return [[f"{f['sample_id']}" + (f" #{f['dup_index']}" if f["dup_index"] else ""), f["a"], f["b"],
+             shown_value(f["answer_a"], 40), shown_value(f["answer_b"], 40), ", ".join(f["touched_by"]) or "none recorded"]
+            for f in rows]
+
+
 def explanation_tables(exp: Dict[str, Any], max_rows: int = 200) -> List[Tuple[str, List[str], List[List[str]]]]:
-    """(title, header, rows) of the differences and the changed samples (at most ``max_rows``)."""
+    """(title, header, rows) of the differences, the samples whose verdict changed and those
+    whose answer alone changed (each at most ``max_rows``)."""
     out = []
     rows = [[d["factor"], d["a"], d["b"], KIND_TEXT[d["kind"]], ", ".join(d["keys"])] for d in exp["differences"]]
     out.append((f"Explanation: differences between A ({exp['a']['name']}) and B ({exp['b']['name']})",
                 ["factor", "A", "B", "acts on", "recorded as"], rows or [["none", "-", "-", "-", "-"]]))
-    if exp["flips"]:
-        flips = exp["flips"][:max_rows]
-        title = f"Explanation: samples whose verdict changed ({len(exp['flips'])}" + (
-            f", first {max_rows} shown)" if len(exp["flips"]) > max_rows else ")")
-        out.append((title, ["sample", "A", "B", "A answer", "B answer", "differences touching it"],
-                    [[f"{f['sample_id']}" + (f" #{f['dup_index']}" if f["dup_index"] else ""), f["a"], f["b"],
-                      shown_value(f["answer_a"], 40), shown_value(f["answer_b"], 40), ", ".join(f["touched_by"]) or "none recorded"]
-                     for f in flips]))
+    header = ["sample", "A", "B", "A answer", "B answer", "differences touching it"]
+    for key, what in (("flips", "samples whose verdict changed"),
+                      ("answer_changes", "samples whose answer changed but not their verdict")):
+        listed = exp.get(key) or []
+        if listed:
+            title = f"Explanation: {what} ({len(listed)}" + (
+                f", first {max_rows} shown)" if len(listed) > max_rows else ")")
+            out.append((title, header, _sample_rows(listed[:max_rows])))
     return out
 
 
@@ -342,18 +404,20 @@ def explanation_notes(exp: Dict[str, Any]) -> List[str]:
     by_key = f"{exp['paired_by_item_key']} by the benchmark's item key (another harness's rows), " \
         if exp.get("paired_by_item_key") else ""
     notes = [f"Paired {exp['n_pairs']} samples by item ({exp['paired_by_item']} of the same content, {by_key}"
-             f"{exp['paired_by_question']} of the same question asked another way); "
-             f"{exp['refused']} shared ids hold other questions and {exp['only_a'] + exp['only_b']} samples are "
-             "in one run only (not compared)."]
+             f"{exp['paired_by_question']} of the same question asked another way) of {exp['n_a']} in A and "
+             f"{exp['n_b']} in B; not paired (not compared): {unpaired_text(exp['unpaired'])}."]
     for side in ("A", "B"):
         names = [d["factor"] for d in exp["recorded_by_one_run"] if d["recorded_by"] == side]
         if names:
             notes.append(f"Recorded by {side} only (not compared): {', '.join(names)}.")
     if exp["no_difference"]:
-        notes.append("no difference: the runs agree on every setting both record, and no verdict changed.")
-    elif not exp["differences"]:
-        notes.append("no recorded difference: the changed verdicts are not explained by anything recorded "
+        notes.append("no difference: the runs agree on every setting both record, every sample paired, and no "
+                     "verdict or answer changed.")
+    elif not exp["differences"] and (exp["flips"] or exp["answer_changes"]):
+        notes.append("no recorded difference: the changed samples are not explained by anything recorded "
                      "(nondeterminism, or something neither run records).")
+    elif not exp["differences"]:
+        notes.append("no recorded difference and no changed sample: the headline moved only by the samples not paired.")
     return notes + [exp["summary"]]
 
 

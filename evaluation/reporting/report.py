@@ -12,7 +12,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from reform_eval.evaluation.reporting.compare import _json_safe, build_comparison, markdown
-from reform_eval.evaluation.reporting.explain import explain_runs, explanation_notes, explanation_tables
+from reform_eval.evaluation.reporting.explain import NothingToExplain, explain_runs, explanation_notes, explanation_tables
 from reform_eval.evaluation.reporting.html import render
 from reform_eval.evaluation.reporting.plots import make_plots
 from reform_eval.utils.commit import Commit, clean_stale_temps
@@ -29,8 +29,11 @@ def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0,
     beside this one's tables. With ``commit`` they join that caller's unit."""
     comp = build_comparison(runs, seed=seed, n_boot=n_boot)
     if len(runs) == 2:  # two runs of one benchmark: why their answers differ (one pair, one section)
-        exp = explain_runs(runs[0], runs[1])
-        comp["explain"] = {**exp, "tables": explanation_tables(exp), "notes": explanation_notes(exp)}
+        try:
+            exp = explain_runs(runs[0], runs[1])
+            comp["explain"] = {**exp, "tables": explanation_tables(exp), "notes": explanation_notes(exp)}
+        except NothingToExplain as e:  # no sample in common: the comparison says so, explains nothing
+            comp["explain"] = {"refused": str(e), "tables": [], "notes": [str(e)]}
     ensure_writable_dir(output_dir, "report directory")
     clean_stale_temps(output_dir, depth=1)
     own = commit is None

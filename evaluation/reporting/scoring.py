@@ -396,7 +396,27 @@ def _is_results_dir(path: str) -> bool:
 
 
 def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Records from a file, or from a results directory read by the benchmark's registered reader."""
+    """Records from a file, or from a results directory read by the benchmark's registered reader.
+    ``dataset_name`` picks a benchmark's reader; it may name the records' benchmark, never
+    contradict it (``check_dataset``)."""
+    records = _read_records(prediction_file, dataset_name)
+    if dataset_name:
+        check_dataset(records, dataset_name, prediction_file)
+    return records
+
+
+def check_dataset(records: List[Dict[str, Any]], dataset_name: str, prediction_file: str) -> None:
+    """Refuse ``--dataset_name`` that names another benchmark than the records' own (as a
+    contradicting ``--formulation`` is): the records would be scored as theirs, under a title
+    the reader did not ask for."""
+    name = get_builder_class(dataset_name).name
+    found = sorted({str(r["benchmark"]) for r in records if isinstance(r, dict) and r.get("benchmark")})
+    if found and found != [name]:
+        raise ReformError(f"{prediction_file}: --dataset_name {dataset_name!r} contradicts the records, which are "
+                          f"{', '.join(repr(b) for b in found)}; leave --dataset_name out to read it from the records")
+
+
+def _read_records(prediction_file: str, dataset_name: Optional[str]) -> List[Dict[str, Any]]:
     if os.path.isdir(prediction_file) and dataset_name:
         name = get_builder_class(dataset_name).name
         if name not in PREDICTION_DIR_READERS:
