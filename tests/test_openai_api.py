@@ -250,6 +250,7 @@ def test_unreachable_endpoint_gives_up(server):
 
 def test_batch_bounded_concurrency_and_order(server):
     server.delay = 0.05
+    server.gate = 2  # the first replies wait until 2 requests are in flight: no race with the clock
     model, _ = _model(server, max_concurrency=3)
     prompts = [f"q{i}" for i in range(8)]
     out = model.raw_batch_generate([[] for _ in prompts], prompts)
@@ -645,6 +646,7 @@ class _RateLimited(_Server):
         super().__init__()
         self.capacity, self.rejected = capacity, 0
         self.delay = 0.03
+        self.gate = capacity + 1  # the first replies wait until one more than capacity is in flight: a 429 for sure
         handler = self.httpd.RequestHandlerClass
         outer, act = self, handler._act
 

@@ -189,6 +189,7 @@ def test_a_slow_reply_holds_no_other_request(serve, tmp_path):
     cfg = dataset(tmp_path, 24)
     assert run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=4",
                               "--per_gpu_eval_batch_size", "64")) == 0
+    server.settled()  # (the server counts a reply after sending it: its last count may still be coming)
     assert len(server.answered) == 24
     assert server.answered.index("0") == 23, server.answered
     assert len(server.peers) <= 4 + 2  # keep-alive: about one connection per worker, reused
@@ -214,6 +215,7 @@ def test_every_answered_request_is_recorded_when_the_budget_stops_the_run(serve,
                 "--model_option", "max_total_tokens=6000")
     assert run_eval.main(argv) == 2
     assert "token budget max_total_tokens=6000 reached" in capsys.readouterr().err
+    server.settled()
     answered = len(server.answered)
     assert 4 <= answered < 40
     recs = saved(tmp_path / "out")
@@ -260,6 +262,7 @@ def test_kill_9_loses_at_most_the_requests_in_flight(serve, tmp_path):
     assert len(saved(out)) == 12  # kill -9 lost only the 4 requests in flight
     assert run_eval.main(args(server, cfg, out, "--model_option", "max_concurrency=4")) == 0
     assert len(saved(out)) == 60
+    server.settled()
     assert len(server.answered) == 60  # a kept answer is never asked again
 
 
