@@ -516,6 +516,10 @@ _SECOND_CTRL_C = '''
 import os, signal, time
 import reform_eval.utils.predictions as predictions
 
+# Ctrl-C as at a terminal: a suite started in the background (`cmd &`) hands its children SIGINT
+# ignored, and the run then never sees the signals this test sends (it ended with exit 0)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 original = predictions.ShardWriter.write
 calls = []
 def write(self, records):
