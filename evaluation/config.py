@@ -42,7 +42,7 @@ from reform_eval.utils.world import name_setting, probe_folder
 #: the run identity, so moving a run to other devices (or a faster endpoint) resumes it
 PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder", "gpus_per_rank", "tp_plan", "max_concurrency",
                      "timeout", "max_retries", "backoff_base", "backoff_max", "adaptive_concurrency",
-                     "max_total_tokens", "prompt_price", "completion_price", "client_processes")
+                     "max_total_tokens", "prompt_price", "completion_price")
 HISTORY_MODES = ("model", "reference")
 CONTEXT_POLICIES = ("error", "truncate_history", "skip")
 REDUCTIONS = ("sum", "mean")

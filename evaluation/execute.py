@@ -19,14 +19,13 @@ from reform_eval.build import ReformDataset
 from reform_eval.evaluation.cache import ResponseCache
 from reform_eval.evaluation.calls import Runner, save_sample_images  # noqa: F401  (save_sample_images: re-exported)
 from reform_eval.evaluation.plan import Key, RunPlan, dependencies, directory_fingerprint, model_identity, plan_batches, rank_groups
-from reform_eval.evaluation.client_processes import run_window_processes, split_by_group
 from reform_eval.evaluation.window import run_window
 from reform_eval.models import get_model, runs_on_device
 from reform_eval.utils.cpu_threads import configure_cpu_threads
 from reform_eval.utils.distributed import DistInfo, barrier, default_device, sample_sharding
 from reform_eval.utils.errors import Interrupted, ReformError
 from reform_eval.utils.lifetime import die_with_parent
-from reform_eval.utils.predictions import ShardWriter, read_shard_dir, shard_keys, trim_torn_line
+from reform_eval.utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
 from reform_eval.utils.world import interrupt_of, interrupts_held
 
 logger = logging.getLogger("reform_eval.evaluation.execute")
@@ -150,7 +149,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     cache = open_cache(plan, interface)
     runner = Runner(plan, interface, preprocessor, history, cache)
     show = dinfo.is_main and ((sys.stderr.isatty() and not os.environ.get("CI")) or cfg.output.verbose)
-    bar = _Bar(total=len(order), disable=not show, desc=f"{cfg.dataset.name}", unit="sample", leave=False)
+    bar = tqdm(total=len(order), disable=not show, desc=f"{cfg.dataset.name}", unit="sample", leave=False)
     writer = ShardWriter(os.path.join(plan.shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), plan.run_id)
     keys = {i: plan.key(plan.samples[i]) for i in order}
 
@@ -181,19 +180,8 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     try:
         if window > 1:
             dataset = _SafeItems(ReformDataset(plan.samples, plan.builder, lazy_images=True))
-            # (never more processes than calls in flight: each holds at least one)
-            processes = min(int(interface.client_processes(len(order))), len(order), window)
-            parts = split_by_group(order, lambda i: plan.builder.group_key(plan.samples[i]), processes) \
-                if processes > 1 else [order]
-            if len(parts) > 1:
-                bar.reset(total=len(parts[0]))  # (this process's part: the others report at their end)
-                logger.info("the window of %d requests in flight is spread over %d client processes "
-                            "(--model_option client_processes)", window, len(parts))
-                _run_processes(plan, runner, interface, cache, dataset, parts, deps, keys, done, seen, write,
-                               cache_ok, window, writer.path)
-            else:
-                run_window(runner, lambda i: _checked(dataset[i]), order, {i: deps[i] for i in order}, keys, done,
-                           seen, write, window, after_write=cache_ok)
+            run_window(runner, lambda i: _checked(dataset[i]), order, {i: deps[i] for i in order}, keys, done,
+                       seen, write, window, after_write=cache_ok)
         else:
             batches = plan_batches(order, {i: deps[i] for i in order}, keys, set(done), cfg.generation.batch_size)
             # a family that computes nothing from pixels (a baseline) is handed paths, never decoded images
@@ -236,56 +224,6 @@ def _close_rank(plan: RunPlan, runner: Runner, interface: Any, cache: Optional[R
     if cache is not None:
         cache.close()
         plan.cache_stats = {k: plan.cache_stats.get(k, 0) + v for k, v in cache.stats().items()}
-
-
-def _run_processes(plan: RunPlan, runner: Runner, interface: Any, cache: Optional[ResponseCache], dataset: Any,
-                   parts: List[List[int]], deps: List[List[Key]], keys: Dict[int, Key], done: set,
-                   seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-                   after_write: Callable[[], None], window: int, shard_path: str) -> None:
-    """The window over ``len(parts)`` client processes (``evaluation.client_processes``): each
-    child appends to ``<shard>-p<k>.jsonl`` and sends back its counts and what the server said."""
-    tokens_before = plan.timing.get("generated_tokens") or 0
-
-    def child_write(k: int) -> Callable[[List[Dict[str, Any]]], None]:
-        return ShardWriter(child_shard(k), plan.run_id).write
-
-    def child_shard(k: int) -> str:
-        return f"{shard_path[:-len('.jsonl')]}-p{k}.jsonl"
-
-    def saved_by(k: int) -> List[Key]:
-        """The keys of child k's complete shard lines: what it saved, whatever it could say."""
-        return shard_keys(child_shard(k))
-
-    def report() -> Dict[str, Any]:
-        tokens = plan.timing.get("generated_tokens")
-        return {"cache": cache.stats() if cache is not None else {},
-                "generated_tokens": None if tokens is None else tokens - tokens_before,
-                "served": dict(getattr(interface, "served", None) or {}), "examples": dict(runner.examples)}
-
-    def gather(rep: Dict[str, Any]) -> None:
-        for k, v in (rep.get("cache") or {}).items():
-            plan.cache_stats[k] = plan.cache_stats.get(k, 0) + int(v)
-        if rep.get("generated_tokens") is not None:
-            plan.timing["generated_tokens"] = (plan.timing.get("generated_tokens") or 0) + int(rep["generated_tokens"])
-        served = getattr(interface, "served", None)
-        if isinstance(served, dict):
-            for k, v in (rep.get("served") or {}).items():
-                if served.get(k) is None:
-                    served[k] = v
-        if not runner.examples and rep.get("examples"):
-            runner.examples.update(rep["examples"])
-
-    order = [i for p in parts for i in p]
-    run_window_processes(runner, lambda i: _checked(dataset[i]), parts, {i: deps[i] for i in order}, keys, done,
-                         seen, write, after_write, window, child_write, saved_by, report, gather)
-
-
-class _Bar(tqdm):
-    """The run's progress bar, without tqdm's monitor thread (it only re-tunes a bar's update
-    interval): a run whose process runs no other thread may fork its client processes
-    (``evaluation.client_processes``)."""
-
-    monitor_interval = 0
 
 
 def _checked(item: Any) -> Dict[str, Any]:

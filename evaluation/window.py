@@ -90,8 +90,7 @@ class _Schedule:
     """Which sample runs next (every key of its ``deps`` recorded), shared by the workers."""
 
     def __init__(self, order: Sequence[int], deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
-                 seen: Callable[[Dict[str, Any]], None], writer: "_Writer",
-                 stop: Optional[threading.Event] = None) -> None:
+                 seen: Callable[[Dict[str, Any]], None], writer: "_Writer") -> None:
         self.keys, self.done, self.seen, self.writer = keys, done, seen, writer
         self.cond = threading.Condition()
         self.dependents: Dict[Key, List[int]] = {}
@@ -100,7 +99,6 @@ class _Schedule:
         self.running = 0
         self.error: Optional[BaseException] = None
         self.stopped = False
-        self.stop = stop  # set from outside: start nothing more, drain
         for i in order:
             missing = [k for k in deps.get(i, ()) if k not in done]
             if missing:
@@ -114,7 +112,7 @@ class _Schedule:
         """The next ready sample, or None when there is none left to start (or the run stops)."""
         with self.cond:
             while True:
-                if self.error is not None or self.stopped or (self.stop is not None and self.stop.is_set()):
+                if self.error is not None or self.stopped:
                     return None
                 if self.ready:
                     self.running += 1
@@ -150,17 +148,14 @@ class _Schedule:
 def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Sequence[int],
                deps: Dict[int, List[Key]], keys: Dict[int, Key], done: set,
                seen: Callable[[Dict[str, Any]], None], write: Callable[[List[Dict[str, Any]]], None],
-               window: int, stop: Optional[threading.Event] = None,
-               after_write: Optional[Callable[[], None]] = None) -> None:
+               window: int, after_write: Optional[Callable[[], None]] = None) -> None:
     """Run the samples ``order`` (indices; ``item(i)`` loads one) with up to ``window`` calls in
     flight. A finished record goes to ``seen(record)`` at once (in its worker: history, counts)
     and to ``write(records)`` in batches (one writer thread: the shard). ``done`` (keys already
-    recorded) grows as records finish. Once ``stop`` is set no new sample starts: the calls in
-    flight finish and are recorded, and the run returns (another process of the run failed:
-    ``evaluation.client_processes``). ``after_write()`` runs after each successful write; what it
+    recorded) grows as records finish. ``after_write()`` runs after each successful write; what it
     raises stops the run like a failed write, but the shard goes on taking the calls in flight."""
     writer = _Writer(write, after_write)
-    schedule = _Schedule(order, deps, keys, done, seen, writer, stop)
+    schedule = _Schedule(order, deps, keys, done, seen, writer)
 
     def work() -> None:
         while True:
@@ -196,7 +191,7 @@ def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Seq
     error = schedule.error or writer.error
     if error is not None:
         raise error
-    if schedule.unmet and not (stop is not None and stop.is_set()):
+    if schedule.unmet:
         i = next(iter(schedule.unmet))
         missing = next(k for k in deps[i] if k not in done)
         raise ReformError(f"sample {keys[i][0]}: history needs the prediction of {missing[0]}, "

@@ -129,7 +129,6 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "timeout": (lambda v: _is_number(v, 0) and v > 0, "a number of seconds > 0"),
     "max_retries": (lambda v: _is_int(v, 0), "a whole number >= 0"),
     "max_concurrency": (lambda v: _is_int(v, 1), "a whole number >= 1"),
-    "client_processes": (lambda v: v == "auto" or _is_int(v, 1), "auto or a whole number >= 1"),
     "backoff_base": (lambda v: _is_number(v, 0), "a number >= 0"),
     "backoff_max": (lambda v: _is_number(v, 0), "a number >= 0"),
     "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),

@@ -13,7 +13,6 @@ import time
 from typing import Any, Dict, Iterable, Optional, Sequence
 
 from reform_eval.models.http_transport import log_clamp_once
-from reform_eval.utils.distributed import share_of
 from reform_eval.utils.errors import BudgetExhausted
 
 #: the largest token count a server may report for one request (a larger one is refused)
@@ -167,7 +166,6 @@ class TokenBudget:
         self.reserved = 0
         self.largest_prompt = 0
         self.earlier = 0  # tokens of answers saved by an earlier process of this run
-        self.share_of = "rank"  # what ``limit`` is the share of, when it is one (errors say it)
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)
 
@@ -193,7 +191,7 @@ class TokenBudget:
             if self.used + self.reserved + need > self.limit:
                 raise BudgetExhausted(
                     f"openai_api: token budget max_total_tokens={self.run_limit} reached before {what}"
-                    + (f" (this {self.share_of}'s share: {self.limit})" if self.limit != self.run_limit else "") + ": "
+                    + (f" (this rank's share: {self.limit})" if self.limit != self.run_limit else "") + ": "
                     f"{self.used} tokens used ({self.prompt} prompt + {self.completion} completion"
                     + (f"; {self.earlier} by answers saved earlier" if self.earlier else "") + "), "
                     f"{self.reserved} reserved by requests in flight, and it could need up to {need} more; "
@@ -227,13 +225,3 @@ class TokenBudget:
                     self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
             if self.run_limit is not None and world_size > 1:
                 self.limit = self.used + max(0, self.run_limit - self.used) // world_size
-
-    def take_share(self, index: int, count: int) -> None:
-        """Keep this process to part ``index`` of ``count`` of what is left of its limit (the
-        tokens already spent, an earlier process's answers included, stay counted once): the
-        client processes of one run together never pass it (``evaluation.client_processes``)."""
-        with self._lock:
-            if self.limit is None or count <= 1:
-                return
-            self.limit = self.used + share_of(max(0, self.limit - self.used), index, count)
-            self.share_of = "process"

@@ -13,7 +13,7 @@ import pytest
 from tests import background_jobs
 
 
-def _gone(pgid: int, within: float = 15.0) -> bool:
+def _gone(pgid: int, within: float = 60.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:

@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 BENCH = os.path.join(ROOT, "bench")
 #: benches whose smoke run starts run_eval processes or builds models: tens of seconds
-SLOW_SMOKE = {"threads", "cache", "known_skill", "overhead", "batching", "models", "likelihood", "report"}
+SLOW_SMOKE = {"threads", "cache", "known_skill", "overhead", "batching", "models", "likelihood", "report", "api_ceiling"}
 #: benches of a real external engine: their smoke run needs that engine's venv (``engine`` tests:
 #: skipped with one line where it cannot be built)
 ENGINE_SMOKE = {"vllm_throughput"}

@@ -23,7 +23,7 @@ LINEAR = [e for e, (group, _) in ENTRIES.items() if group in ("extractor", "metr
 def test_extractors_and_metrics_are_linear_on_degenerate_replies(entry):
     slow = []
     for reply in REPLIES:
-        secs, timed_out, error = measure(entry, reply, SIZE, timeout=10)
+        secs, timed_out, error = measure(entry, reply, SIZE, timeout=60)  # (CPU seconds decide; 60 s of wall only guards)
         assert not error, (entry, reply, error)
         if timed_out or secs >= BOUND_S:
             slow.append((reply, secs))
@@ -34,7 +34,7 @@ def test_extractors_and_metrics_are_linear_on_degenerate_replies(entry):
 def test_pif_checkers_are_linear_on_degenerate_replies():
     slow = []
     for reply in REPLIES:
-        secs, timed_out, error = measure("pif_all_instructions", reply, SIZE, timeout=5)
+        secs, timed_out, error = measure("pif_all_instructions", reply, SIZE, timeout=60)
         if error or timed_out or secs >= BOUND_S:
             slow.append((reply, secs, error))
     assert not slow, slow

@@ -23,9 +23,9 @@ def test_records_keep_the_raw_response():
 
 def test_linear_time_on_degenerate_text():
     for text in ("<think>" * 200_000, "<think>x</think>" * 100_000, "</think>" * 200_000, "<" * 1_000_000):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: what a quadratic scan spends, whatever the machine's load
         strip_reasoning(text)
-        assert time.perf_counter() - t0 < 2.0
+        assert time.process_time() - t0 < 2.0
 
 
 def test_strip_reasoning_flag_scores_the_answer_only(tmp_path, capsys):

@@ -18,14 +18,14 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
 from reform_eval import run_eval
 from reform_eval.models.http_transport import Retryable
 from reform_eval.models.interfaces.openai_api_interface import OpenAIAPIInterface
-from tests.conftest import write_custom_dataset
+from tests.conftest import prediction_files, write_custom_dataset
 from reform_eval.utils.errors import ReformError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +57,8 @@ class Server:
         self.answered: List[str] = []  # the sample id's image number of each 200 reply, in order
         self.peers: set = set()
         self.lock = threading.Lock()
+        self.busy = 0  # requests being handled (read, waited on, answered, counted)
+        self.quiet = threading.Condition(self.lock)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,6 +68,16 @@ class Server:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
+                with outer.lock:
+                    outer.busy += 1
+                try:
+                    self._post()
+                finally:
+                    with outer.lock:
+                        outer.busy -= 1
+                        outer.quiet.notify_all()
+
+            def _post(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer.lock:
                     n = len(outer.bodies)
@@ -94,6 +106,7 @@ class Server:
                 if status == 200:
                     with outer.lock:
                         outer.answered.append(question_of(body))
+                        outer.quiet.notify_all()
 
         class Httpd(ThreadingHTTPServer):
             request_queue_size = 128
@@ -102,6 +115,17 @@ class Server:
         self.httpd = Httpd(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def wait_answered(self, n: int, limit: float = 60.0) -> bool:
+        """Wait until ``n`` replies were answered (False past ``limit`` seconds)."""
+        with self.quiet:
+            return self.quiet.wait_for(lambda: len(self.answered) >= n, limit)
+
+    def settled(self, limit: float = 60.0) -> None:
+        """Wait until no request is being handled (a client that has exited sends no more): then
+        ``answered`` holds every reply the server gave, whatever the machine's load."""
+        with self.quiet:
+            assert self.quiet.wait_for(lambda: self.busy == 0, limit), f"{self.busy} requests still handled"
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -152,16 +176,22 @@ def saved(out) -> List[Dict[str, Any]]:
 
 
 def test_a_slow_reply_holds_no_other_request(serve, tmp_path):
-    """One reply takes 1.5 s; with 4 in flight the other 23 are all answered meanwhile (a batch of
-    64 would have waited for it before sending anything more)."""
-    server = serve(lambda body, n: (1.5 if question_of(body) == "0" else 0.0, 200, {}, ok_body()))
+    """Sample 0's reply is held until the other 23 are answered; with 4 in flight they all are
+    (a batch of 64 would have waited for it before sending anything more, and the held reply
+    would then come after 60 s, before the rest). No clock decides: the reply waits for a count."""
+    held: Dict[str, Server] = {}
+
+    def respond(body, n):
+        if question_of(body) == "0":
+            held["server"].wait_answered(23)
+        return 0.0, 200, {}, ok_body()
+    server = held["server"] = serve(respond)
     cfg = dataset(tmp_path, 24)
-    t0 = time.monotonic()
     assert run_eval.main(args(server, cfg, tmp_path / "out", "--model_option", "max_concurrency=4",
                               "--per_gpu_eval_batch_size", "64")) == 0
-    assert time.monotonic() - t0 < 12
+    server.settled()  # (the server counts a reply after sending it: its last count may still be coming)
     assert len(server.answered) == 24
-    assert server.answered.index("0") >= 20, server.answered
+    assert server.answered.index("0") == 23, server.answered
     assert len(server.peers) <= 4 + 2  # keep-alive: about one connection per worker, reused
 
 
@@ -185,6 +215,7 @@ def test_every_answered_request_is_recorded_when_the_budget_stops_the_run(serve,
                 "--model_option", "max_total_tokens=6000")
     assert run_eval.main(argv) == 2
     assert "token budget max_total_tokens=6000 reached" in capsys.readouterr().err
+    server.settled()
     answered = len(server.answered)
     assert 4 <= answered < 40
     recs = saved(tmp_path / "out")
@@ -196,23 +227,43 @@ def test_every_answered_request_is_recorded_when_the_budget_stops_the_run(serve,
 
 
 def test_kill_9_loses_at_most_the_requests_in_flight(serve, tmp_path):
-    server = serve(lambda body, n: (0.15, 200, {}, ok_body()))
+    """After 12 answers the server holds every request: the run then has its 4 requests in flight
+    and every answer it got is recorded as it arrived (the shard holds them all, however slowly
+    a loaded machine writes). kill -9 then loses exactly the requests in flight, and the re-run
+    asks only what was never answered. (Counts and events decide, not a race with the clock.)"""
+    holding, release = threading.Event(), threading.Event()
+    holding.set()
+    held = []
+
+    def respond(body, n):
+        if holding.is_set() and n >= 12:
+            held.append(n)
+            release.wait(120)
+            return 0.0, 503, {}, b'{"error": {"message": "gone"}}'  # (to a killed client: never an answer)
+        return 0.0, 200, {}, ok_body()
+    server = serve(respond)
     cfg = dataset(tmp_path, 60)
     out = tmp_path / "out"
     cmd = [sys.executable, os.path.join(ROOT, "run_eval.py"), *args(server, cfg, out, "--model_option",
                                                                      "max_concurrency=4")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while len(server.answered) < 12 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    answered = len(server.answered)
-    recs = saved(out)
-    assert 12 <= answered < 60, answered
-    assert len(recs) >= answered - 4 - 1, (len(recs), answered)  # at most the 4 in flight (and one being written)
+    try:
+        deadline = time.monotonic() + 120
+        while (len(held) < 4 or len(server.answered) < 12 or len(saved(out)) < 12) and time.monotonic() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.02)
+        assert len(held) == 4 and len(server.answered) == 12, (len(held), len(server.answered))
+        assert len(saved(out)) == 12  # every answer recorded while the run goes on
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        holding.clear()
+        release.set()
+    assert len(saved(out)) == 12  # kill -9 lost only the 4 requests in flight
     assert run_eval.main(args(server, cfg, out, "--model_option", "max_concurrency=4")) == 0
-    assert len(server.bodies) - answered <= 60 - len(recs) + 4  # a kept answer is never asked again
+    assert len(saved(out)) == 60
+    server.settled()
+    assert len(server.answered) == 60  # a kept answer is never asked again
 
 
 def test_retry_after_of_a_day_is_clamped_to_backoff_max(serve, tmp_path):
@@ -398,3 +449,152 @@ def test_budget_is_not_reached_by_reservations_alone(serve, tmp_path, capsys):
     assert code == 0, f"stopped after {len(recs)} of 12 samples, {spent} of 3000 tokens spent: " + \
         [ln for ln in err.splitlines() if ln.startswith("error")][0][:300]
     assert len(recs) == 12 and spent == 1260
+
+
+def test_client_processes_is_refused_like_any_unknown_option(tmp_path, capsys):
+    """Issue 31: an endpoint run is one process per rank (torchrun gives a run more processes);
+    the option of the forked client processes is gone and refused in one line, before any work."""
+    cfg = dataset(tmp_path, 1)
+    code = run_eval.main(["--model", "openai_api", "--model_name", "m", "--dataset_name", "custom", "--formulation",
+                          "Generation", "--dataset_config", cfg, "--output_dir", str(tmp_path / "out"),
+                          "--model_option", "base_url=http://127.0.0.1:9/v1", "--model_option", "client_processes=2"])
+    lines, err = _error_lines(capsys)
+    assert code == 2 and len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
+    assert "unknown option 'client_processes' for model 'openai_api'" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists() or not saved(tmp_path / "out")
+
+
+# -- the window's writer under a full disk and a second Ctrl-C (each failed before its fix) --
+def _script(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + text
+                    + "from reform_eval import run_eval\nsys.exit(run_eval.main(sys.argv[1:]))\n")
+    return str(path)
+
+
+#: the response cache's disk fills after ``room`` writes (the shard's disk is fine)
+_FULL_CACHE = '''
+import errno, os
+import reform_eval.evaluation.cache as cache_module
+
+class FullDiskOS:
+    writes = 0
+    def __getattr__(self, name):
+        return getattr(os, name)
+    def write(self, fd, data):
+        FullDiskOS.writes += 1
+        if FullDiskOS.writes <= {room}:
+            return os.write(fd, data)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+cache_module.os = FullDiskOS()
+'''
+
+
+def test_after_a_full_cache_disk_the_calls_in_flight_are_still_saved_in_the_shard(serve, tmp_path):  # noqa: F811
+    """Review reproducer (``evaluation.window._Writer``): it was that once a write raised (the
+    response cache's full disk, raised by ``cache.raise_failure`` AFTER the shard write
+    succeeded), the writer dropped every later batch, so the calls in flight, answered and paid
+    for, never reached the shard although the shard's disk is fine (docs/reliability.md: "No
+    paid reply is thrown away")."""
+    server = serve(lambda body, n: (0.05, 200, {}, ok_body()))
+    cfg = dataset(tmp_path, 100)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "REFORM_NO_CACHE"}
+    done = subprocess.run([sys.executable, _script(tmp_path, "full_cache.py", _FULL_CACHE.format(room=3)),
+                           *args(server, cfg, out, "--model_option", "max_concurrency=8"),
+                           "--cache_dir", str(tmp_path / "cache")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2 and "No space left on device" in done.stderr, done.stderr
+    server.settled()  # (every reply the server gave is counted)
+    assert 3 < len(server.answered) < 100
+    assert len(saved(out)) == len(server.answered), (len(saved(out)), len(server.answered))
+
+
+#: the window's 3rd shard write sends the run Ctrl-C, waits until the run is draining its writer
+#: (the handlers of the drain are in place), and sends the second Ctrl-C while this write is under way
+_SECOND_CTRL_C = '''
+import os, signal, time
+import reform_eval.utils.predictions as predictions
+
+# Ctrl-C as at a terminal: a suite started in the background (`cmd &`) hands its children SIGINT
+# ignored, and the run then never sees the signals this test sends (it ended with exit 0)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+original = predictions.ShardWriter.write
+calls = []
+def write(self, records):
+    calls.append(len(records))
+    if len(calls) == 3:
+        first = signal.getsignal(signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 60  # (only reached when the drain sets no handler: the bug)
+        while signal.getsignal(signal.SIGINT) is first and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    return original(self, records)
+predictions.ShardWriter.write = write
+'''
+
+
+def test_a_second_ctrl_c_while_the_window_drains_its_writer_keeps_the_count_true(serve, tmp_path):  # noqa: F811
+    """Review reproducer: the first Ctrl-C reaches the run in ``run_window``, whose except block
+    drains the window's writer (a join on the writer thread). A second Ctrl-C there cut that join:
+    the records already in ``done`` (a key is added when its record is QUEUED) were never written
+    (the writer is a daemon thread, gone at exit), yet the one line counted them as saved.
+    Pressing Ctrl-C twice is what a user does when the first one seems slow. The signals come
+    from the writer itself, at fixed points: no timing decides the test."""
+    server = serve(lambda body, n: (0.01, 200, {}, ok_body()))
+    out = tmp_path / "out"
+    argv = args(server, dataset(tmp_path, 400), out, "--model_option", "max_concurrency=8")
+    done = subprocess.run([sys.executable, _script(tmp_path, "second_ctrl_c.py", _SECOND_CTRL_C), *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr
+    found = re.search(r"(\d+) of 400 samples are saved", done.stderr)
+    assert found, done.stderr
+    assert 0 < int(found.group(1)) == len(saved(out)) < 400, done.stderr
+
+
+#: the first rank-shard write fails with a full disk (ENOSPC), the later ones succeed
+_SHARD_FULL_ONCE = '''
+import errno, os
+import reform_eval.utils.predictions as predictions
+
+class FullOnceOS:
+    writes = 0
+    def __getattr__(self, name):
+        return getattr(os, name)
+    def write(self, fd, data):
+        FullOnceOS.writes += 1
+        if FullOnceOS.writes == 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+predictions.os = FullOnceOS()
+'''
+
+
+def test_after_a_failed_shard_write_no_later_turn_is_saved_without_the_turn_it_read(serve, tmp_path):  # noqa: F811
+    """Review reproducer: a chat's next turn starts as soon as the turn it reads is QUEUED for the
+    writer, so when that turn's batch fails on a full shard disk, a writer that went on writing
+    saved turn 2 (whose history is turn 1's answer) without turn 1; the resume asked turn 1
+    again, and the prediction file's turn-1 prediction differed from the answer turn 2's history
+    shows (docs/reliability.md). After a failed write nothing more is written."""
+    from tests.test_mmmt_if_run import write_mmdu
+    server = serve(lambda body, n: (0.05, 200, {}, ok_body(f"answer number {n}")))
+    cfg = write_mmdu(str(tmp_path / "mmdu"))
+    out = tmp_path / "out"
+    argv = ["--model", "openai_api", "--model_name", "gpt-test", "--dataset_name", "MMMT-IF", "--dataset_config",
+            cfg, "--history", "model", "--max_new_tokens", "5", "--output_dir", str(out),
+            "--model_option", f"base_url={server.url}", "--model_option", "max_retries=0",
+            "--model_option", "max_concurrency=8"]
+    first = subprocess.run([sys.executable, _script(tmp_path, "shard_full_once.py", _SHARD_FULL_ONCE), *argv],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 2 and "No space left on device" in first.stderr, first.stderr
+    assert run_eval.main(argv) == 0
+    records = json.load(open(prediction_files(out)[0]))
+    by_id = {r["sample_id"]: r for r in records}
+    assert len(by_id) == 30
+    wrong = [(r["sample_id"], t["value"], by_id[t["source_sample_id"]]["prediction"])
+             for r in records for t in r.get("history", []) if "source_sample_id" in t
+             and t["value"] != by_id[t["source_sample_id"]]["prediction"]]
+    assert not wrong, wrong[:3]

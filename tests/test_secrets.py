@@ -30,6 +30,6 @@ def test_a_secret_never_prints():
                                   "x:" * 500_000, "https://" * 100_000, "?api_key=" * 100_000,
                                   "a" * 500_000 + "://x@"])
 def test_redaction_is_linear_on_degenerate_text(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: what a quadratic scan spends, whatever the machine's load
     redact_text(text)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0

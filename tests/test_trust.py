@@ -363,7 +363,7 @@ def test_9_fifo_image_is_refused_not_awaited(tmp_path):
     fifo = tmp_path / "data" / "img1.png"
     os.unlink(fifo)
     os.mkfifo(fifo)
-    proc = cli("run_eval.py", *args(cfg, tmp_path / "out"), timeout=60)
+    proc = cli("run_eval.py", *args(cfg, tmp_path / "out"), timeout=300)  # (a wait on the FIFO never ends)
     one_line_error(proc, "img1.png", "not a regular file", "sample q1")
 
 

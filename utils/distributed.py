@@ -72,12 +72,6 @@ def sample_sharding(info: DistInfo, model_options: Dict[str, Any]) -> Tuple[int,
     return info.rank, info.world_size
 
 
-def share_of(total: int, index: int, count: int) -> int:
-    """Part ``index`` of ``total`` cut into ``count`` whole shares that differ by at most one
-    (the larger first): the shares always sum to ``total``."""
-    return total // count + (1 if index < total % count else 0)
-
-
 def _dist() -> Any:
     """torch.distributed, which ``init_distributed`` has imported whenever a group exists."""
     import torch.distributed as dist  # already loaded by init_distributed: no cost

@@ -1,8 +1,7 @@
 """A child process dies with its parent, even when the parent is killed with -9.
 
-Why: the processes a run starts for itself (DataLoader workers that decode images, the client
-processes of an endpoint's window) must never outlive it: an orphan would go on sending requests
-or holding memory after the user stopped the run.
+Why: the processes a run starts for itself (DataLoader workers that decode images) must never
+outlive it: an orphan would go on holding memory and files after the user stopped the run.
 """
 from __future__ import annotations
 

@@ -306,24 +306,6 @@ def trim_torn_line(path: str) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def shard_keys(path: str) -> List[RecordKey]:
-    """The keys of the complete, readable lines of one shard file (none if it is missing): what
-    a process saved, counted from the file rather than from what the process could report."""
-    keys: List[RecordKey] = []
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break  # torn by a kill: not saved
-                try:
-                    keys.append(record_key(json.loads(raw.decode("utf-8"))))
-                except (ValueError, KeyError, TypeError, RecursionError):
-                    continue
-    except FileNotFoundError:
-        pass
-    return keys
-
-
 def read_shard_dir(directory: str, run_id: Optional[str] = None,
                    check: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Dict[RecordKey, Dict[str, Any]]:
     """All complete records in a shard directory, first occurrence of each key kept.

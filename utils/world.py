@@ -211,8 +211,8 @@ def world_error(error: BaseException) -> Optional[ReformError]:
 @contextlib.contextmanager
 def interrupts_held(child_deaths: bool = False) -> Iterator[None]:
     """Ctrl-C and SIGTERM noted but not raised while the block runs (the run is already
-    stopping, and what the block does, writing out finished records or waiting a bounded time
-    for child processes, decides what the one line can say is saved). With ``child_deaths``,
+    stopping, and what the block does, writing out finished records, decides what the one line
+    can say is saved). With ``child_deaths``,
     SIGCHLD's handler is set aside too: torch raises "DataLoader worker ... is killed by signal"
     from it when the whole process group got the SIGTERM, which would replace the line of the
     interrupt already being reported. In the main thread only; the handlers are put back after."""

@@ -105,7 +105,6 @@ IGNORED: Tuple[str, ...] = (
     "config.model_option.api_key", "config.model_option.timeout", "config.model_option.max_retries",
     "config.model_option.max_concurrency", "config.model_option.backoff_base", "config.model_option.prompt_price",
     "config.model_option.completion_price", "config.model_option.offload_folder", "config.model_option.gpus_per_rank",
-    "config.model_option.client_processes",
     "provenance.prompt_example", "provenance.harness.results_file", "provenance.harness.file",
     "provenance.harness.model_label", "provenance.harness.template_rule", "provenance.harness.layout",
 )

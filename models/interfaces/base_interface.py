@@ -132,15 +132,6 @@ class BaseInterface:
         that many calls in flight across the whole run (``evaluation.window``)."""
         return 1
 
-    def client_processes(self, samples: int) -> int:
-        """How many processes should share the window of calls (``evaluation.client_processes``):
-        1 (the default) for anything that is not a client of a server, which cannot be forked."""
-        return 1
-
-    def process_share(self, index: int, count: int) -> None:
-        """This process runs part ``index`` of ``count`` of the window: a client takes its share
-        of what spans the run (concurrency, a token budget). Nothing by default."""
-
     def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> Tuple[Any, Any]:
         """One sample's call in the calling thread (an endpoint's window worker): ``(output,
         trace)``, output as ``forward`` returns it per sample, trace as ``take_traces``."""

@@ -59,8 +59,7 @@ Settings (config key, then environment variable, then default):
 ``max_new_tokens`` (256), ``image_format`` (PNG, JPEG/JPG, WEBP), ``system_msg`` (for the
 preprocessor), ``extra_body`` (dict merged into every request), ``max_total_tokens`` (budget of
 prompt + completion tokens for this process), ``prompt_price`` / ``completion_price`` (per
-million tokens: the results' cost, ``utils.usage.usage_totals``), ``client_processes`` (``auto``:
-the run's window spread over forked client processes, ``evaluation.client_processes``).
+million tokens: the results' cost, ``utils.usage.usage_totals``).
 """
 from __future__ import annotations
 
@@ -69,7 +68,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence
@@ -86,7 +84,6 @@ from reform_eval.models.openai_likelihood import score_candidates
 from reform_eval.models.outputs import GenText, finish_text
 from reform_eval.models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
                                    spent_usage)
-from reform_eval.utils.distributed import share_of
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.preprocessors import ChatTemplateProcessor
 from reform_eval.utils.request_pool import RequestPool
@@ -107,7 +104,7 @@ class OpenAIAPIInterface(BaseInterface):
 
     option_names = ("base_url", "api_key", "timeout", "max_retries", "max_concurrency", "backoff_base",
                     "backoff_max", "image_format", "extra_body", "adaptive_concurrency", "max_total_tokens",
-                    "prompt_price", "completion_price", "client_processes")
+                    "prompt_price", "completion_price")
     #: options of other families that this client cannot honour: refused, with why
     refused_options = {
         "preprocessor": "the server applies its own chat template to the chat messages",
@@ -148,11 +145,6 @@ class OpenAIAPIInterface(BaseInterface):
         if not isinstance(adaptive, bool):
             raise ReformError(f"--model_option adaptive_concurrency: must be true or false, got {adaptive!r}")
         self.limiter = AdaptiveLimit(self.max_concurrency, adaptive)
-        processes = cfg.get("client_processes", "auto")
-        if processes != "auto" and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 1):
-            raise ReformError(f"--model_option client_processes: must be auto or a whole number >= 1, "
-                              f"got {processes!r}")
-        self.processes = processes
         budget = cfg.get("max_total_tokens")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ReformError(f"--model_option max_total_tokens: must be a whole number >= 1, got {budget!r}")
@@ -432,32 +424,6 @@ class OpenAIAPIInterface(BaseInterface):
 
     def max_in_flight(self) -> int:
         return self.max_concurrency
-
-    def client_processes(self, samples: int) -> int:
-        """``client_processes``; ``auto``: one process per 16 requests in flight, at most one per
-        CPU core this process may use (shared among torchrun's ranks on the node) and 8; one
-        only under a token budget (each process would hold a fixed share of it, and one could stop
-        the run while another's share is unspent), for fewer than 64 samples (a fork costs more than it saves), or when this process runs
-        other threads (a fork copies no thread, and a lock one of them held stays held)."""
-        if self.processes != "auto":
-            return int(self.processes)
-        if self.budget.limit is not None or samples < 64 or threading.active_count() > 1:
-            return 1  # (a process running other threads, a library caller's, is never forked unasked)
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        ranks_here = os.environ.get("LOCAL_WORLD_SIZE", "1")  # torchrun's ranks on this node share its cores
-        cores //= max(1, int(ranks_here)) if ranks_here.isdigit() else 1
-        return max(1, min(8, cores, self.max_concurrency // 16))
-
-    def process_share(self, index: int, count: int) -> None:
-        """This process's share of ``max_concurrency`` (the adaptive limit's ceiling) and of the
-        token budget, when ``count`` processes share the run's window."""
-        if count <= 1:
-            return
-        self.limiter = AdaptiveLimit(max(1, share_of(self.max_concurrency, index, count)), self.limiter.adaptive)
-        self.budget.take_share(index, count)
 
     def call(self, inference_method: str, sample: Dict[str, Any], prompt: Any, **gen_kwargs: Any) -> "tuple[Any, Any]":
         """One sample's call in the calling thread (a window worker, with its own keep-alive
