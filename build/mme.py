@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import io
 import logging
 import os
 import re

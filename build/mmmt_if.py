@@ -15,8 +15,6 @@ Three sources (config key ``source``):
 """
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import math
 import os

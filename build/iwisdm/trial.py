@@ -495,7 +495,7 @@ class TrialGenerator:
                 name_attr = "category"
             else:
                 continue
-            free_locs = [l for l in LOCATIONS if l != target["location"]]
+            free_locs = [loc for loc in LOCATIONS if loc != target["location"]]
             rng.shuffle(free_locs)
             for loc in free_locs[:n_distractors]:
                 cats = self.stim.categories if name_attr == "location" else \

@@ -223,7 +223,7 @@ class Blip2Interface(HFBaseInterface):
         lp = torch.log_softmax(lm_out.logits.float(), dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
         lengths = torch.tensor([len(c) for c in cand_ids], device=self.device)
         keep = torch.arange(max_len, device=self.device)[None, :] < lengths[:, None]
-        return [CandidateScore(float(v), int(l)) for v, l in zip((lp * keep).sum(-1).tolist(), lengths.tolist())]
+        return [CandidateScore(float(v), int(n)) for v, n in zip((lp * keep).sum(-1).tolist(), lengths.tolist())]
 
     @torch.inference_mode()
     def score_full_sequence(self, images: Sequence[Any], prompt: Any,

@@ -55,7 +55,7 @@ import importlib.metadata
 import json
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from reform_eval.models import MODELS, load_all, register_model
 from reform_eval.models.hf_provenance import pixel_rows
