@@ -116,7 +116,7 @@ class Reformulator:
         self.option_mark = option_mark
         self.seed = int(seed)
         self.instruction_pool = list(instruction_pool or INSTRUCTION_POOLS[(formulation, inference_method)])
-        self.in_context_example = in_context_example or DEFAULT_IN_CONTEXT[formulation]
+        self.in_context_example: Dict[str, Any] = in_context_example or DEFAULT_IN_CONTEXT[formulation]
 
     # -- per-duplicate choices -------------------------------------------------------
     def _mark_style(self, sample_id: str, dup: int) -> str:

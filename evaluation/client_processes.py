@@ -139,7 +139,7 @@ def run_window_processes(runner: Runner, item: Callable[[int], Dict[str, Any]], 
             raise ReformError(f"client process {first.index} of {len(parts)} died ({_death(first.status)}); "
                               "the samples saved so far are kept and re-running the same command resumes "
                               "(--model_option client_processes=1 runs the window in this process)")
-        error = _ERRORS.get(first.message.get("kind"), ReformError)(message)
+        error = _ERRORS.get(str(first.message.get("kind")), ReformError)(message)
         if first.message.get("kind") == "internal":
             error.exit_code = 1  # a defect of ours, not bad input
         raise error
@@ -255,6 +255,7 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
         signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
 
         runner.interface.process_share(index, count)
+        message: Dict[str, Any]
         try:
             run_window(runner, item, part, deps, keys, done, seen, write, window, stop=stop, after_write=after_write)
             code, message = 0, {"report": report()}

@@ -88,6 +88,7 @@ class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikeli
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
         d.update(model_path=self.model_path, dtype=str(self.dtype).replace("torch.", ""))
-        if getattr(self, "hub_snapshot", None) is not None:  # a hub id: the commit actually loaded
-            d["checkpoint_source"] = self.hub_snapshot.record()
+        snapshot = getattr(self, "hub_snapshot", None)
+        if snapshot is not None:  # a hub id: the commit actually loaded
+            d["checkpoint_source"] = snapshot.record()
         return d

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from reform_eval.models.hf_loading import _one_line
+from reform_eval.models.hf_state import HFState
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_images import open_run_image
 from reform_eval.utils.schema import IMAGE_TOKEN
@@ -21,7 +22,7 @@ from reform_eval.utils.schema import IMAGE_TOKEN
 logger = logging.getLogger(__name__)
 
 
-class HFInputsMixin:
+class HFInputsMixin(HFState):
     """Prompts, images, processor inputs and context length of ``HFBaseInterface``."""
 
     option_names = ("max_context_tokens", "add_bos")

@@ -34,13 +34,14 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from PIL import Image
 
+from reform_eval.models.hf_state import HFState
 from reform_eval.models.interfaces.base_interface import CandidateScore
 from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 
 
-class HFLikelihoodMixin:
+class HFLikelihoodMixin(HFState):
     """``raw_batch_predict`` and ``score_full_sequence`` of ``HFBaseInterface``, with the
     hooks a family overrides (positions, cache, candidate model, full-sequence inputs)."""
 

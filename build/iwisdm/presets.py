@@ -239,7 +239,7 @@ class PresetSampler:
             deck = self._decks.get(kind)
             if not deck:
                 deck = list(space)
-                self._deck_rng.shuffle(deck)
+                seed_rng.shuffle(deck)
                 self._decks[kind] = deck
             return deck.pop()
         return pick

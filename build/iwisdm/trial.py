@@ -155,9 +155,9 @@ def solve(ctx: Context, n_objects: int, const_terms: Sequence[tuple], domains: D
         uf.find(t)
     for a, b in cons.eq:
         uf.union(a, b)
-    for a, b in cons.id_eq:
-        uf.union(("category", "o", a), ("category", "o", b))
-        uf.union(("idx", "o", a), ("idx", "o", b))
+    for oa, ob in cons.id_eq:
+        uf.union(("category", "o", oa), ("category", "o", ob))
+        uf.union(("idx", "o", oa), ("idx", "o", ob))
     pins: Dict[tuple, Any] = {}
     for t, v in list(cons.pin) + list(fixed.items()):
         r = uf.find(t)
@@ -176,9 +176,9 @@ def solve(ctx: Context, n_objects: int, const_terms: Sequence[tuple], domains: D
         return None
     if not _assign(keys["category"], uf, pins, ne, domains["category"], rng, out):
         return None
-    for a, b in cons.id_ne:
-        if out[("category", "o", a)] == out[("category", "o", b)]:
-            ra, rb = uf.find(("idx", "o", a)), uf.find(("idx", "o", b))
+    for oa, ob in cons.id_ne:
+        if out[("category", "o", oa)] == out[("category", "o", ob)]:
+            ra, rb = uf.find(("idx", "o", oa)), uf.find(("idx", "o", ob))
             if ra == rb:
                 return None
             ne.setdefault(ra, set()).add(rb)

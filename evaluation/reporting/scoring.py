@@ -229,11 +229,11 @@ def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: 
         if not match:
             raise ReformError(f"{flag} {given!r}: valid values are {', '.join(valid)}")
         if values and values != {match[0]}:
-            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(values)[0]!r}; "
+            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(map(str, values))[0]!r}; "
                               f"leave {flag} out to read it from the records")
         return match[0]
     if len(values) == 1:
-        return values.pop()
+        return str(values.pop())
     raise ReformError(f"cannot tell {flag} from the records ({sorted(map(str, values)) or 'none given'}); pass {flag}")
 
 

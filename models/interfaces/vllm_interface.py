@@ -329,7 +329,7 @@ class VLLMInterface(BaseInterface):
             self.renderer._sample_ids = None
 
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
-                           **gen_kwargs: Any) -> List[GenText]:
+                           **gen_kwargs: Any) -> List[str]:
         """Greedy (temperature 0) or seeded sampled generation of the whole batch in one engine
         call; texts decoded and counted as the family does."""
         from vllm import SamplingParams  # vLLM only here: it is the engine
