@@ -54,7 +54,7 @@ INSTRUCTION_POOLS: Dict[tuple, List[str]] = {
 
 #: The text-only one-shot exchange used when a builder has none of its own. It shows the
 #: expected answer format without adding images to the prompt.
-DEFAULT_IN_CONTEXT = {
+DEFAULT_IN_CONTEXT: Dict[str, Dict[str, Any]] = {
     "SingleChoice": {"question": "Which of these is a fruit?",
                      "answer_options": ["a hammer", "an apple", "a bicycle"], "answer": 1},
     "Generation": {"question": "What colour is a clear daytime sky?", "answer": "blue"},

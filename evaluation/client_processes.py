@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 from reform_eval.evaluation.calls import Runner
 from reform_eval.evaluation.plan import Key
@@ -238,7 +238,7 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
            after_write: Optional[Callable[[], None]], window: int, report: Callable[[], Dict[str, Any]]) -> None:
     """Child ``index``: run its part, send one JSON message (its report or its error) through
     ``fd`` and exit without running anything of the parent's."""
-    code, message = 1, {}
+    code, message = 1, cast(Dict[str, Any], {})
     stopped_by: List[int] = []
     try:
         die_with_parent()
@@ -255,7 +255,6 @@ def _child(index: int, count: int, fd: int, runner: Runner, item: Callable[[int]
         signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
 
         runner.interface.process_share(index, count)
-        message: Dict[str, Any]
         try:
             run_window(runner, item, part, deps, keys, done, seen, write, window, stop=stop, after_write=after_write)
             code, message = 0, {"report": report()}

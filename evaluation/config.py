@@ -463,7 +463,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     _argv: List[str] = []
 
-    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
+    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:  # type: ignore[override]  # typeshed's overloads; both arguments pass through
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 

@@ -439,10 +439,10 @@ class Trainer:
                 probes.setdefault((name, layer), []).extend((r, p, value) for p in where)
         logits = self.model.lm_head(hidden[torch.tensor(rows), torch.tensor(cols)])
         answer_loss = F.cross_entropy(logits.float(), torch.tensor(targets))
-        probe_loss = torch.zeros(())
+        probe_loss: torch.Tensor = torch.zeros(())
         for (name, layer), entries in sorted(probes.items()):
-            r, p, v = (torch.tensor(x) for x in zip(*entries))
-            probe_loss = probe_loss + F.cross_entropy(self.heads[name](at[layer][r, p]), v)
+            rt, pt, vt = (torch.tensor(x) for x in zip(*entries))
+            probe_loss = probe_loss + F.cross_entropy(self.heads[name](at[layer][rt, pt]), vt)
         return answer_loss, probe_loss
 
 

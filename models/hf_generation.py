@@ -72,7 +72,7 @@ class HFGenerationMixin(HFState):
                 return self._by_groups(self.batch_groups(images), lambda g: self._generate(
                     [texts[i] for i in g], [images[i] for i in g],
                     self._seeded_kwargs(hf_kwargs, [seeds[i] for i in g], temperature, gen_kwargs)))
-            outs = []
+            outs: List[str] = []
             for i, (t, ims, seed) in enumerate(zip(texts, images, seeds)):
                 devices = [self.device] if self.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):

@@ -7,7 +7,7 @@ tokens on both paths, and every error names the sample (``self._sample_ids``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 class HFInputsMixin(HFState):
     """Prompts, images, processor inputs and context length of ``HFBaseInterface``."""
 
-    option_names = ("max_context_tokens", "add_bos")
+    option_names: Tuple[str, ...] = ("max_context_tokens", "add_bos")
     #: what the processor returns (``return_tensors``): ``pt``, or ``np`` for a processor that
     #: post-processes its own outputs with numpy (PaliGemma), which warns on torch tensors
     processor_tensors: str = "pt"

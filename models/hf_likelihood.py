@@ -50,7 +50,7 @@ class HFLikelihoodMixin(HFState):
     #: positions; needs a family whose text model takes plain position_ids and custom
     #: 4D masks). Config ``likelihood_strategy`` overrides.
     likelihood_strategy: str = "expand"
-    option_names = ("candidate_batch_size", "likelihood_strategy", "batched_likelihood")
+    option_names: Tuple[str, ...] = ("candidate_batch_size", "likelihood_strategy", "batched_likelihood")
     #: whether likelihood may run a batch's prefixes as one left-padded pass
     batch_prefix: bool = True
     #: positions of a left-padded pass: ``mask`` (explicit position_ids, a row's real tokens

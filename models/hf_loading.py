@@ -123,7 +123,7 @@ class HFLoadingMixin(HFState):
     model_types: Tuple[str, ...] = ()
     #: model class; None => AutoModelForImageTextToText
     model_class: Any = None
-    option_names = ("dtype", "trust_remote_code", "attn_implementation", "tiny_size", "device_map", "max_memory",
+    option_names: Tuple[str, ...] = ("dtype", "trust_remote_code", "attn_implementation", "tiny_size", "device_map", "max_memory",
                     "gpus_per_rank", "tp_plan", "offload_folder")
     config: Dict[str, Any]
     name: str

@@ -170,9 +170,9 @@ def check_trial_record(rec: Dict[str, Any], path: str) -> Dict[str, Any]:
         if not isinstance(objs, list) or not all(isinstance(o, dict) for o in objs):
             raise input_error("a frame must be a list of objects", file=path, record=f"frame {i}", field="frames")
         for o in objs:
-            for key, kind in OBJECT_KEYS.items():
-                if not isinstance(o.get(key), kind) or isinstance(o.get(key), bool):
-                    raise input_error(f"object needs {key} ({kind.__name__}), got {o.get(key)!r}", file=path,
+            for key, want in OBJECT_KEYS.items():
+                if not isinstance(o.get(key), want) or isinstance(o.get(key), bool):
+                    raise input_error(f"object needs {key} ({want.__name__}), got {o.get(key)!r}", file=path,
                                       record=f"frame {i}", field=key)
             if o["location"] not in LOCATIONS:
                 raise input_error(f"unknown location {o['location']!r}", file=path, record=f"frame {i}",
