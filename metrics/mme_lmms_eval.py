@@ -159,7 +159,8 @@ def _split_args(text: str) -> Dict[str, str]:
     """lmms-eval's ``--model_args`` string (``k=v,k=v``; commas inside quotes or braces kept)."""
     parts: List[str] = []
     cur: List[str] = []
-    depth, quote = 0, None  # type: Tuple[int, Optional[str]]
+    depth = 0
+    quote: Optional[str] = None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote

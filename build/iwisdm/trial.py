@@ -415,16 +415,16 @@ class TrialGenerator:
         """
         if mode not in COMPOSE_MODES:
             raise ReformError(f"unknown composition mode '{mode}'; valid: {', '.join(COMPOSE_MODES)}")
+        lengths: List[int] = []
         for t in tasks:
             if not t.explicit:
                 raise ReformError(f"task {t.name or t.counts}: composition needs Selects with 'when'")
+            if t.n_frames is None:  # not after validate_task: an explicit task has n_frames
+                raise ReformError(f"task {t.name or t.counts}: composition needs n_frames")
+            lengths.append(t.n_frames)
         offsets: List[Any] = []
         pos = 0
-        lengths = [t.n_frames for t in tasks]
-        if None in lengths:  # validate_task: an explicit task has n_frames
-            raise ReformError("composition needs every task's n_frames")
-        for i, t in enumerate(tasks):
-            n = cast(int, t.n_frames)
+        for i, n in enumerate(lengths):
             if mode == "timeline":
                 offsets.append(0)
             elif mode == "queue":
@@ -436,8 +436,8 @@ class TrialGenerator:
             else:
                 offsets.append(lambda local, i=i: local * len(tasks) + i)
         ends = []
-        for t, off in zip(tasks, offsets):
-            ends.append(off(cast(int, t.n_frames) - 1) if callable(off) else off + cast(int, t.n_frames) - 1)
+        for n, off in zip(lengths, offsets):
+            ends.append(off(n - 1) if callable(off) else off + n - 1)
         n_frames = max(ends) + 1
         maps, frames = _explicit_layout(tasks, offsets, n_frames)
         order = sorted(range(len(tasks)), key=lambda i: ends[i])
