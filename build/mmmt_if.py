@@ -15,8 +15,6 @@ Three sources (config key ``source``):
 """
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import math
 import os
@@ -324,7 +322,7 @@ def release_statistics(data: ReleaseData) -> Dict[str, Any]:
         "num_irregularities": len(data.irregularities),
     }
     for m in RELEASE_MODELS:
-        vals = [t.reported_pif[m] for t in data.turns if t.reported_pif.get(m) is not None]
+        vals = [v for t in data.turns if (v := t.reported_pif.get(m)) is not None]
         if vals:
             stats[f"reported_pif_{m}"] = sum(vals) / len(vals)
     return stats
@@ -572,8 +570,8 @@ class MMMTIFBuilder(Builder):
         check = self._flag("check_images", True)
         index: Dict[str, List[Tuple[int, int]]] = {}
         for ci, chat in enumerate(chats):
-            for ti, (text, _) in enumerate(chat.turns):
-                index.setdefault(question_key(text), []).append((ci, ti))
+            for tj, (text, _) in enumerate(chat.turns):
+                index.setdefault(question_key(text), []).append((ci, tj))
         items: List[Dict[str, Any]] = []
         for cid, rts in data.chats.items():
             votes = Counter(ci for rt in rts for ci, _ in index.get(question_key(rt.question), []))

@@ -54,7 +54,7 @@ INSTRUCTION_POOLS: Dict[tuple, List[str]] = {
 
 #: The text-only one-shot exchange used when a builder has none of its own. It shows the
 #: expected answer format without adding images to the prompt.
-DEFAULT_IN_CONTEXT = {
+DEFAULT_IN_CONTEXT: Dict[str, Dict[str, Any]] = {
     "SingleChoice": {"question": "Which of these is a fruit?",
                      "answer_options": ["a hammer", "an apple", "a bicycle"], "answer": 1},
     "Generation": {"question": "What colour is a clear daytime sky?", "answer": "blue"},
@@ -116,7 +116,7 @@ class Reformulator:
         self.option_mark = option_mark
         self.seed = int(seed)
         self.instruction_pool = list(instruction_pool or INSTRUCTION_POOLS[(formulation, inference_method)])
-        self.in_context_example = in_context_example or DEFAULT_IN_CONTEXT[formulation]
+        self.in_context_example: Dict[str, Any] = in_context_example or DEFAULT_IN_CONTEXT[formulation]
 
     # -- per-duplicate choices -------------------------------------------------------
     def _mark_style(self, sample_id: str, dup: int) -> str:

@@ -205,6 +205,10 @@ class Builder:
         #: human-readable notes about the build (irregularities, skipped items); logged by run_eval
         self.build_log: List[str] = []
 
+    #: facts of the build the samples do not hold (``build_dataset`` sets "image_ablation"); unset
+    #: until then
+    build_info: Dict[str, Any]
+
     @classmethod
     def check_option_names(cls, options: Dict[str, Any], where: str) -> None:
         """Unknown keys (a typo such as ``n_trial``) are errors, never silently ignored."""

@@ -2,7 +2,7 @@
 # Shared set-up for demo.sh and test.sh: a .venv with torch==2.13.0 first (the CPU wheel on
 # this kind of machine; a bare `torch` would pull a multi-GB CUDA build), then the project.
 # Idempotent and fast when nothing changed: an installed venv is recognised by a stamp
-# (.venv/.project-installed) holding a hash of setup.py, requirements.txt, this script, the
+# (.venv/.project-installed) holding a hash of setup.py, pyproject.toml, requirements.txt, this script, the
 # venv's python binary and the torch version; when it matches, and the packages are still found
 # (importlib's find_spec: nothing heavy is imported), nothing else runs (about 0.2 s instead of
 # ~30 s of import checks). Any change of those inputs reinstalls. (Not the repository's path: a
@@ -17,7 +17,7 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 _setup_key() {
-  { cat setup.py requirements.txt commands/_setup.sh "$(readlink -f .venv/bin/python)"
+  { cat setup.py pyproject.toml requirements.txt commands/_setup.sh "$(readlink -f .venv/bin/python)"
     printf '%s\n' "${TORCH_VERSION:-2.13.0}"; } | sha256sum | cut -c1-32
 }
 _setup_found() {  # the packages are still there (find_spec only: no import of torch or transformers)

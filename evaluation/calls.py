@@ -126,11 +126,11 @@ class Runner:
             rec = make_record(used, "", None)
             rec["skipped"] = reason
             return None, self.finish(s, rec)
-        keys = [self.key(used, prompt, j) for j in range(self.n_calls)] if self.cache is not None \
-            else [None] * self.n_calls
+        keys: List[Optional[str]] = [self.key(used, prompt, j) for j in range(self.n_calls)] \
+            if self.cache is not None else [None] * self.n_calls
         pending = Pending(used, prompt, keys)
         for j, k in enumerate(keys):
-            if k is None:
+            if k is None or self.cache is None:
                 continue
             value = self.cache.get(k)
             if _cached_ok(self.method, value, used):
@@ -144,6 +144,7 @@ class Runner:
         """The cache key of call ``j`` of a sample: the model, the sample's fingerprint (every
         field and the content of every image), the prompt, the method, candidates, settings,
         seed and response index (``evaluation.cache``)."""
+        assert self.cache is not None  # keys are made only with a cache (prepare)
         digest = self.plan.digest_of(self.plan.key(s))
         return call_key(self.cache.model_key, digest, prompt, self.method, s.get("candidates"),
                         self.settings, self.seed(s, j), j)
@@ -157,8 +158,9 @@ class Runner:
             result = (out, result[1])
         pending.results[j] = result
         with self._lock:  # window workers store side by side: one cache segment, one set of counts
-            if self.cache is not None and pending.keys[j] is not None:
-                self.cache.put_many([(pending.keys[j], _to_cache(self.method, *result))])
+            key = pending.keys[j]
+            if self.cache is not None and key is not None:
+                self.cache.put_many([(key, _to_cache(self.method, *result))])
             self._count([result[0]])
 
     def call(self, pending: Pending, j: int) -> Result:
@@ -206,12 +208,14 @@ class Runner:
     def run(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """Every sample of a batch: cached calls served from the cache, the rest run as one
         smaller batch per response index (outputs do not depend on the batch) and stored."""
-        records, pending = [], []
+        records: List[Dict[str, Any]] = []
+        pending: List[Pending] = []
         for s in batch:
             p, rec = self.prepare(s)
             if rec is not None:
                 records.append(rec)
             else:
+                assert p is not None  # prepare gives a record or what is still to call
                 pending.append(p)
         if not pending:
             return records
@@ -243,8 +247,9 @@ class Runner:
         """Tokens the model generated in this run (cache hits excluded), for tokens/s."""
         if self.method == "generation":
             n = [generation_stats(o).get("generated_tokens") for o in outs]
-            if all(x is not None for x in n):
-                self.plan.timing["generated_tokens"] = self.plan.timing.get("generated_tokens", 0) + sum(n)
+            counted = [x for x in n if x is not None]
+            if len(counted) == len(n):
+                self.plan.timing["generated_tokens"] = self.plan.timing.get("generated_tokens", 0) + sum(counted)
 
 
 def _to_cache(method: str, out: Any, trace: Optional[Dict[str, Any]]) -> Any:

@@ -190,7 +190,8 @@ class RunConfig:
         by_lower = {f.lower(): f for f in FORMULATIONS}
         if str(formulation).lower() not in by_lower:
             raise unknown_name("formulation", formulation, FORMULATIONS)
-        d = dataclasses.replace(d, name=cls.name, formulation=by_lower[str(formulation).lower()],
+        formulation = by_lower[str(formulation).lower()]
+        d = dataclasses.replace(d, name=cls.name, formulation=formulation,
                                 options=caller_paths_absolute(cls, d.options), config=d.config)
         _choice("--infer_method", g.infer_method, INFER_METHODS)
         _choice("--option_mark", d.option_mark, OPTION_MARKS)
@@ -233,7 +234,7 @@ class RunConfig:
                                   f"options: {', '.join(sorted(cls.option_names))})")
         cls.check_option_names(d.options, "--dataset_option")
         cls.check_option_values(d.options, "--dataset_option")
-        check_metric_options(metric_for(cls.name, d.formulation), s.metric_options)
+        check_metric_options(metric_for(cls.name, formulation), s.metric_options)
         check_model_options(m.family, m.options)
         check_run_flags(m.family, {"model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
                                    "inference_method": g.infer_method})
@@ -462,7 +463,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     _argv: List[str] = []
 
-    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
+    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:  # type: ignore[override]  # typeshed's overloads; both arguments pass through
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 

@@ -92,6 +92,7 @@ def read_dataset_config(cfg: RunConfig) -> Tuple[Optional[str], Dict[str, Any]]:
 
 def build_samples(cfg: RunConfig, config_path: Optional[str]) -> Tuple[List[Dict[str, Any]], Builder]:
     d, g = cfg.dataset, cfg.generation
+    assert d.formulation is not None  # RunConfig.validated fills in the benchmark's default
     return build_dataset(d.name, d.formulation, config_path, inference_method=g.infer_method,
                          in_context_sample=d.in_context_sample, random_instruct=d.random_instruct,
                          data_duplication=d.duplication, shuffle_options=d.shuffle_options,

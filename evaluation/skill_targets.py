@@ -139,7 +139,7 @@ _CLAUSE = re.compile(rf"{_TERM} (not )?equals {_TERM}")
 def _term(feature: Optional[str], index: Optional[str], word: Optional[str], objs: List[Dict[str, Any]],
           other: Optional[str]) -> Optional[str]:
     if feature:
-        k = int(index) - 1
+        k = int(index or 0) - 1  # the pattern gives an index with every feature
         if not 0 <= k < len(objs):
             return None
         # an identity is one of a category's 8 objects: equal identities are the same object

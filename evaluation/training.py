@@ -159,7 +159,7 @@ def training_samples(workdir: str, seed: int = SEED) -> List[Tuple[Dict[str, Any
     (the ``/short`` copies included)."""
     out: List[Tuple[Dict[str, Any], str]] = []
     for k, task in enumerate(TASKS):
-        cfg = dict(task.config)
+        cfg: Any = dict(task.config)  # the options, or the path of a config file written here
         if task.bench == "MME":
             cfg["root"] = write_yesno_release(os.path.join(workdir, "yesno"), n_images=task.n // 2, seed=seed)
         elif task.bench == "custom":
@@ -235,7 +235,8 @@ def encode(interface: Any, preprocessor: Any, tagged: Sequence[Tuple[Dict[str, A
     truth = drawn_truth(samples)
     tok = interface.tokenizer
     eos = tok.eos_token_id
-    out, frames = [], {}
+    out: List[Any] = []
+    frames: Dict[Any, Any] = {}
     for s, task in tagged:
         text = interface.render(preprocessor(s))
         images = interface._images(s["images"], 0)
@@ -328,7 +329,8 @@ def pretrain_vision(model: Any, frames: Dict[str, Tuple[torch.Tensor, Any]], ste
     params = list(tower.parameters()) + list(heads.parameters())
     tower.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=VISION_LR, weight_decay=0.01)
-    rng, order = random.Random(seed), []
+    rng = random.Random(seed)
+    order: List[Any] = []
     tower.train()
     for step in range(steps):
         if len(order) < VISION_BATCH:
@@ -433,14 +435,14 @@ class Trainer:
                 layer = (CLAUSE_LAYER if name in CLAUSE_PROBES else MATCH_LAYER if name in MATCH_PROBES
                          else OPERAND_LAYER)
                 spread = PROBES[name][1] and e.spread_from is not None
-                where = range(e.spread_from, len(e.ids) - 1) if spread else answer
+                where = range(e.spread_from, len(e.ids) - 1) if spread and e.spread_from is not None else answer
                 probes.setdefault((name, layer), []).extend((r, p, value) for p in where)
         logits = self.model.lm_head(hidden[torch.tensor(rows), torch.tensor(cols)])
         answer_loss = F.cross_entropy(logits.float(), torch.tensor(targets))
-        probe_loss = torch.zeros(())
+        probe_loss: torch.Tensor = torch.zeros(())
         for (name, layer), entries in sorted(probes.items()):
-            r, p, v = (torch.tensor(x) for x in zip(*entries))
-            probe_loss = probe_loss + F.cross_entropy(self.heads[name](at[layer][r, p]), v)
+            rt, pt, vt = (torch.tensor(x) for x in zip(*entries))
+            probe_loss = probe_loss + F.cross_entropy(self.heads[name](at[layer][rt, pt]), vt)
         return answer_loss, probe_loss
 
 

@@ -165,6 +165,7 @@ def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Seq
             try:
                 pending, record = runner.prepare(item(i))
                 if record is None:
+                    assert pending is not None  # prepare gives a record or what is still to call
                     for j in pending.missing:
                         runner.store(pending, j, runner.call(pending, j))
                     record = runner.record(pending)

@@ -212,7 +212,8 @@ def parse_records(records: List[Dict[str, Any]], formulation: str, infer_method:
         gt = _gt(rec, i, file)
         if sc is not None:
             chosen = sc[i]["chosen_text"]
-            parsed = normalize_gt(chosen).lower() if chosen is not None and normalize_gt(chosen) else "other"
+            gt_chosen = normalize_gt(chosen) if chosen is not None else None
+            parsed = gt_chosen.lower() if gt_chosen else "other"
             extracted: Any = sc[i]["extracted"]
         elif infer_method == "likelihood":
             cands = rec.get("candidates") or ["Yes", "No"]

@@ -163,7 +163,10 @@ def _sha(text: str) -> str:
 
 def _split_args(text: str) -> Dict[str, str]:
     """lmms-eval's ``--model_args`` string (``k=v,k=v``; commas inside quotes or braces kept)."""
-    parts, cur, depth, quote = [], [], 0, None
+    parts: List[str] = []
+    cur: List[str] = []
+    depth = 0
+    quote: Optional[str] = None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote

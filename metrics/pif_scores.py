@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def pif_n_k(pif_lists: Sequence[Sequence[float]], n: Optional[int] = None) -> Di
 
 
 #: numpy percentile method used for PIF-IQR-N (Hyndman & Fan type 7, numpy's default)
-IQR_METHOD = "linear"
+IQR_METHOD: Final = "linear"
 
 
 def iqr(values: Sequence[float]) -> float:

@@ -142,7 +142,8 @@ def _word_before(text: str, lo: int, end: int) -> Tuple[str, int]:
 def _next_word(text: str, q: int) -> str:
     """The word after position ``q`` (whitespace and up to four opening characters skipped),
     in its own case: its letters, or its first character when that is no letter."""
-    return _NEXT_RE.match(text, q).group(2)
+    m = _NEXT_RE.match(text, q)
+    return m.group(2) if m else ""  # never None: every part of the pattern may match empty
 
 
 def _ends(text: str, mark: str, closed: str, p: int, q: int, lo: int, sent_start: int, nxt: str) -> bool:

@@ -141,10 +141,11 @@ def score_single_choice(records: List[Dict[str, Any]], infer_method: str, likeli
             if not (isinstance(pred, int) and not isinstance(pred, bool)) and rec.get("candidate_logprobs") is None:
                 raise input_error(f"likelihood prediction must be an integer index, got {type(pred).__name__}",
                                   file=file, record=i, field="prediction")
-            extracted = likelihood_choice(rec, likelihood_reduction, file or "")
-            if not 0 <= extracted < len(options):
-                raise input_error(f"prediction index {extracted} out of range for {len(options)} options",
+            index = likelihood_choice(rec, likelihood_reduction, file or "")
+            if not 0 <= index < len(options):
+                raise input_error(f"prediction index {index} out of range for {len(options)} options",
                                   file=file, record=i, field="prediction")
+            extracted: Optional[int] = index
         else:
             if not isinstance(rec["prediction"], str):
                 raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",
@@ -260,7 +261,7 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
             if not 0 <= idx < len(rec["candidates"]):
                 raise input_error(f"prediction index {idx} out of range for {len(rec['candidates'])} candidates",
                                   file=file, record=i, field="prediction")
-            extracted: Optional[str] = rec["candidates"][idx]
+            extracted: str = rec["candidates"][idx]
         else:
             if not isinstance(rec["prediction"], str):
                 raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",

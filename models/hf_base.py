@@ -15,6 +15,9 @@ accepts, how ``IMAGE_TOKEN`` is written for it, and which preprocessor it uses.
   naive reference ``score_full_sequence``;
 * ``models.hf_provenance``: the run's provenance and each sample's trace (what the model got).
 
+Each mixin derives from ``models.hf_state.HFState``, which declares the state they share and the
+methods one calls on another (declarations only), so each is read and type-checked on its own.
+
 The names other modules import from here stay importable here.
 """
 from __future__ import annotations
@@ -88,6 +91,7 @@ class HFBaseInterface(HFLoadingMixin, HFInputsMixin, HFGenerationMixin, HFLikeli
     def describe(self) -> Dict[str, Any]:
         d = super().describe()
         d.update(model_path=self.model_path, dtype=str(self.dtype).replace("torch.", ""))
-        if getattr(self, "hub_snapshot", None) is not None:  # a hub id: the commit actually loaded
-            d["checkpoint_source"] = self.hub_snapshot.record()
+        snapshot = getattr(self, "hub_snapshot", None)
+        if snapshot is not None:  # a hub id: the commit actually loaded
+            d["checkpoint_source"] = snapshot.record()
         return d

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 from PIL import Image
 
+from reform_eval.models.hf_state import HFState
 from reform_eval.models.outputs import GenText, finish_text
 from reform_eval.models.sampling import SeededGumbelSampler
 from reform_eval.utils.errors import ReformError
@@ -22,14 +23,14 @@ logger = logging.getLogger(__name__)
 GEN_KEYS = ("temperature", "max_new_tokens", "seeds", "top_p", "top_k", "num_beams")
 
 
-class HFGenerationMixin:
+class HFGenerationMixin(HFState):
     """``raw_batch_generate`` of ``HFBaseInterface``."""
 
     config: Dict[str, Any]
 
     @torch.inference_mode()
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
-                           **gen_kwargs: Any) -> List[GenText]:
+                           **gen_kwargs: Any) -> List[str]:
         """Greedy (temperature 0/None) or sampled generation; the prompt is stripped.
 
         Sampling with ``seeds`` (one int per prompt) runs batched and batch-invariant: each
@@ -71,7 +72,7 @@ class HFGenerationMixin:
                 return self._by_groups(self.batch_groups(images), lambda g: self._generate(
                     [texts[i] for i in g], [images[i] for i in g],
                     self._seeded_kwargs(hf_kwargs, [seeds[i] for i in g], temperature, gen_kwargs)))
-            outs = []
+            outs: List[str] = []
             for i, (t, ims, seed) in enumerate(zip(texts, images, seeds)):
                 devices = [self.device] if self.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):

@@ -7,13 +7,14 @@ tokens on both paths, and every error names the sample (``self._sample_ids``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from PIL import Image
 
 from reform_eval.models.hf_loading import _one_line
+from reform_eval.models.hf_state import HFState
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_images import open_run_image
 from reform_eval.utils.schema import IMAGE_TOKEN
@@ -21,10 +22,10 @@ from reform_eval.utils.schema import IMAGE_TOKEN
 logger = logging.getLogger(__name__)
 
 
-class HFInputsMixin:
+class HFInputsMixin(HFState):
     """Prompts, images, processor inputs and context length of ``HFBaseInterface``."""
 
-    option_names = ("max_context_tokens", "add_bos")
+    option_names: Tuple[str, ...] = ("max_context_tokens", "add_bos")
     #: what the processor returns (``return_tensors``): ``pt``, or ``np`` for a processor that
     #: post-processes its own outputs with numpy (PaliGemma), which warns on torch tensors
     processor_tensors: str = "pt"

@@ -34,13 +34,14 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from PIL import Image
 
+from reform_eval.models.hf_state import HFState
 from reform_eval.models.interfaces.base_interface import CandidateScore
 from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 
 
-class HFLikelihoodMixin:
+class HFLikelihoodMixin(HFState):
     """``raw_batch_predict`` and ``score_full_sequence`` of ``HFBaseInterface``, with the
     hooks a family overrides (positions, cache, candidate model, full-sequence inputs)."""
 
@@ -49,7 +50,7 @@ class HFLikelihoodMixin:
     #: positions; needs a family whose text model takes plain position_ids and custom
     #: 4D masks). Config ``likelihood_strategy`` overrides.
     likelihood_strategy: str = "expand"
-    option_names = ("candidate_batch_size", "likelihood_strategy", "batched_likelihood")
+    option_names: Tuple[str, ...] = ("candidate_batch_size", "likelihood_strategy", "batched_likelihood")
     #: whether likelihood may run a batch's prefixes as one left-padded pass
     batch_prefix: bool = True
     #: positions of a left-padded pass: ``mask`` (explicit position_ids, a row's real tokens

@@ -18,6 +18,7 @@ import torch
 
 from reform_eval.models.checkpoint_files import check_checkpoint_dir
 from reform_eval.models.hf_compat import allow_video_processors_without_torchvision
+from reform_eval.models.hf_state import HFState
 from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot, is_path_like
 from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
 from reform_eval.utils.errors import ReformError
@@ -114,7 +115,7 @@ def weight_loading_bars(show: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class HFLoadingMixin:
+class HFLoadingMixin(HFState):
     """Loading and placement of ``HFBaseInterface`` (config in ``self.config``)."""
 
     #: tiny-builder family name and the accepted ``config.model_type`` values
@@ -122,7 +123,7 @@ class HFLoadingMixin:
     model_types: Tuple[str, ...] = ()
     #: model class; None => AutoModelForImageTextToText
     model_class: Any = None
-    option_names = ("dtype", "trust_remote_code", "attn_implementation", "tiny_size", "device_map", "max_memory",
+    option_names: Tuple[str, ...] = ("dtype", "trust_remote_code", "attn_implementation", "tiny_size", "device_map", "max_memory",
                     "gpus_per_rank", "tp_plan", "offload_folder")
     config: Dict[str, Any]
     name: str

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from reform_eval.models.hf_state import HFState
+
 
 def text_sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -170,7 +172,7 @@ def _plain(value: Any) -> Any:
     """A processor setting as JSON (transformers' ``SizeDict`` is a dataclass; unset fields dropped)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     if hasattr(value, "items"):
         out = {str(k): _plain(v) for k, v in value.items()}
@@ -180,7 +182,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-class HFProvenanceMixin:
+class HFProvenanceMixin(HFState):
     """``provenance`` and ``take_traces`` of ``HFBaseInterface``; ``trace_encoded`` is called by
     ``_encode`` with every processor output that goes into the model."""
 

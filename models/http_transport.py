@@ -69,7 +69,7 @@ DEADLINE_SLACK_MAX_S = 0.5
 def _deadline_socket(base: type) -> type:
     """``base`` (a socket class) whose reads and writes each wait until the instance's
     ``deadline`` at least and at most ``slack`` seconds longer, and fail once it has passed."""
-    class DeadlineSocket(base):  # type: ignore[misc, valid-type]
+    class DeadlineSocket(base):
         deadline: Optional[float] = None
         slack: float = 0.0
 
@@ -291,9 +291,9 @@ class _Connection:
             if not data:
                 break
             self.buf += data
-        body = bytes(self.buf)
+        reply = Reply(status, reason, headers, bytes(self.buf))
         self.buf.clear()
-        return Reply(status, reason, headers, body), False
+        return reply, False
 
     def close(self) -> None:
         try:
@@ -354,7 +354,7 @@ class Endpoint:
                     raise OSError(f"proxy {host}:{port} refused the tunnel (HTTP {reply.status})")
             ctx = ssl.create_default_context()
             ctx.sslsocket_class = _DeadlineSSLSocket
-            tls = ctx.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+            tls: Any = ctx.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)  # a _DeadlineSSLSocket
             tls.deadline = deadline
             tls.do_handshake()
             sock = tls
@@ -385,8 +385,9 @@ class Endpoint:
                 if conn is None:
                     conn, self._local.target = self._new_connection(deadline)
                     self._local.conn = conn
-                conn.sock.deadline = deadline
-                conn.sock.slack = min(DEADLINE_SLACK_MAX_S, DEADLINE_SLACK * self.timeout)
+                timed: Any = conn.sock  # a _DeadlineSocket (made in _new_connection)
+                timed.deadline = deadline
+                timed.slack = min(DEADLINE_SLACK_MAX_S, DEADLINE_SLACK * self.timeout)
                 head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
                 head = (f"POST {self._local.target} HTTP/1.1\r\nHost: {self.host_header}\r\n{head}"
                         f"Content-Length: {len(payload)}\r\n\r\n")
@@ -404,7 +405,7 @@ class Endpoint:
                 self._drop()
                 raise Retryable(f"cannot reach endpoint ({e})") from None
             except (BrokenPipeError, ConnectionResetError) as e:
-                stale = reused and not fresh_try and not conn.replied  # never resend a request that was answered
+                stale = reused and not fresh_try and conn is not None and not conn.replied  # never resend a request that was answered
                 self._drop()
                 if stale:
                     continue  # the server closed the idle keep-alive connection: once more, fresh

@@ -24,6 +24,9 @@ class GenText(str):
     usage: Optional[Dict[str, Any]]
     #: lone surrogates of the model's text stored as U+FFFD (``checked_outputs``)
     replaced_chars: int = 0
+    #: set (both) on a reply served from the response cache (``evaluation.calls``); unset otherwise
+    cached: bool
+    cached_usage: Optional[Dict[str, Any]]
 
     def __new__(cls, text: str, tokens: Optional[int] = None, usage: Optional[Dict[str, Any]] = None
                 ) -> "GenText":
@@ -103,7 +106,7 @@ def _checked_text(where: str, out: Any) -> str:
     text, replaced = replace_surrogates(str(out))
     if not replaced and text == str(out):
         return out
-    fixed = GenText(text, tokens=tokens, usage=getattr(out, "usage", None))
+    fixed = GenText(text, tokens=None if tokens is None else int(tokens), usage=getattr(out, "usage", None))
     fixed.replaced_chars = replaced
     if replaced:
         logger.warning("%s: %d lone surrogate(s) in the model's text stored as U+FFFD", where, replaced)

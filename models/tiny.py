@@ -429,7 +429,7 @@ def llava_parts(size: str, tokenizer: Any) -> Tuple[Any, Any]:
     vision_cfg = CLIPVisionConfig(hidden_size=s["v_hidden"], intermediate_size=s["v_mlp"],
                                   num_hidden_layers=s["v_layers"], num_attention_heads=s["v_heads"],
                                   image_size=s["image"], patch_size=s["patch"], projection_dim=s["v_hidden"])
-    config = LlavaConfig(vision_config=vision_cfg, text_config=text_cfg, image_token_id=image_token_id,
+    config = LlavaConfig(vision_config=vision_cfg, text_config=text_cfg, image_token_id=image_token_id,  # type: ignore[call-arg]  # transformers' config stubs omit what its **kwargs take
                          vision_feature_select_strategy="default", vision_feature_layer=-2,
                          projector_hidden_act="gelu", pad_token_id=tokenizer.pad_token_id)
     image_processor = LlavaImageProcessorPil(size={"shortest_edge": s["image"]},

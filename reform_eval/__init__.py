@@ -17,7 +17,7 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if not os.path.isdir(os.path.join(_HERE, "utils")):  # a clone (or editable install): the root holds them
-    __path__.append(os.path.dirname(_HERE))  # type: ignore[name-defined]  # noqa: F821  (set by the import system)
+    __path__.append(os.path.dirname(_HERE))  # noqa: F821  (set by the import system)
 
 _LAZY = {"load_reform_dataset": "reform_eval.build", "build_dataset": "reform_eval.build",
          "get_model": "reform_eval.models",

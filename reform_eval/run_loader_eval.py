@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_tracker_store(args.log_to)  # the store opened as logging will, before any scoring
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         if args.explain:
-            explain_files(*args.explain, dataset_name=args.dataset_name, output_dir=args.output_dir,
+            explain_files(args.explain[0], args.explain[1], dataset_name=args.dataset_name, output_dir=args.output_dir,
                           formulation=args.formulation, infer_method=args.infer_method, scoring_flags={
                               "--mme_parse": args.mme_parse, "--metric_option": args.metric_option,
                               "--likelihood_reduction": args.likelihood_reduction != "sum",

@@ -13,14 +13,13 @@ import glob
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from reform_eval.evaluation.reporting.compare import build_comparison, flips, markdown, pair_runs, tables
-from reform_eval.evaluation.reporting.scoring import load_records, loader_eval, score_records
+from reform_eval.evaluation.reporting.scoring import load_records, score_records
 from reform_eval.metrics.mme import item_key, question_key
 from reform_eval.models.interfaces.llava_interface import VICUNA_V1_SYSTEM
 from reform_eval.utils.errors import ReformError

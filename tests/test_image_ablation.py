@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from reform_eval.build import build_dataset, load_reform_dataset
-from reform_eval.build.ablation import IMAGE_ABLATIONS, ablate_images, strip_placeholders
+from reform_eval.build.ablation import IMAGE_ABLATIONS, strip_placeholders
 from reform_eval.build.mme_synthetic import write_yesno_release
 from reform_eval.evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
                         evaluate, score)

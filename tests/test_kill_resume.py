@@ -1,4 +1,3 @@
-import pytest
 """Killing a 2-rank run midway and re-running gives the uninterrupted predictions exactly."""
 import glob
 import json
@@ -7,6 +6,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from tests.conftest import prediction_files
 

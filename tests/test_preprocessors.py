@@ -44,6 +44,17 @@ def test_placeholder_count_mismatch():
         compose_query(s)
 
 
+def test_a_question_that_is_no_text_is_one_line_naming_sample_and_field():
+    """Found by mypy (count_image_tokens given ``str | None``): a sample whose question is None
+    raised AttributeError from count_image_tokens, and with an instruction it even went to the
+    model as the text 'None'."""
+    for s in ({"sample_id": "q7", "formulation": "Generation", "images": [], "question": None},
+              {"sample_id": "q7", "formulation": "Generation", "images": [], "instruct": "Answer.",
+               "question": None}):
+        with pytest.raises(ReformError, match=r"sample q7: field 'question' must be text, got NoneType"):
+            compose_query(s)
+
+
 def test_chat_template_history_roles():
     msgs = ChatTemplateProcessor(system_msg="sys")(SC)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]

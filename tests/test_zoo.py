@@ -12,7 +12,6 @@ Each family's tiny checkpoint is built once into a private cache and loaded thro
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

@@ -41,7 +41,7 @@ class Resamples:
             return Resamples(self.counts, self.inv[key[1]])
         return self.dense()[key]
 
-    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+    def __eq__(self, other: Any) -> Any:
         return self.dense() == (other.dense() if isinstance(other, Resamples) else other)
 
     def sums(self, x: np.ndarray, mask: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
@@ -88,7 +88,7 @@ def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int, key: str,
     return Resamples(counts, inv)
 
 
-def wmean(W: Resamples, x: Sequence[float], mask: Optional[np.ndarray] = None) -> np.ndarray:
+def wmean(W: Resamples, x: "np.typing.ArrayLike", mask: Optional[np.ndarray] = None) -> np.ndarray:
     """Weighted mean per resample (NaN where a resample holds no entry)."""
     xv = np.asarray(x, dtype=float)
     num, tot = W.sums(xv, mask)

@@ -165,7 +165,7 @@ def image_size(image: Any, record: Optional[Any] = None) -> Tuple[int, int]:
     if isinstance(image, str):
         with guarded_open(image, record) as im:
             return im.size
-    return tuple(image.size)  # type: ignore[return-value]
+    return tuple(image.size)
 
 
 def noise_image(seed: int, size: Tuple[int, int] = (40, 30)) -> Image.Image:

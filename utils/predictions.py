@@ -34,14 +34,14 @@ PREDICTION_DIR_READERS: Dict[str, Callable[[str], List[Dict[str, Any]]]] = {}
 
 #: benchmark -> writer(records, directory, **options): the benchmark's own results format
 #: (e.g. the official MME tool's), registered by its metric module.
-RESULTS_EXPORTERS: Dict[str, Callable[..., None]] = {}
+RESULTS_EXPORTERS: Dict[str, Callable[..., Any]] = {}
 
 
 def register_prediction_dir_reader(benchmark: str, reader: Callable[[str], List[Dict[str, Any]]]) -> None:
     PREDICTION_DIR_READERS[benchmark] = reader
 
 
-def register_results_exporter(benchmark: str, writer: Callable[..., None]) -> None:
+def register_results_exporter(benchmark: str, writer: Callable[..., Any]) -> None:
     RESULTS_EXPORTERS[benchmark] = writer
 
 

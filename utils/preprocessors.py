@@ -28,6 +28,9 @@ def compose_query(sample: Dict[str, Any], with_options: Optional[bool] = None) -
     if with_options is None:
         with_options = sample.get("formulation") == "SingleChoice" and sample.get("inference_method") != "likelihood"
     question = sample.get("question_with_option") if with_options and sample.get("question_with_option") else sample.get("question", "")
+    if not isinstance(question, str):  # None would crash the count below, or reach the model as 'None'
+        raise ReformError(f"sample {sample.get('sample_id')}: field 'question' must be text, "
+                          f"got {type(question).__name__}")
     instruct = (sample.get("instruct") or "").strip()
     text = f"{instruct}\n{question}" if instruct else question
     n_images = len(sample.get("images", []))

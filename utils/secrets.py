@@ -72,6 +72,7 @@ class Secret:
     the credential calls ``reveal()``, at the last moment (an HTTP header)."""
 
     __slots__ = ("_value",)
+    _value: str  # the slot (set once, by __init__)
 
     def __init__(self, value: Any) -> None:
         if isinstance(value, Secret):

@@ -18,7 +18,7 @@ instruction and objects is an error).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, cast
 
 from reform_eval.build.iwisdm.io import generate_trials, read_trials
 from reform_eval.build.iwisdm.instructions import InstructionError, InstructionParser
@@ -191,7 +191,7 @@ class IWISDMBuilder(Builder):
                                      fixation=self._opt("fixation", True),
                                      features=self.config.get("features"), n_frames=self.config.get("n_frames"),
                                      shape=resolve_shape(self.config.get("shape"), self.config_path or "<options>"))
-            out.append((preset, [(tid, task, tr, None) for tid, task, tr in trials]))
+            out.append((preset, [(tid, task, tr, cast(Optional[List[str]], None)) for tid, task, tr in trials]))
         return out
 
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:

@@ -70,7 +70,7 @@ class Task:
         return text
 
     def to_networkx(self) -> nx.DiGraph:
-        g = nx.DiGraph(name=self.name, n_frames=self.n_frames)
+        g: nx.DiGraph = nx.DiGraph(name=self.name, n_frames=self.n_frames)
         for n in self.nodes:
             g.add_node(n.uid, op=n.name, **n.params())
         for n in self.nodes:

@@ -67,10 +67,10 @@ class InstructionParser:
         raise self._fail("expected 'location|category|identity of object'")
 
     # -- grammar ---------------------------------------------------------------------------
-    def parse(self, text: str) -> List[Tuple[str, Any]]:
+    def parse(self, text: str) -> List[Tuple[Any, ...]]:
         """The instruction as a list of items: ('observe', k, qualifiers) | ('delay',) | ('question', ast)."""
         self.text, self.pos = text, 0
-        items: List[Tuple[str, Any]] = []
+        items: List[Tuple[Any, ...]] = []
         while True:
             if self._peek("observe object "):
                 self.pos += len("observe object ")

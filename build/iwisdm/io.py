@@ -146,7 +146,7 @@ def read_trials(trial_dir: str, stim: Optional[StimulusSet] = None
     return index, out
 
 
-OBJECT_KEYS = {"category": str, "identity": int, "view": int, "location": str}
+OBJECT_KEYS: Dict[str, type] = {"category": str, "identity": int, "view": int, "location": str}
 RESPONSE_TYPES = ("bool", "location", "category")
 
 
@@ -170,9 +170,9 @@ def check_trial_record(rec: Dict[str, Any], path: str) -> Dict[str, Any]:
         if not isinstance(objs, list) or not all(isinstance(o, dict) for o in objs):
             raise input_error("a frame must be a list of objects", file=path, record=f"frame {i}", field="frames")
         for o in objs:
-            for key, kind in OBJECT_KEYS.items():
-                if not isinstance(o.get(key), kind) or isinstance(o.get(key), bool):
-                    raise input_error(f"object needs {key} ({kind.__name__}), got {o.get(key)!r}", file=path,
+            for key, want in OBJECT_KEYS.items():
+                if not isinstance(o.get(key), want) or isinstance(o.get(key), bool):
+                    raise input_error(f"object needs {key} ({want.__name__}), got {o.get(key)!r}", file=path,
                                       record=f"frame {i}", field=key)
             if o["location"] not in LOCATIONS:
                 raise input_error(f"unknown location {o['location']!r}", file=path, record=f"frame {i}",
@@ -224,8 +224,8 @@ def original_task_info(trial: Trial, stim: StimulusSet) -> Dict[str, Any]:
 def read_original_trials(trial_dir: str, stim: StimulusSet
                          ) -> Tuple[Dict[str, Any], List[Tuple[str, Trial, List[str]]]]:
     """Import the original's trial folders (sorted by k); the answers are the original's own."""
-    names = sorted((d for d in list_dir(trial_dir, "trial folder", kind="dir") if ORIGINAL_TRIAL.match(d)),
-                   key=lambda d: (int(ORIGINAL_TRIAL.match(d).group(1)), d))
+    found = [m for m in map(ORIGINAL_TRIAL.match, list_dir(trial_dir, "trial folder", kind="dir")) if m]
+    names = [m.string for m in sorted(found, key=lambda m: (int(m.group(1)), m.string))]
     out = []
     for name in names:
         path = os.path.join(trial_dir, name, "frames", ORIGINAL_INFO)

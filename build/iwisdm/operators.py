@@ -121,6 +121,9 @@ class Operator:
     name: ClassVar[str] = ""
     #: names of the parameters stored in task files
     param_names: ClassVar[Tuple[str, ...]] = ()
+    #: the attribute a value node yields (Get's class attribute, CONST's parameter); declared
+    #: here, unset, so that code holding a child as an Operator may read it
+    attr: str
 
     def __init__(self, *children: "Operator", **params: Any) -> None:
         self.children: List[Operator] = list(children)
@@ -157,6 +160,10 @@ class Operator:
     def phrase(self, ctx: Context, top: bool = False) -> str:
         raise NotImplementedError
 
+    def term(self, ctx: Context) -> tuple:
+        """The solver's key of the value this node yields (value nodes: Get, CONST)."""
+        raise NotImplementedError(f"{self.name} yields no attribute value")
+
 
 @register_operator
 class Select(Operator):
@@ -164,6 +171,7 @@ class Select(Operator):
 
     name = "Select"
     param_names = ("when",)
+    when: Optional[int]
 
     def out_type(self) -> str:
         return "object"
@@ -178,7 +186,7 @@ class Select(Operator):
 class Get(Operator):
     """Fetches one attribute of the selected object."""
 
-    attr: ClassVar[str] = ""
+    attr: str = ""
 
     def out_type(self) -> str:
         return self.attr
@@ -226,6 +234,7 @@ class CONST(Operator):
 
     name = "CONST"
     param_names = ("attr", "value")
+    value: Any
 
     def out_type(self) -> str:
         return self.attr

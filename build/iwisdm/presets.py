@@ -215,6 +215,7 @@ class PresetSampler:
         self.process: Optional[DelayProcess] = None
         self._keep: List[float] = []
         if self.auto is not None and not self.shape.object_reuse:
+            assert self.n_frames is not None  # an AutoTask preset has n_frames (PRESETS)
             extra = max(0, self.n_frames - preset.n_frames) if preset.n_frames else 0
             self.process = DelayProcess(preset.delay_prob, preset.max_delay + extra)
             w = [self.process.prob(n, self.n_frames - n) for n in range(self.n_frames + 1)]
@@ -239,7 +240,7 @@ class PresetSampler:
             deck = self._decks.get(kind)
             if not deck:
                 deck = list(space)
-                self._deck_rng.shuffle(deck)
+                seed_rng.shuffle(deck)
                 self._decks[kind] = deck
             return deck.pop()
         return pick

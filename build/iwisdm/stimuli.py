@@ -211,11 +211,11 @@ class ProceduralStimuli(StimulusSet):
         im = Image.new("RGB", (QUAD, QUAD))
         _shape(category, ImageDraw.Draw(im), body, detail, (identity // len(_PALETTE) + identity) % 3)
         if view == 1:
-            im = im.rotate(20, resample=Image.BILINEAR)
+            im = im.rotate(20, resample=Image.Resampling.BILINEAR)
         elif view == 2:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         elif view == 3:
-            small = im.resize((QUAD * 2 // 3, QUAD), Image.BILINEAR)
+            small = im.resize((QUAD * 2 // 3, QUAD), Image.Resampling.BILINEAR)
             im = Image.new("RGB", (QUAD, QUAD))
             im.paste(small, ((QUAD - small.width) // 2, 0))
         return im
@@ -381,7 +381,7 @@ class DirectoryStimuli(StimulusSet):
         im = self._cache.get(key)
         if im is None:
             path = self._table[(self._ctg_code[category], self._objs[identity], self._angs[view])]
-            im = open_image(path).resize((QUAD, QUAD), Image.BILINEAR)
+            im = open_image(path).resize((QUAD, QUAD), Image.Resampling.BILINEAR)
             self._cache[key] = im
         return im
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from PIL import Image
 
@@ -155,9 +155,9 @@ def solve(ctx: Context, n_objects: int, const_terms: Sequence[tuple], domains: D
         uf.find(t)
     for a, b in cons.eq:
         uf.union(a, b)
-    for a, b in cons.id_eq:
-        uf.union(("category", "o", a), ("category", "o", b))
-        uf.union(("idx", "o", a), ("idx", "o", b))
+    for oa, ob in cons.id_eq:
+        uf.union(("category", "o", oa), ("category", "o", ob))
+        uf.union(("idx", "o", oa), ("idx", "o", ob))
     pins: Dict[tuple, Any] = {}
     for t, v in list(cons.pin) + list(fixed.items()):
         r = uf.find(t)
@@ -176,9 +176,9 @@ def solve(ctx: Context, n_objects: int, const_terms: Sequence[tuple], domains: D
         return None
     if not _assign(keys["category"], uf, pins, ne, domains["category"], rng, out):
         return None
-    for a, b in cons.id_ne:
-        if out[("category", "o", a)] == out[("category", "o", b)]:
-            ra, rb = uf.find(("idx", "o", a)), uf.find(("idx", "o", b))
+    for oa, ob in cons.id_ne:
+        if out[("category", "o", oa)] == out[("category", "o", ob)]:
+            ra, rb = uf.find(("idx", "o", oa)), uf.find(("idx", "o", ob))
             if ra == rb:
                 return None
             ne.setdefault(ra, set()).add(rb)
@@ -341,8 +341,9 @@ def _explicit_layout(tasks: Sequence[Task], offsets: Sequence[Any], n_frames: in
     glob: List[Dict[int, int]] = []
     frames_used = set()
     for task, off in zip(tasks, offsets):
-        m = {}
+        m: Dict[int, int] = {}
         for s in task.selects:
+            assert s.when is not None and task.n_frames is not None  # composed tasks are explicit (compose)
             local = s.when % task.n_frames
             g = off(local) if callable(off) else off + local
             m[s.uid] = g
@@ -361,8 +362,10 @@ class TrialGenerator:
 
     def __init__(self, stim: StimulusSet) -> None:
         self.stim = stim
-        self.domains = {"location": LOCATIONS, "category": stim.categories, "idx": tuple(range(stim.n_identities))}
-        self.answer_spaces = {BOOL: (True, False), "location": LOCATIONS, "category": stim.categories}
+        self.domains: Dict[str, Sequence[Any]] = {"location": LOCATIONS, "category": stim.categories,
+                                                  "idx": tuple(range(stim.n_identities))}
+        self.answer_spaces: Dict[str, Sequence[Any]] = {BOOL: (True, False), "location": LOCATIONS,
+                                                        "category": stim.categories}
 
     def instantiate(self, task: Task, rng: random.Random, n_frames: Optional[int] = None,
                     merge_prob: float = 0.2, n_distractors: int = 0, fixation: Any = False,
@@ -412,25 +415,29 @@ class TrialGenerator:
         """
         if mode not in COMPOSE_MODES:
             raise ReformError(f"unknown composition mode '{mode}'; valid: {', '.join(COMPOSE_MODES)}")
+        lengths: List[int] = []
         for t in tasks:
             if not t.explicit:
                 raise ReformError(f"task {t.name or t.counts}: composition needs Selects with 'when'")
+            if t.n_frames is None:  # not after validate_task: an explicit task has n_frames
+                raise ReformError(f"task {t.name or t.counts}: composition needs n_frames")
+            lengths.append(t.n_frames)
         offsets: List[Any] = []
         pos = 0
-        for i, t in enumerate(tasks):
+        for i, n in enumerate(lengths):
             if mode == "timeline":
                 offsets.append(0)
             elif mode == "queue":
                 offsets.append(pos)
-                pos += t.n_frames
+                pos += n
             elif mode == "overlap":
                 offsets.append(pos)
-                pos += t.n_frames - 1
+                pos += n - 1
             else:
                 offsets.append(lambda local, i=i: local * len(tasks) + i)
         ends = []
-        for t, off in zip(tasks, offsets):
-            ends.append(off(t.n_frames - 1) if callable(off) else off + t.n_frames - 1)
+        for n, off in zip(lengths, offsets):
+            ends.append(off(n - 1) if callable(off) else off + n - 1)
         n_frames = max(ends) + 1
         maps, frames = _explicit_layout(tasks, offsets, n_frames)
         order = sorted(range(len(tasks)), key=lambda i: ends[i])
@@ -456,8 +463,9 @@ class TrialGenerator:
                     fixed[k] = v
             fixed.update({k: v for k, v in values.items() if k[1] == "c" and k not in fixed})
         # all object values: the last solve includes every pinned value; fill unseen objects
+        assert values is not None  # each task's loop ends on a solution or raises
         values.update(fixed)
-        return self._finish(list(tasks), ctxs, targets, maps, frames, n_frames, values, rng,
+        return self._finish(list(tasks), cast(List[Context], ctxs), targets, maps, frames, n_frames, values, rng,
                             n_distractors, fixation, ends=ends, delay_wording=delay_wording)
 
     @staticmethod
@@ -495,7 +503,7 @@ class TrialGenerator:
                 name_attr = "category"
             else:
                 continue
-            free_locs = [l for l in LOCATIONS if l != target["location"]]
+            free_locs = [loc for loc in LOCATIONS if loc != target["location"]]
             rng.shuffle(free_locs)
             for loc in free_locs[:n_distractors]:
                 cats = self.stim.categories if name_attr == "location" else \

@@ -23,14 +23,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from reform_eval.metrics import ReportSpec, coverage_note, report_spec
-from reform_eval.utils.bootstrap import MIN_CLUSTERS, cluster_weights, interval, wmean
+from reform_eval.utils.bootstrap import MIN_CLUSTERS, Resamples, cluster_weights, interval, wmean
 from reform_eval.utils.report import markdown_table
 
 #: resamples per interval on every surface (results.md, comparison, report)
 N_BOOT = 1000
 
 Stats = Dict[str, Any]
-Family = Callable[[List[Dict[str, Any]], np.ndarray, Dict[str, Any]], Stats]
+Family = Callable[[List[Dict[str, Any]], Resamples, Dict[str, Any]], Stats]
 
 
 def _group_sort_key(k: Any) -> Tuple[int, Any]:
@@ -72,7 +72,7 @@ def _ordered(groups: Dict[str, np.ndarray], order: Sequence[str]) -> Dict[str, n
     return dict(sorted(groups.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
-def accuracy_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
+def accuracy_family(ps: List[Dict[str, Any]], W: Resamples, result: Dict[str, Any]) -> Stats:
     """Accuracy (and format hit rate for generation); the breakdowns the metric registered."""
     spec = report_spec(result.get("metric"))
     correct = [bool(p.get("correct")) for p in ps]
@@ -89,7 +89,7 @@ def accuracy_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, A
     return {"headline": head, "breakdowns": breakdowns}
 
 
-def mme_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
+def mme_family(ps: List[Dict[str, Any]], W: Resamples, result: Dict[str, Any]) -> Stats:
     """acc, acc+ and score per subtask, their sums per score group (perception, cognition) and in
     total, overall accuracy.
 
@@ -141,7 +141,7 @@ def coverage_notes(ps: List[Dict[str, Any]], spec: ReportSpec) -> Dict[str, str]
     return {k: v for k, v in notes.items() if v}
 
 
-def pif_family(ps: List[Dict[str, Any]], W: np.ndarray, result: Dict[str, Any]) -> Stats:
+def pif_family(ps: List[Dict[str, Any]], W: Resamples, result: Dict[str, Any]) -> Stats:
     """Per-turn score (``pif``, strict and loose), PIF-N-K and the spread over N samples; the
     metric's breakdowns and its items (``instructions`` with their ``followed`` verdicts)."""
     spec = report_spec(result.get("metric"))

@@ -112,7 +112,7 @@ def load_run(path: str, dataset_name: Optional[str] = None, formulation: Optiona
     if info.get("provenance") is None and info.get("config") is None:  # scored by run_loader_eval, or not at all
         own, own_file = recorded_info(pred)
         if not own and isinstance(getattr(records, "provenance", None), dict):
-            own = {"provenance": records.provenance}  # another harness's log: what its reader tells of the run
+            own = {"provenance": getattr(records, "provenance")}  # another harness's log: what its reader tells of the run
         info, source = {**own, **{k: info[k] for k in SCORING_FIELDS if k in info}}, own_file or source
     run_info = {**info, **scoring_of(result)}
     run_facts(run_info, source)  # a malformed record is refused now, naming its file

@@ -24,7 +24,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from reform_eval import build  # noqa: F401  (registers the builders, for dataset-name lookups)
-from reform_eval import metrics  # noqa: F401  (metric modules register readers and exporters)
+import reform_eval.metrics  # noqa: F401  (metric modules register readers and exporters)
 from reform_eval.build.registry import get_builder_class
 from reform_eval.evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from reform_eval.evaluation.reporting.image_dependence import ablation_mode
@@ -35,7 +35,6 @@ from reform_eval.metrics.single_choice import check_stability
 from reform_eval.utils.commit import Commit, clean_stale_temps
 from reform_eval.utils.errors import ReformError, input_error
 from reform_eval.utils.inputs import check_name, list_dir, read_json
-from reform_eval.utils.options import metric_options  # noqa: F401  (re-exported for the command lines)
 from reform_eval.utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
                                ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
                                record_key)
@@ -230,11 +229,11 @@ def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: 
         if not match:
             raise ReformError(f"{flag} {given!r}: valid values are {', '.join(valid)}")
         if values and values != {match[0]}:
-            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(values)[0]!r}; "
+            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(map(str, values))[0]!r}; "
                               f"leave {flag} out to read it from the records")
         return match[0]
     if len(values) == 1:
-        return values.pop()
+        return str(values.pop())
     raise ReformError(f"cannot tell {flag} from the records ({sorted(map(str, values)) or 'none given'}); pass {flag}")
 
 

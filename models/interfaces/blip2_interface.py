@@ -223,7 +223,7 @@ class Blip2Interface(HFBaseInterface):
         lp = torch.log_softmax(lm_out.logits.float(), dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
         lengths = torch.tensor([len(c) for c in cand_ids], device=self.device)
         keep = torch.arange(max_len, device=self.device)[None, :] < lengths[:, None]
-        return [CandidateScore(float(v), int(l)) for v, l in zip((lp * keep).sum(-1).tolist(), lengths.tolist())]
+        return [CandidateScore(float(v), int(n)) for v, n in zip((lp * keep).sum(-1).tolist(), lengths.tolist())]
 
     @torch.inference_mode()
     def score_full_sequence(self, images: Sequence[Any], prompt: Any,
@@ -265,7 +265,7 @@ def blip_text_config(tok: Any, size: str, seq2seq: bool) -> Any:
 
     t = TEXT_SIZES[size]
     if seq2seq:
-        return T5Config(vocab_size=len(tok), d_model=t["hidden"], d_kv=t["hidden"] // t["heads"], d_ff=t["mlp"],
+        return T5Config(vocab_size=len(tok), d_model=t["hidden"], d_kv=t["hidden"] // t["heads"], d_ff=t["mlp"],  # type: ignore[call-arg]  # transformers' config stubs omit what its **kwargs take
                         num_layers=t["layers"], num_heads=t["heads"], feed_forward_proj="gated-gelu",
                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                         decoder_start_token_id=tok.pad_token_id, tie_word_embeddings=False)

@@ -55,7 +55,7 @@ def build_tiny_idefics3(out_dir: str, size: str = "tiny") -> None:
     vision_cfg = Idefics3VisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
                                       num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                       image_size=side, patch_size=v["patch"])
-    config = Idefics3Config(vision_config=vision_cfg, text_config=text_cfg, scale_factor=scale,
+    config = Idefics3Config(vision_config=vision_cfg, text_config=text_cfg, scale_factor=scale,  # type: ignore[call-arg]  # transformers' config stubs omit what its **kwargs take
                             image_token_id=tok.convert_tokens_to_ids("<image>"),
                             pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
     model = seeded_model(lambda: Idefics3ForConditionalGeneration(config), size)

@@ -70,7 +70,7 @@ def build_tiny_internvl(out_dir: str, size: str = "tiny") -> None:
                                       num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                       image_size=(side, side), patch_size=(v["patch"], v["patch"]))
     config = InternVLConfig(vision_config=vision_cfg, text_config=text_cfg,
-                            image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+                            image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),  # type: ignore[arg-type]  # one token: one id
                             image_seq_length=seq_len, downsample_ratio=ratio, tie_word_embeddings=False)
     model = seeded_model(lambda: InternVLForConditionalGeneration(config), size)
     image_processor = GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True,

@@ -40,7 +40,7 @@ def build_tiny_llava_next(out_dir: str, size: str = "tiny") -> None:
     vision_cfg = CLIPVisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
                                   num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                   image_size=side, patch_size=v["patch"], projection_dim=v["hidden"])
-    config = LlavaNextConfig(vision_config=vision_cfg, text_config=text_cfg,
+    config = LlavaNextConfig(vision_config=vision_cfg, text_config=text_cfg,  # type: ignore[call-arg]  # transformers' config stubs omit what its **kwargs take
                              image_token_id=tok.convert_tokens_to_ids("<image>"),
                              image_grid_pinpoints=pinpoints, vision_feature_select_strategy="default",
                              vision_feature_layer=-2, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)

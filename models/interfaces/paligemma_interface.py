@@ -118,7 +118,7 @@ def build_tiny_paligemma(out_dir: str, size: str = "tiny") -> None:
     tok = train_tiny_tokenizer(vocab_size=t["vocab"], extra_special=("<image>",))
     side = v["image"]
     image_processor = SiglipImageProcessorPil(size={"height": side, "width": side})
-    image_processor.image_seq_length = (side // v["patch"]) ** 2
+    image_processor.image_seq_length = (side // v["patch"]) ** 2  # type: ignore[attr-defined]  # read by PaliGemmaProcessor; the stub lacks it
     # the processor adds PaliGemma's <loc>/<seg> tokens: size the vocabulary after it
     processor = PaliGemmaProcessor(image_processor=image_processor, tokenizer=tok)
     text_cfg = GemmaConfig(vocab_size=len(tok), hidden_size=t["hidden"], intermediate_size=t["mlp"],
@@ -126,7 +126,7 @@ def build_tiny_paligemma(out_dir: str, size: str = "tiny") -> None:
                            num_key_value_heads=t["kv"], head_dim=t["hidden"] // t["heads"],
                            max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    vision_cfg = SiglipVisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],
+    vision_cfg = SiglipVisionConfig(hidden_size=v["hidden"], intermediate_size=v["mlp"],  # type: ignore[call-arg]  # transformers' config stubs omit what its **kwargs take
                                     num_hidden_layers=v["layers"], num_attention_heads=v["heads"],
                                     image_size=side, patch_size=v["patch"], projection_dim=t["hidden"])
     config = PaliGemmaConfig(vision_config=vision_cfg, text_config=text_cfg, vocab_size=len(tok),

@@ -55,14 +55,14 @@ import importlib.metadata
 import json
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from reform_eval.models import MODELS, load_all, register_model
 from reform_eval.models.hf_provenance import pixel_rows
 from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _is_path_like, _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
-from reform_eval.models.outputs import GenText, finish_text
+from reform_eval.models.outputs import finish_text
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
 
@@ -94,14 +94,15 @@ def family_of(model_type: str, wanted: Optional[str] = None) -> type:
     """The harness family interface for a checkpoint's ``model_type`` (``wanted``: a family name
     that must accept it)."""
     load_all()
-    families = {n: c for n, c in MODELS.items()
+    models: Dict[str, Any] = dict(MODELS)  # factories and classes; the HF families are classes
+    families = {n: c for n, c in models.items()
                 if isinstance(c, type) and issubclass(c, HFBaseInterface) and model_type in c.model_types}
     if wanted:
-        if wanted not in MODELS or not (isinstance(MODELS[wanted], type) and issubclass(MODELS[wanted], HFBaseInterface)):
-            hf = sorted(n for n, c in MODELS.items() if isinstance(c, type) and issubclass(c, HFBaseInterface))
+        if wanted not in models or not (isinstance(models[wanted], type) and issubclass(models[wanted], HFBaseInterface)):
+            hf = sorted(n for n, c in models.items() if isinstance(c, type) and issubclass(c, HFBaseInterface))
             raise ReformError(f"--model_option family={wanted}: not a Hugging Face family; valid names: {', '.join(hf)}")
         if wanted not in families:
-            raise ReformError(f"--model_option family={wanted}: that family reads {', '.join(MODELS[wanted].model_types)} "
+            raise ReformError(f"--model_option family={wanted}: that family reads {', '.join(models[wanted].model_types)} "
                               f"checkpoints, this one is a '{model_type}'")
         return families[wanted]
     if not families:
@@ -329,7 +330,7 @@ class VLLMInterface(BaseInterface):
             self.renderer._sample_ids = None
 
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
-                           **gen_kwargs: Any) -> List[GenText]:
+                           **gen_kwargs: Any) -> List[str]:
         """Greedy (temperature 0) or seeded sampled generation of the whole batch in one engine
         call; texts decoded and counted as the family does."""
         from vllm import SamplingParams  # vLLM only here: it is the engine
@@ -356,7 +357,7 @@ class VLLMInterface(BaseInterface):
             params.append(SamplingParams(**kw))
         outs = self._generate(requests, params)
         eos = self._eos_ids()
-        texts: List[GenText] = []
+        texts: List[str] = []
         for out in outs:
             ids = list(out.outputs[0].token_ids)
             hits = [j for j, t in enumerate(ids) if t in eos]
@@ -382,7 +383,9 @@ class VLLMInterface(BaseInterface):
         candidate tokens, ``prompt_logprobs=0``); its score sums the candidate tokens' log-probabilities."""
         from vllm import SamplingParams  # vLLM only here: it is the engine
 
-        requests, spans, traces = [], [], []
+        requests: List[Any] = []
+        spans: List[Any] = []
+        traces: List[Any] = []
         for i, (ims, p, cands) in enumerate(zip(images_list, prompts, candidates_list)):
             # the family's own preparation: rendered prompt, decoded images, candidate token ids
             text, imgs, cand_ids = self.renderer._prepare(ims, p, cands, i)
