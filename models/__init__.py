@@ -13,10 +13,10 @@ import importlib
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot
+from reform_eval.models.hub_cache import HubSnapshot, hub_cache_dir, hub_snapshot, in_hub_cache, is_path_like
 from reform_eval.models.registry_sources import family_modules, tiny_builder_modules
-from reform_eval.models.tiny import builtin_checkpoint
-from reform_eval.utils.errors import ReformError, unknown_name
+from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint
+from reform_eval.utils.errors import ReformError, did_you_mean, missing_path, unknown_name
 from reform_eval.utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
@@ -169,6 +169,41 @@ def builtin_checkpoint_dir(name: str, model_name: Optional[str], options: Dict[s
     if not family:
         return None
     return builtin_checkpoint(family, model_name, options)
+
+
+#: families whose ``--model_name`` is no checkpoint (a served model id, or nothing at all); every
+#: other family loads a checkpoint folder (a test keeps this equal to the families without a
+#: ``family`` attribute, so the check below needs no import of a family's module)
+NON_CHECKPOINT_FAMILIES: Tuple[str, ...] = ("constant", "openai_api", "random", "reference")
+#: the checkpoint names built here (``models.tiny``): random weights for every family, and the
+#: known-skill LLaVA
+BUILTIN_NAMES: Tuple[str, ...] = ("tiny", TRAINED_NAME)
+
+
+def check_checkpoint_name(name: str, model_name: Optional[str]) -> None:
+    """``--model_name`` of a checkpoint family is a built-in name, an existing folder or a hub id
+    in the local HF cache; anything else is refused in one line that says which, names the close
+    built-in name and how a hub checkpoint gets into the cache. Looks at the file system only (no
+    torch, no network), so a typo is told within a second, before anything is written."""
+    if not model_name or name in NON_CHECKPOINT_FAMILIES or name not in available_models():
+        return
+    text = str(model_name)
+    if text in BUILTIN_NAMES:
+        return
+    if is_path_like(text):
+        if not os.path.isdir(os.path.expanduser(text)):
+            raise missing_path(os.path.expanduser(text), f"checkpoint folder (--model {name} --model_name)",
+                               hint="give a checkpoint folder, an HF id in the local cache, or " + " or ".join(
+                                   BUILTIN_NAMES))
+        return
+    if in_hub_cache(text):
+        return
+    hub_id = text if "/" in text else "ORG/NAME"
+    raise ReformError(
+        f"model {name}: --model_name '{text}' is neither a local checkpoint folder nor in the Hugging Face cache "
+        f"({hub_cache_dir()}){did_you_mean(text, BUILTIN_NAMES)}; built-in names: tiny (random weights), "
+        f"{TRAINED_NAME} (the known-skill LLaVA); a hub checkpoint: `huggingface-cli download {hub_id}` on a machine "
+        "with network, then run with HF_HUB_OFFLINE=1 (docs/models.md)")
 
 
 def needs_image(name: str) -> bool:

@@ -72,19 +72,17 @@ def test_an_installed_venv_is_recognised_without_pip_or_heavy_imports(tmp_path):
     assert third.returncode == 0 and any("pip install" in c for c in _calls(tmp_path))
 
 
-def test_mmmt_if_script_without_mmdu_is_one_line_and_the_way_on(tmp_path):
+def test_mmmt_if_script_without_mmdu_is_the_builders_one_line(tmp_path):
+    """The script carries no hint of its own: run_eval's one line, as from the library (issue 32)."""
+    from tests.test_told_at_once import DOORS
     work = scratch(tmp_path)
-    done = subprocess.run(["bash", "commands/mmmt_if_llava.sh"], cwd=work, env=_env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(["bash", "commands/mmmt_if_llava.sh", "--output_dir", str(tmp_path / "out")], cwd=work,
+                          env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert lines[0] == f"error: {work}/data/mmdu/benchmark.json: MMDU benchmark file not found " \
-                       "(configs/datasets/mmmt_if.yaml)"
-    rest = "\n".join(lines[1:])
-    assert "--dataset_config configs/datasets/mmmt_if_release_only.yaml" in rest  # the quick run
-    assert "--dataset_option mmdu_json=" in rest  # the option that names the file
-    assert "Traceback" not in done.stderr and len(lines) <= 6
-    assert not any("run_eval.py" in c for c in _calls(tmp_path))  # nothing was started
+    assert done.stderr.strip().splitlines() == [f"error: {work}/{DOORS['MMMT-IF'][1]}"]
+    assert not (tmp_path / "out").exists()  # nothing written
+    script = open(os.path.join(ROOT, "commands", "mmmt_if_llava.sh"), encoding="utf-8").read()
+    assert "not found" not in script and "echo" not in script  # the hint lives with the builder only
 
 
 def _shell(work: str, script: str, **env: str) -> str:
