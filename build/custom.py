@@ -26,7 +26,8 @@ class CustomBuilder(Builder):
     option_specs = {"data_file": PATH, "skip_corrupt": FLAG}
 
     def check_inputs(self) -> None:
-        self._data_file()
+        if self.config.get("data_file") is not None:
+            self._data_file()
 
     def _data_file(self) -> str:
         data_file = self.require("data_file")

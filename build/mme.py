@@ -291,7 +291,7 @@ class MMEBuilder(Builder):
     def check_inputs(self) -> None:
         if self.config.get("parquet"):
             _parquet_files(self.config["parquet"], self.resolve_path)
-        else:
+        elif self.config.get("root") is not None:
             self._release_root()
 
     def _release_root(self) -> str:

@@ -421,10 +421,10 @@ class MMMTIFBuilder(Builder):
 
     def check_inputs(self) -> None:
         src = self._source()
-        if src in ("release", "release_only"):
-            check_release_csv(self.resolve_path(self.require("release_csv")))
-        if src in ("release", "mmdu"):
-            check_mmdu_file(self.resolve_path(self.require("mmdu_json")))
+        if src in ("release", "release_only") and self.config.get("release_csv") is not None:
+            check_release_csv(self.resolve_path(self.config["release_csv"]))
+        if src in ("release", "mmdu") and self.config.get("mmdu_json") is not None:
+            check_mmdu_file(self.resolve_path(self.config["mmdu_json"]))
 
     # -- shared: images and emission -----------------------------------------------------
     def _image_folder(self) -> str:

@@ -268,9 +268,10 @@ class Builder:
         return self.config[key]
 
     def check_inputs(self) -> None:
-        """The files and folders this build reads exist. The run's validation calls it before
-        anything heavy is imported or written (a mistyped data path is told at once), and the
-        build meets the same check with the same message (one hint per missing thing)."""
+        """The files and folders this build reads, where given, exist. The run's validation calls
+        it before anything heavy is imported or written (a mistyped data path is told at once),
+        and the build meets the same check with the same message (one hint per missing thing); a
+        key not given at all is left to the build (``require`` says which config it needs)."""
 
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
         raise NotImplementedError
