@@ -17,6 +17,7 @@ from reform_eval.models.hub_cache import HubSnapshot, hub_cache_dir, hub_snapsho
 from reform_eval.models.registry_sources import family_modules, tiny_builder_modules
 from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint
 from reform_eval.utils.errors import ReformError, did_you_mean, missing_path, unknown_name
+from reform_eval.utils.invocation import command_for
 from reform_eval.utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
@@ -83,7 +84,7 @@ RUN_CONFIG_KEYS: Dict[str, str] = {
     "seed": "use --seed",
     "batch_size": "use --per_gpu_eval_batch_size",
     "device": ("run_eval places each rank on its own GPU, or on the CPU when no GPU is visible; to run on "
-               "the CPU, hide the GPUs (CUDA_VISIBLE_DEVICES= python run_eval.py ...); to spread a model "
+               "the CPU, hide the GPUs (CUDA_VISIBLE_DEVICES= {run_eval} ...); to spread a model "
                "over devices, use --model_option device_map=auto or gpus_per_rank=K"),
 }
 
@@ -254,7 +255,7 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
     run_keys = sorted(k for k in options if k in RUN_CONFIG_KEYS)
     if run_keys:
         raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself, not a model option; "
-                          f"{RUN_CONFIG_KEYS[run_keys[0]]}")
+                          f"{RUN_CONFIG_KEYS[run_keys[0]].format(run_eval=command_for('run_eval'))}")
     _load(name)
     if name not in MODELS:
         raise unknown_name("model", name, available_models())
