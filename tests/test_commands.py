@@ -130,3 +130,37 @@ def test_a_missing_mme_release_says_how_to_set_it(tmp_path):
     msg = str(e.value)
     assert "MME release folder not found" in msg and "--dataset_option root=" in msg
     assert "commands/mme_llava.sh" in msg  # the placeholder run
+
+
+def _made_folders() -> set:
+    """The top-level folders the commands and the docs' blocks write into, relative to a clone:
+    every relative ``--output_dir`` / ``--out`` / ``--export_mme_results`` value and a script's
+    ``OUT`` default, the data folders the shipped dataset configs read, and the trackers' stores."""
+    found = {"mlruns", "wandb", ".cache", ".venv"}
+    texts = [os.path.join(ROOT, "commands", n) for n in os.listdir(os.path.join(ROOT, "commands"))]
+    texts += [os.path.join(ROOT, "docs", n) for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md")]
+    texts.append(os.path.join(ROOT, "README.md"))
+    for path in texts:
+        text = open(path, encoding="utf-8").read()
+        for value in re.findall(r"--(?:output_dir|out|export_mme_results)[ =]([A-Za-z0-9_.][^\s`'\")]*)", text):
+            found.add(value.split("/")[0])
+        found.update(re.findall(r"\$ROOT/([A-Za-z0-9_.]+)/", text))  # a script's default folder
+    configs = os.path.join(ROOT, "configs", "datasets")
+    for name in os.listdir(configs):
+        for value in re.findall(r"^\w+: (\.\./\.\./[^\s#]+)", open(os.path.join(configs, name)).read(), re.M):
+            found.add(os.path.normpath(os.path.join("configs", "datasets", value)).split("/")[0])
+    return {f for f in found if f not in (".", "..") and not f.isupper()}  # (DIR, OUT: placeholders)
+
+
+def test_gitignore_holds_the_folders_the_commands_make():
+    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    folders = _made_folders()
+    assert {"data", "output", "wandb", "mlruns"} <= folders, folders  # (the scan finds them)
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split())
+    made = sorted(f for f in folders if not any(t == f or t.startswith(f + "/") for t in tracked))
+    # (a file inside each; a folder that is a link here, as a helper's .venv may be, by its name)
+    ignored = [f for f in made if subprocess.run(
+        ["git", "check-ignore", "-q", "--no-index", f if os.path.islink(os.path.join(ROOT, f)) else f"{f}/x"],
+        cwd=ROOT).returncode == 0]
+    assert ignored == made, f"not in .gitignore: {sorted(set(made) - set(ignored))}"
