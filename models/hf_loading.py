@@ -19,6 +19,7 @@ import torch
 from reform_eval.models.checkpoint_files import check_checkpoint_dir
 from reform_eval.models.hf_compat import allow_video_processors_without_torchvision
 from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot, is_path_like
+from reform_eval.models import check_checkpoint_name
 from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
 from reform_eval.utils.errors import ReformError
 
@@ -170,6 +171,8 @@ class HFLoadingMixin:
             logger.info("%s: snapshot %s of the local HF cache (%s)", name, self.hub_snapshot.commit,
                         self.hub_snapshot.path)
             return self.hub_snapshot.path
+        # neither a folder nor in the cache: the one line that says so (never a network error)
+        check_checkpoint_name(self.name or self.family, name)
         return name
 
     def _load(self) -> None:

@@ -154,3 +154,14 @@ def test_missing_data_is_one_hint_from_run_eval_and_the_library(tmp_path, monkey
     with pytest.raises(ReformError) as e:
         load_reform_dataset(name, "Generation", path)
     assert "error: " + str(e.value) == expected
+
+
+def test_the_library_door_gives_the_same_model_name_line(tmp_path, monkeypatch):
+    """get_model (a Python caller, no RunConfig) says what run_eval says, not the hub client's
+    'check your internet connection'."""
+    from reform_eval.models import get_model
+    from reform_eval.utils.errors import ReformError
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ReformError) as e:
+        get_model("llava", {"model_name": "tiny-trainde", "device": "cpu"})
+    assert "error: " + str(e.value) == CASES["model-name typo"][1].format(hub=tmp_path / "hub")
