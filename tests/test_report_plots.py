@@ -75,6 +75,6 @@ def test_many_long_groups_rotate_rather_than_overlap(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("name,expected", [("identify_category", "identify_\ncategory"), ("low", "low"),
-                                           ("bottom left", "bottom\nleft"), ("category-only", "category-only")])
-def test_group_names_wrap_after_underscores_and_at_spaces(name, expected):
+                                           ("bottom left", "bottom\nleft"), ("category-only", "category-\nonly"), ("mixed", "mixed")])
+def test_group_names_wrap_after_underscores_hyphens_and_at_spaces(name, expected):
     assert plots._wrap_name(name) == expected

@@ -68,15 +68,15 @@ def _model_ticks(ax: Any, names: Sequence[str]) -> None:
                                   or [str(n)]) for n in names], fontsize=7)
 
 
-#: characters per line of a group's name under its bars (names break after ``_`` and at spaces)
+#: characters per line of a group's name under its bars (names break after ``_`` or ``-`` and at spaces)
 GROUP_WIDTH = 10
 
 
 def _wrap_name(name: str, width: int = GROUP_WIDTH) -> str:
     """``identify_category`` -> ``identify_`` / ``category``: a group name on short lines, broken
-    after an underscore or at a space, never inside a word."""
+    after an underscore or a hyphen or at a space, never inside a word."""
     lines: List[str] = []
-    for part in (p for p in re.split(r"(?<=[_ ])", str(name)) if p):
+    for part in (p for p in re.split(r"(?<=[_ -])", str(name)) if p):
         if lines and len(lines[-1]) + len(part.rstrip()) <= width:
             lines[-1] += part
         else:
