@@ -17,7 +17,7 @@ import os
 from typing import Any, Dict, List, Tuple
 
 from reform_eval.build.registry import FLAG, PATH, Builder, register_builder
-from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.errors import ReformError, input_error, missing_path
 from reform_eval.utils.inputs import check_name, iter_jsonl
 from reform_eval.utils.images import open_image
 
@@ -29,13 +29,21 @@ class CustomBuilder(Builder):
     option_names = ("data_file", "skip_corrupt")
     option_specs = {"data_file": PATH, "skip_corrupt": FLAG}
 
-    def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
+    def check_inputs(self) -> None:
+        if self.config.get("data_file") is not None:
+            self._data_file()
+
+    def _data_file(self) -> str:
         data_file = self.require("data_file")
         if not isinstance(data_file, str):
             raise input_error("must be a path", file=self.config_path or "<options>", field="data_file")
         path = check_name(self.resolve_path(data_file), "data file")
         if not os.path.isfile(path):
-            raise input_error("data file not found", file=path)
+            raise missing_path(path, "data file")
+        return path
+
+    def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
+        path = self._data_file()
         base = os.path.dirname(path)
         items = []
         first_line: Dict[str, int] = {}

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from reform_eval import configs
 from reform_eval.build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
-from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.errors import ReformError, input_error, missing_path
 from reform_eval.utils.images import check_image
 from reform_eval.utils.inputs import list_dir, read_bytes, read_text
 from reform_eval.utils.paths import cache_root
@@ -229,6 +229,11 @@ def _image_bytes(value: Any, file: str, row: int) -> bytes:
                       field="image")
 
 
+#: the folder name of the synthetic yes/no set (configs/datasets/mme_synthetic.yaml reads it;
+#: ``python -m reform_eval.build.mme_synthetic --out`` writes it): a missing one gets that command
+SYNTHETIC_FOLDER = "mme_synthetic"
+
+
 @register_builder("MME")
 class MMEBuilder(Builder):
     """MME (Fu et al. 2023): perception and cognition yes/no questions, scored per image pair."""
@@ -282,12 +287,29 @@ class MMEBuilder(Builder):
         return [s for s in SUBTASKS if s in chosen]
 
     # -- sources --------------------------------------------------------------------------
+    def check_inputs(self) -> None:
+        if self.config.get("parquet"):
+            _parquet_files(self.config["parquet"], self.resolve_path)
+        elif self.config.get("root") is not None:
+            self._release_root()
+
+    def _release_root(self) -> str:
+        """The release folder; missing, the one hint for it, whatever the door (run_eval, the
+        library, commands/*.sh): the synthetic set's writer for its folder, else the ways to MME."""
+        root = self.resolve_path(self.require("root"))
+        if os.path.isdir(root):
+            return root
+        if os.path.basename(os.path.normpath(root)) == SYNTHETIC_FOLDER:
+            out = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
+            raise missing_path(root, "synthetic MME-style set", field="root",
+                               hint=f"write it with: python -m reform_eval.build.mme_synthetic --out {out}")
+        raise missing_path(root, "MME release folder", field="root",
+                           hint="set it with --dataset_option root=/path/to/MME_Benchmark_release_version (or "
+                                "`root:` in the dataset config), use the HF layout with --dataset_option "
+                                "parquet=/path/to/MME/data, or try the pipeline on placeholder images with "
+                                "bash commands/mme_llava.sh")
+
     def _entries_from_release(self, root: str, subtasks: List[str]) -> Dict[str, List[Dict[str, Any]]]:
-        if not os.path.isdir(root):
-            raise input_error("MME release folder not found; set it with --dataset_option root=/path/to/"
-                              "MME_Benchmark_release_version (or `root:` in the dataset config), use the HF "
-                              "layout with --dataset_option parquet=/path/to/MME/data, or try the pipeline on "
-                              "placeholder images with bash commands/mme_llava.sh", file=root, field="root")
         return {s: scan_release_subtask(root, s) for s in subtasks}
 
     def _cache_dir(self, files: List[str]) -> str:
@@ -348,7 +370,7 @@ class MMEBuilder(Builder):
         if self.config.get("parquet"):
             entries = self._entries_from_parquet(self.config["parquet"], subtasks)
         else:
-            entries = self._entries_from_release(self.resolve_path(self.require("root")), subtasks)
+            entries = self._entries_from_release(self._release_root(), subtasks)
         if self._bool("verify_images", True):
             skip = self._bool("skip_corrupt", False)
             for sub in subtasks:

@@ -27,7 +27,7 @@ from reform_eval.build.registry import COUNT, FLAG, PATH, Builder, one_of, regis
 from reform_eval.utils.schema import IMAGE_TOKEN
 from reform_eval.build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
                                         split_instruction_prefix)
-from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.errors import ReformError, input_error, missing_path
 from reform_eval.utils.images import check_image
 from reform_eval.utils.inputs import read_csv, read_json
 from reform_eval.utils.seeding import rng_for
@@ -138,10 +138,30 @@ class MMDUChat:
     turns: List[Tuple[str, str]]
 
 
+#: the way on from a missing MMDU file, in one place whatever the door (run_eval, the library,
+#: commands/mmmt_if_llava.sh): the quick run on the release alone, or the user's copy
+MMDU_HINT = ("quick run without MMDU (the release's questions, no images): --dataset_config mmmt_if_release_only "
+             "--dataset_subsample 3; your MMDU copy: --dataset_option mmdu_json=/path/to/benchmark.json "
+             "--dataset_option image_folder=/path/to/mmdu_pics")
+
+
+def check_mmdu_file(path: str) -> str:
+    """``path`` if it is a file; else the one error for a missing MMDU file."""
+    if not os.path.isfile(path):
+        raise missing_path(path, "MMDU benchmark file", hint=MMDU_HINT)
+    return path
+
+
+def check_release_csv(path: str) -> str:
+    """``path`` if it is a file; else the one error for a missing release CSV."""
+    if not os.path.isfile(path):
+        raise missing_path(path, "MMMT-IF release CSV")
+    return path
+
+
 def load_mmdu(path: str) -> List[MMDUChat]:
     """Read an MMDU ``benchmark.json`` (a list of items or a dict keyed by id)."""
-    if not os.path.isfile(path):
-        raise input_error("MMDU benchmark file not found", file=path)
+    check_mmdu_file(path)
     data = read_json(path, "MMDU benchmark file")
     if isinstance(data, dict):
         items = [dict(v, id=v.get("id", k)) if isinstance(v, dict) else v for k, v in data.items()]
@@ -238,8 +258,7 @@ def load_release(path: str) -> ReleaseData:
     Fatal (ReformError naming chat and turn): missing columns, a non-integer turn, a prompt
     starting with an unknown instruction text.
     """
-    if not os.path.isfile(path):
-        raise input_error("MMMT-IF release CSV not found", file=path)
+    check_release_csv(path)
     _, rows = read_csv(path, "MMMT-IF release CSV", required=(COL_CHAT, COL_TURN, COL_PROMPT, COL_ALL, COL_COUNT))
     chats: "OrderedDict[str, List[ReleaseTurn]]" = OrderedDict()
     turns: List[ReleaseTurn] = []
@@ -397,6 +416,13 @@ class MMMTIFBuilder(Builder):
         self.build_log.append(f"source={src}: {len(items)} turns in {n_chats} chats"
                               + (f"; skipped {self.skipped}" if self.skipped else ""))
         return items
+
+    def check_inputs(self) -> None:
+        src = self._source()
+        if src in ("release", "release_only") and self.config.get("release_csv") is not None:
+            check_release_csv(self.resolve_path(self.config["release_csv"]))
+        if src in ("release", "mmdu") and self.config.get("mmdu_json") is not None:
+            check_mmdu_file(self.resolve_path(self.config["mmdu_json"]))
 
     # -- shared: images and emission -----------------------------------------------------
     def _image_folder(self) -> str:

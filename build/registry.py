@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 import yaml
 
 from reform_eval.utils.schema import FORMULATIONS
-from reform_eval.utils.errors import ReformError, input_error, unknown_name
+from reform_eval.utils.errors import ReformError, did_you_mean, input_error, missing_path, unknown_name
 from reform_eval.utils.inputs import MAX_DEPTH, check_name, check_value, read_text
 from reform_eval import configs
 
@@ -65,7 +65,21 @@ def resolve_config(value: Optional[str], dataset_name: Optional[str] = None) -> 
         return shipped[name]
     if os.path.exists(value):
         raise input_error("dataset config is not a file", file=value)
-    raise input_error(f"dataset config not found (shipped configs: {', '.join(sorted(shipped))})", file=value)
+    if os.sep in value:
+        raise missing_path(value, "dataset config")
+    raise ReformError(f"dataset config '{value}': neither a file nor a shipped config{did_you_mean(name, shipped)}; "
+                      f"shipped configs: {', '.join(sorted(shipped))}")
+
+
+def read_dataset_config(value: Optional[str], dataset_name: str) -> Tuple[Optional[str], Dict[str, Any]]:
+    """(path, content) of a ``--dataset_config`` value, its keys and values checked by the builder
+    of ``dataset_name``: cheap (one YAML file), so a typo is told before anything heavy happens."""
+    path = resolve_config(value, dataset_name)
+    content, _ = load_config(path)
+    cls = get_builder_class(dataset_name)
+    cls.check_option_names(content, path or "<dataset config>")
+    cls.check_option_values(content, path or "<dataset config>")
+    return path, content
 
 
 def load_config(path: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
@@ -256,6 +270,12 @@ class Builder:
                                   f"{', '.join(mine) or ', '.join(shipped_configs())})")
             raise input_error(f"the {self.name} builder needs option '{key}'", file=self.config_path, field=key)
         return self.config[key]
+
+    def check_inputs(self) -> None:
+        """The files and folders this build reads, where given, exist. The run's validation calls
+        it before anything heavy is imported or written (a mistyped data path is told at once),
+        and the build meets the same check with the same message (one hint per missing thing); a
+        key not given at all is left to the build (``require`` says which config it needs)."""
 
     def build_items(self, formulation: str, inference_method: str, seed: int) -> List[Dict[str, Any]]:
         raise NotImplementedError

@@ -2,7 +2,8 @@
 # MMMT-IF with LLaVA, the paper's setting: own answers as history, temperature 1, N=4 samples.
 # Default data: an MMDU benchmark.json and image folder at data/mmdu (configs/datasets/mmmt_if.yaml).
 # Quick run without MMDU (the release's questions, no images):
-#   bash commands/mmmt_if_llava.sh --dataset_config configs/datasets/mmmt_if_release_only.yaml --dataset_subsample 3
+#   bash commands/mmmt_if_llava.sh --dataset_config mmmt_if_release_only --dataset_subsample 3
+# (without MMDU, run_eval's one line says so: the hint lives with the MMMT-IF builder, one for every door)
 # MODEL_NAME (or --model_name): a local checkpoint or an offline HF id (default: tiny, random
 # weights). Answers are up to 256 new tokens (MAX_NEW_TOKENS), except with tiny: 16, because its
 # 2,048-token context cannot hold a chat of 256-token answers and random weights never stop early.
@@ -17,14 +18,6 @@ for a in "$@"; do  # a --model_name given on the command line decides the defaul
   prev="$a"
 done
 if [ "$MODEL_NAME" = tiny ]; then DEFAULT_TOKENS=16; else DEFAULT_TOKENS=256; fi
-if [ ! -f data/mmdu/benchmark.json ] && ! printf '%s\n' "$@" | grep -qE '^--dataset_config|^mmdu_json='; then
-  echo "error: $PWD/data/mmdu/benchmark.json: MMDU benchmark file not found (configs/datasets/mmmt_if.yaml)" >&2
-  echo "  quick run without MMDU (the release's questions, no images):" >&2
-  echo "    bash commands/mmmt_if_llava.sh --dataset_config configs/datasets/mmmt_if_release_only.yaml --dataset_subsample 3" >&2
-  echo "  your MMDU copy: bash commands/mmmt_if_llava.sh --dataset_option mmdu_json=/path/to/benchmark.json \\" >&2
-  echo "    --dataset_option image_folder=/path/to/mmdu_pics" >&2
-  exit 2
-fi
 "${RUN[@]}" run_eval.py \
   --model llava --model_name "$MODEL_NAME" \
   --dataset_name MMMT-IF --dataset_config configs/datasets/mmmt_if.yaml \

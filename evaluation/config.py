@@ -24,9 +24,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from reform_eval import build  # noqa: F401  (registers the builders)
 import yaml
 from reform_eval.build import IMAGE_ABLATIONS, LOAD_DEFAULTS
-from reform_eval.build.registry import BUILDERS, caller_paths_absolute, get_builder_class, shipped_configs
+from reform_eval.build.registry import (BUILDERS, caller_paths_absolute, get_builder_class, read_dataset_config,
+                                        shipped_configs)
 from reform_eval.metrics import check_metric_options, metric_for
-from reform_eval.models import available_models, check_model_options, check_run_flags
+from reform_eval.models import available_models, check_checkpoint_name, check_model_options, check_run_flags
 from reform_eval.utils.errors import ReformError, unknown_name
 from reform_eval.utils.options import metric_options as parse_metric_options
 from reform_eval.utils.options import parse_kv
@@ -234,6 +235,11 @@ class RunConfig:
                                   f"options: {', '.join(sorted(cls.option_names))})")
         cls.check_option_names(d.options, "--dataset_option")
         cls.check_option_values(d.options, "--dataset_option")
+        # the names and paths a typo hides in (dataset config, data files, checkpoint), told from
+        # files alone: before a family's module imports torch, and before anything is written
+        config_path, content = read_dataset_config(d.config, cls.name)
+        cls(content, config_path and os.path.abspath(config_path), **d.options).check_inputs()
+        check_checkpoint_name(m.family, m.name)
         check_metric_options(metric_for(cls.name, formulation), s.metric_options)
         check_model_options(m.family, m.options)
         check_run_flags(m.family, {"model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,

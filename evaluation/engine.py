@@ -33,6 +33,7 @@ from reform_eval.utils.file_hashes import forget_fingerprints
 from reform_eval.evaluation.trackers import log_run
 from reform_eval.utils.commit import Commit, clean_stale_temps, discard
 from reform_eval.utils.usage import usage_totals
+from reform_eval.utils.invocation import command_for
 from reform_eval.utils.predictions import ensure_writable_dir, remove_stale_temps
 from reform_eval.utils.report import scalar_table
 from reform_eval.utils.runlock import RunLock
@@ -67,7 +68,7 @@ class RunResult:
             if self.report:
                 lines.append(f"report: {self.report}")
         elif self.num_records:
-            lines.append(f"predictions: {self.prediction_file}\nto score them: python run_loader_eval.py "
+            lines.append(f"predictions: {self.prediction_file}\nto score them: {command_for('run_loader_eval')} "
                          f"--prediction_file {self.prediction_file}  (or re-run this command with --do_eval)")
         return "\n".join(lines)
 
@@ -163,7 +164,7 @@ def _run_locked(plan: RunPlan, dinfo: DistInfo, t_start: float) -> RunResult:
                         "(pass --overwrite to run again)", pred_file)
     else:
         if prior and dinfo.is_main:
-            logger.warning("%s holds %d of %d predictions: completing it", pred_file, len(prior), len(plan.samples))
+            logger.info("%s holds %d of %d predictions: completing it", pred_file, len(prior), len(plan.samples))
         with stage("running the model"):
             run_rank(plan, dinfo, prior, record_checker(plan, SHARD_FIX))
         barrier(dinfo)

@@ -20,6 +20,7 @@ from reform_eval.evaluation.cache import ResponseCache
 from reform_eval.evaluation.calls import Runner, save_sample_images  # noqa: F401  (save_sample_images: re-exported)
 from reform_eval.evaluation.plan import Key, RunPlan, dependencies, directory_fingerprint, model_identity, plan_batches, rank_groups
 from reform_eval.evaluation.window import run_window
+from reform_eval.evaluation.runinfo import NOTICE
 from reform_eval.models import get_model, runs_on_device
 from reform_eval.utils.cpu_threads import configure_cpu_threads
 from reform_eval.utils.distributed import DistInfo, barrier, default_device, sample_sharding
@@ -135,6 +136,9 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     if dinfo.is_main:
         logger.info("%d samples, %d already done, %d to run on %d rank(s)", len(plan.samples),
                     len(plan.samples) - total_todo, total_todo, dinfo.world_size)
+        if 0 < len(plan.samples) - total_todo:  # the console says so too: the run is not starting over
+            logger.info("resumed: %d of %d already done", len(plan.samples) - total_todo, len(plan.samples),
+                        extra=NOTICE)
     if not order:
         return
     t0 = time.perf_counter()

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from reform_eval.build import build_dataset
-from reform_eval.build.registry import Builder, get_builder_class, load_config, resolve_config
+from reform_eval.build.registry import Builder
+from reform_eval.build.registry import read_dataset_config as read_config_file
 from reform_eval.models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
 from reform_eval.models.tiny import sha256_file
 from reform_eval.evaluation.config import ModelConfig, RunConfig
@@ -82,12 +83,7 @@ class RunPlan:
 
 def read_dataset_config(cfg: RunConfig) -> Tuple[Optional[str], Dict[str, Any]]:
     """(path, content) of the dataset config, its keys and values checked by the builder."""
-    path = resolve_config(cfg.dataset.config, cfg.dataset.name)
-    content, _ = load_config(path)
-    cls = get_builder_class(cfg.dataset.name)
-    cls.check_option_names(content, path or "<dataset config>")
-    cls.check_option_values(content, path or "<dataset config>")
-    return path, content
+    return read_config_file(cfg.dataset.config, cfg.dataset.name)
 
 
 def build_samples(cfg: RunConfig, config_path: Optional[str]) -> Tuple[List[Dict[str, Any]], Builder]:

@@ -72,20 +72,48 @@ class RedactFilter(logging.Filter):
         return True
 
 
+#: ``logger.info(..., extra=NOTICE)``: an INFO line the console shows too, as it is (no time or
+#: level prefix), e.g. "resumed: 60 of 300 already done"; log.txt gets it like any other line
+NOTICE = {"reform_notice": True}
+
+
+class _ConsoleFilter(logging.Filter):
+    """The console's lines: warnings and notices (everything with -v)."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.verbose or record.levelno >= logging.WARNING or getattr(record, "reform_notice", False)
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """A notice as its bare text; any other line with time, level and logger."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "reform_notice", False):
+            return record.getMessage()
+        return super().format(record)
+
+
 def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None:
-    """Console: warnings only (INFO with -v); log.txt: everything, on rank 0."""
+    """Console: warnings and notices only (INFO with -v); log.txt: everything, on rank 0."""
     logging.raiseExceptions = False  # a full disk must not print a traceback per log line
     root = logging.getLogger()
     root.setLevel(logging.INFO if is_main else logging.WARNING)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not any(getattr(h, "_reform_console", False) for h in root.handlers):
         sh = logging.StreamHandler(sys.stderr)
-        sh.setFormatter(fmt)
+        sh.setFormatter(_ConsoleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         sh._reform_console = True  # type: ignore[attr-defined]
         root.addHandler(sh)
     for h in root.handlers:
         if getattr(h, "_reform_console", False):
-            h.setLevel(logging.INFO if verbose else logging.WARNING)
+            h.setLevel(logging.INFO)
+            for f in [f for f in h.filters if isinstance(f, _ConsoleFilter)]:
+                h.removeFilter(f)
+            h.addFilter(_ConsoleFilter(verbose))
         if not any(isinstance(f, RedactFilter) for f in h.filters):
             h.addFilter(RedactFilter())
     for h in [h for h in root.handlers if getattr(h, "_reform_log", False)]:

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from reform_eval.evaluation.reporting.scoring import headline
 from reform_eval.utils.errors import ReformError
+from reform_eval.utils.invocation import command_for
 from reform_eval.utils.secrets import json_default, redact
 from reform_eval.utils.world import probe_folder
 
@@ -59,7 +60,7 @@ def log_run(backend: str, result: Dict[str, Any], files: Optional[Dict[str, str]
         raise
     except Exception as e:  # noqa: BLE001  (the tracker refused: the world's condition, not our defect)
         saved = (files or {}).get("results_json") or (files or {}).get("prediction_file")
-        again = (f"; the results are saved ({saved}): log them again with python run_loader_eval.py "
+        again = (f"; the results are saved ({saved}): log them again with {command_for('run_loader_eval')} "
                  f"--prediction_file {(files or {}).get('prediction_file')} --log_to {backend}") if saved else ""
         raise ReformError(f"{_refusal(backend, tracking_uri, directory, e)}{again}") from None
 

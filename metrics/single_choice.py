@@ -219,6 +219,24 @@ def check_stability(records: Sequence[Dict[str, Any]], file: Optional[str] = Non
         raise ReformError(f"{file or 'records'}: {problem}")
 
 
+def generated(prediction: Any) -> bool:
+    """Whether a generation record holds a response at all (an empty or blank one is none)."""
+    if isinstance(prediction, str):
+        return bool(prediction.strip())
+    if isinstance(prediction, (list, tuple)):  # several responses per sample
+        return any(generated(p) for p in prediction)
+    return prediction is not None
+
+
+def format_hit_rate(per_sample: Sequence[Dict[str, Any]]) -> Optional[float]:
+    """Share of responses whose answer could be read; None (undefined, shown n/a) when nothing
+    was generated: no response can hit or miss a format, and 1.0 or 0.0 would both mislead."""
+    if not per_sample or (all("prediction" in r for r in per_sample)
+                          and not any(generated(r["prediction"]) for r in per_sample)):
+        return None
+    return sum(r["extracted"] is not None for r in per_sample) / len(per_sample)
+
+
 def accuracy_summary(per_sample: List[Dict[str, Any]], infer_method: str, eval_stability: bool) -> Dict[str, Any]:
     """Accuracy, format hit rate (generation) and optional instability."""
     n = len(per_sample)
@@ -226,7 +244,7 @@ def accuracy_summary(per_sample: List[Dict[str, Any]], infer_method: str, eval_s
                                "num_samples": len({str(r["sample_id"]) for r in per_sample}),
                                "accuracy": sum(r["correct"] for r in per_sample) / n if n else 0.0}
     if infer_method == "generation":
-        summary["format_hit_rate"] = sum(r["extracted"] is not None for r in per_sample) / n if n else 0.0
+        summary["format_hit_rate"] = format_hit_rate(per_sample)
     if eval_stability:
         summary["instability"] = instability(per_sample)
     return summary
@@ -266,8 +284,8 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
             if not isinstance(rec["prediction"], str):
                 raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",
                                   file=file, record=i, field="prediction")
-            extracted = rec["prediction"]
-        norm = normalize_text(extracted)
+            extracted = rec["prediction"] if generated(rec["prediction"]) else None  # no response: no answer read
+        norm = normalize_text(extracted or "")
         vocab = {normalize_text(v) for v in rec.get("meta", {}).get(vocabulary_key, [])} if vocabulary_key else set()
         out.append({**record_fields(rec),
                     "extracted": extracted if (not vocab or norm in vocab) else None,

@@ -13,10 +13,11 @@ import importlib
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot
+from reform_eval.models.hub_cache import HubSnapshot, hub_cache_dir, hub_snapshot, in_hub_cache, is_path_like
 from reform_eval.models.registry_sources import family_modules, tiny_builder_modules
-from reform_eval.models.tiny import builtin_checkpoint
-from reform_eval.utils.errors import ReformError, unknown_name
+from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint
+from reform_eval.utils.errors import ReformError, did_you_mean, missing_path, unknown_name
+from reform_eval.utils.invocation import command_for
 from reform_eval.utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
@@ -83,7 +84,7 @@ RUN_CONFIG_KEYS: Dict[str, str] = {
     "seed": "use --seed",
     "batch_size": "use --per_gpu_eval_batch_size",
     "device": ("run_eval places each rank on its own GPU, or on the CPU when no GPU is visible; to run on "
-               "the CPU, hide the GPUs (CUDA_VISIBLE_DEVICES= python run_eval.py ...); to spread a model "
+               "the CPU, hide the GPUs (CUDA_VISIBLE_DEVICES= {run_eval} ...); to spread a model "
                "over devices, use --model_option device_map=auto or gpus_per_rank=K"),
 }
 
@@ -170,6 +171,41 @@ def builtin_checkpoint_dir(name: str, model_name: Optional[str], options: Dict[s
     return builtin_checkpoint(family, model_name, options)
 
 
+#: families whose ``--model_name`` is no checkpoint (a served model id, or nothing at all); every
+#: other family loads a checkpoint folder (a test keeps this equal to the families without a
+#: ``family`` attribute, so the check below needs no import of a family's module)
+NON_CHECKPOINT_FAMILIES: Tuple[str, ...] = ("constant", "openai_api", "random", "reference")
+#: the checkpoint names built here (``models.tiny``): random weights for every family, and the
+#: known-skill LLaVA
+BUILTIN_NAMES: Tuple[str, ...] = ("tiny", TRAINED_NAME)
+
+
+def check_checkpoint_name(name: str, model_name: Optional[str]) -> None:
+    """``--model_name`` of a checkpoint family is a built-in name, an existing folder or a hub id
+    in the local HF cache; anything else is refused in one line that says which, names the close
+    built-in name and how a hub checkpoint gets into the cache. Looks at the file system only (no
+    torch, no network), so a typo is told within a second, before anything is written."""
+    if not model_name or name in NON_CHECKPOINT_FAMILIES or name not in available_models():
+        return
+    text = str(model_name)
+    if text in BUILTIN_NAMES:
+        return
+    if is_path_like(text):
+        if not os.path.isdir(os.path.expanduser(text)):
+            raise missing_path(os.path.expanduser(text), f"checkpoint folder (--model {name} --model_name)",
+                               hint="give a checkpoint folder, an HF id in the local cache, or " + " or ".join(
+                                   BUILTIN_NAMES))
+        return
+    if in_hub_cache(text):
+        return
+    hub_id = text if "/" in text else "ORG/NAME"
+    raise ReformError(
+        f"model {name}: --model_name '{text}' is neither a local checkpoint folder nor in the Hugging Face cache "
+        f"({hub_cache_dir()}){did_you_mean(text, BUILTIN_NAMES)}; built-in names: tiny (random weights), "
+        f"{TRAINED_NAME} (the known-skill LLaVA); a hub checkpoint: `huggingface-cli download {hub_id}` on a machine "
+        "with network, then run with HF_HUB_OFFLINE=1 (docs/models.md)")
+
+
 def needs_image(name: str) -> bool:
     """Whether family ``name`` cannot run without an image (``--image_ablation none`` then
     gives it a blank image: ``build.ablation``)."""
@@ -218,7 +254,7 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
     run_keys = sorted(k for k in options if k in RUN_CONFIG_KEYS)
     if run_keys:
         raise ReformError(f"--model_option {run_keys[0]}: set by run_eval itself, not a model option; "
-                          f"{RUN_CONFIG_KEYS[run_keys[0]]}")
+                          f"{RUN_CONFIG_KEYS[run_keys[0]].format(run_eval=command_for('run_eval'))}")
     _load(name)
     if name not in MODELS:
         raise unknown_name("model", name, available_models())

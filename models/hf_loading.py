@@ -20,6 +20,7 @@ from reform_eval.models.checkpoint_files import check_checkpoint_dir
 from reform_eval.models.hf_compat import allow_video_processors_without_torchvision
 from reform_eval.models.hf_state import HFState
 from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot, is_path_like
+from reform_eval.models import check_checkpoint_name
 from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
 from reform_eval.utils.errors import ReformError
 
@@ -171,6 +172,8 @@ class HFLoadingMixin(HFState):
             logger.info("%s: snapshot %s of the local HF cache (%s)", name, self.hub_snapshot.commit,
                         self.hub_snapshot.path)
             return self.hub_snapshot.path
+        # neither a folder nor in the cache: the one line that says so (never a network error)
+        check_checkpoint_name(self.name or self.family, name)
         return name
 
     def _load(self) -> None:

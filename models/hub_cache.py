@@ -36,6 +36,27 @@ def is_path_like(name: str) -> bool:
             or name.count("/") > 1 or os.path.exists(name))
 
 
+def hub_cache_dir() -> str:
+    """The Hugging Face hub cache folder, read from the environment now, as ``huggingface_hub``
+    resolves it: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return os.path.expanduser(explicit)
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def in_hub_cache(name: str) -> bool:
+    """Whether the hub cache holds a snapshot of ``name`` (a look at one folder: no import of
+    ``huggingface_hub``, so a model-name typo is told before anything heavy is loaded)."""
+    snapshots = os.path.join(hub_cache_dir(), "models--" + str(name).replace("/", "--"), "snapshots")
+    try:
+        return any(os.path.isdir(os.path.join(snapshots, s)) for s in os.listdir(snapshots))
+    except OSError:
+        return False
+
+
 def hub_snapshot(name: Optional[str], revision: str = "main") -> Optional[HubSnapshot]:
     """The snapshot of the local HF cache that hub id ``name`` resolves to offline, or None when
     ``name`` is a path, not a valid id, or not in the cache (the model's own load then says so).

@@ -156,7 +156,9 @@ def test_python_api_config_is_checked_like_the_command_line(tmp_path):
     from reform_eval.evaluation import DatasetConfig, ModelConfig, OutputConfig, RunConfig
     from reform_eval.utils.errors import ReformError
     from reform_eval.utils.secrets import Secret
-    base = dict(model=ModelConfig("random"), dataset=DatasetConfig("custom", config="x.yaml"),
+    (tmp_path / "x.yaml").write_text("data_file: items.jsonl\n")  # (files that exist: a typo is told first)
+    (tmp_path / "items.jsonl").write_text("")
+    base = dict(model=ModelConfig("random"), dataset=DatasetConfig("custom", config=str(tmp_path / "x.yaml")),
                 output=OutputConfig(str(tmp_path / "o")))
     for bad in (dict(dataset=DatasetConfig("custom", shuffle_options="false")),
                 dict(output=OutputConfig(str(tmp_path), overwrite="false")),

@@ -45,7 +45,9 @@ def test_three_models_on_iwisdm_levels(tmp_path, capsys):
     assert all("low" in m["headline"]["accuracy"] and "high" in m["headline"]["accuracy"] for m in comp["models"])
     assert os.path.isfile(tmp_path / "cmp" / "report.html")
     assert any(n.endswith(".png") for n in os.listdir(tmp_path / "cmp" / "plots"))
-    assert "exact McNemar" in printed and "report.html" in printed
+    # the console: the headline table and the paths; the paired tests are in comparison.md (issue 32)
+    assert "Headline metrics" in printed and "report.html" in printed and "comparison.md" in printed
+    assert "exact McNemar" not in printed and "exact McNemar" in open(tmp_path / "cmp" / "comparison.md").read()
     # per-run results were written by the loader too, beside run_eval's (which are untouched)
     for f in files:
         assert results_of(f)["metrics"]["num_records"] == 12

@@ -220,7 +220,7 @@ def test_2_a_tracker_refusing_after_the_work_is_one_line_naming_the_saved_result
                 tracking_uri=uri)
     text = str(e.value)
     assert text.startswith("--log_to mlflow: the tracking store sqlite:///") and "the store is read-only" in text
-    assert "/x/p.results.json" in text and "run_loader_eval.py --prediction_file /x/p.json --log_to mlflow" in text
+    assert "/x/p.results.json" in text and "run_loader_eval --prediction_file /x/p.json --log_to mlflow" in text
 
 
 def test_2_lone_surrogate_in_a_record_is_stored_and_counted(tmp_path):

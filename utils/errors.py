@@ -6,6 +6,8 @@ one line and exit with code 2 instead of a traceback.
 """
 from __future__ import annotations
 
+import difflib
+import os
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, List, Optional
 
@@ -35,9 +37,36 @@ def input_error(message: str, file: Optional[str] = None, record: Optional[Any] 
     return ReformError(f"{loc}: {message}" if loc else message)
 
 
+def closest(name: Any, valid: Iterable[str]) -> Optional[str]:
+    """The valid name a typo most likely meant (case-insensitive), or None when none is close."""
+    by_lower = {str(v).lower(): str(v) for v in valid}
+    match = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[match[0]] if match else None
+
+
+def did_you_mean(name: Any, valid: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the closest valid name, or the empty string."""
+    match = closest(name, valid)
+    return f" (did you mean {match}?)" if match is not None else ""
+
+
 def unknown_name(kind: str, name: Any, valid: Iterable[str]) -> ReformError:
-    """Error for an unknown registry name; lists the valid names."""
-    return ReformError(f"unknown {kind} '{name}'; valid names: {', '.join(sorted(valid))}")
+    """Error for an unknown registry name: the closest valid name first, then all of them."""
+    valid = sorted(valid)
+    return ReformError(f"unknown {kind} '{name}'{did_you_mean(name, valid)}; valid names: {', '.join(valid)}")
+
+
+def missing_path(path: str, what: str, field: Optional[str] = None, hint: str = "") -> ReformError:
+    """A file or folder the input names that does not exist: the path, what it should be, the
+    closest name beside it (``data/mme_synthtic``: did you mean data/mme_synthetic?) and the way on."""
+    parent, base = os.path.split(os.path.normpath(path))
+    try:
+        siblings = [n for n in os.listdir(parent or ".") if not n.startswith(".")]
+    except OSError:
+        siblings = []
+    match = closest(base, siblings)
+    suggestion = f" (did you mean {os.path.join(parent, match)}?)" if match is not None else ""
+    return input_error(f"{what} not found{suggestion}" + (f"; {hint}" if hint else ""), file=path, field=field)
 
 
 class Interrupted(ReformError):

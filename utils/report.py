@@ -62,7 +62,8 @@ def flatten(d: Dict[str, Any], prefix: str = "") -> List[tuple]:
 def scalar_table(metrics: Dict[str, Any], notes: Optional[Dict[str, str]] = None) -> str:
     """The metric | value table of top-level scalar metrics; a note column when a metric says
     something beside a number (e.g. a subsample total's missing subtasks)."""
-    scalars = [(k, v) for k, v in metrics.items() if not isinstance(v, (dict, list, tuple))]
+    # a metric that is undefined for these records (None) reads n/a, never a number
+    scalars = [(k, "n/a" if v is None else v) for k, v in metrics.items() if not isinstance(v, (dict, list, tuple))]
     if notes:
         return markdown_table(["metric", "value", "note"], [(k, v, notes.get(k, "")) for k, v in scalars])
     return markdown_table(["metric", "value"], scalars)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from reform_eval.metrics import ReportSpec, coverage_note, report_spec
+from reform_eval.metrics.single_choice import format_hit_rate
 from reform_eval.utils.bootstrap import MIN_CLUSTERS, Resamples, cluster_weights, interval, wmean
 from reform_eval.utils.report import markdown_table
 
@@ -77,8 +78,8 @@ def accuracy_family(ps: List[Dict[str, Any]], W: Resamples, result: Dict[str, An
     spec = report_spec(result.get("metric"))
     correct = [bool(p.get("correct")) for p in ps]
     head = {"accuracy": wmean(W, correct)}
-    if result.get("infer_method", "generation") == "generation":
-        head["format_hit_rate"] = wmean(W, [p.get("extracted") is not None for p in ps])
+    if result.get("infer_method", "generation") == "generation" and format_hit_rate(ps) is not None:
+        head["format_hit_rate"] = wmean(W, [p.get("extracted") is not None for p in ps])  # (undefined: no row)
     breakdowns: Dict[str, Dict[str, Dict[str, Any]]] = {}
     for name, field in spec.breakdowns:
         if not ps or field not in ps[0]:

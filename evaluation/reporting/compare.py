@@ -513,6 +513,14 @@ def _fmt_op(v: Any) -> str:
     return str(v)
 
 
+def headline_markdown(comp: Dict[str, Any]) -> str:
+    """What the console shows of a comparison: its title and the headline table, as a single run
+    shows its headline (every other table is in comparison.md and report.html)."""
+    title, header, rows = tables(comp)[0]
+    return "\n".join([md_text(f"## {comp['benchmark'] or 'Benchmark'} comparison: {title}"), "",
+                      markdown_table(header, rows)])
+
+
 def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
     """comparison.md: the tables, then the plot files."""
     models = ", ".join(m["name"] for m in comp["models"])

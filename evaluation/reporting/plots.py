@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import textwrap
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -65,6 +66,46 @@ def _model_ticks(ax: Any, names: Sequence[str]) -> None:
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(["\n".join(textwrap.wrap(str(n), TICK_WIDTH, break_long_words=True, break_on_hyphens=False)
                                   or [str(n)]) for n in names], fontsize=7)
+
+
+#: characters per line of a group's name under its bars (names break after ``_`` or ``-`` and at spaces)
+GROUP_WIDTH = 10
+
+
+def _wrap_name(name: str, width: int = GROUP_WIDTH) -> str:
+    """``identify_category`` -> ``identify_`` / ``category``: a group name on short lines, broken
+    after an underscore or a hyphen or at a space, never inside a word."""
+    lines: List[str] = []
+    for part in (p for p in re.split(r"(?<=[_ -])", str(name)) if p):
+        if lines and len(lines[-1]) + len(part.rstrip()) <= width:
+            lines[-1] += part
+        else:
+            lines.append(part)
+    return "\n".join(line.rstrip() for line in lines) or str(name)
+
+
+def labels_overlap(fig: Any, ax: Any) -> bool:
+    """Whether two of the x tick labels of ``ax`` touch, as drawn (after ``tight_layout``, which
+    ``_save`` applies too)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()),
+                   key=lambda b: b.x0)
+    return any(a.x1 + 2 > b.x0 for a, b in zip(boxes, boxes[1:]))
+
+
+def _category_ticks(fig: Any, ax: Any, groups: Sequence[str], rotate: bool = False) -> None:
+    """One tick per group, the labels never overlapping: wrapped onto short horizontal lines, and
+    rotated 45 degrees where even so they would touch (many groups, long names) or when asked."""
+    ax.set_xticks(range(len(groups)))
+    if not rotate:
+        ax.set_xticklabels([_wrap_name(g) for g in groups], rotation=0, ha="center")
+        if not labels_overlap(fig, ax):
+            return
+    ax.set_xticklabels(groups, rotation=45, ha="right", rotation_mode="anchor")
 
 
 def _save(fig: Any, out_dir: str, name: str) -> List[str]:
@@ -158,23 +199,21 @@ def grouped_bars(comp: Dict[str, Any], breakdown: str, stat: str, title: str, yl
         for g, c in enumerate(chance):
             ax.hlines(c, g - 0.45, g + 0.45, colors="black", linestyles="--", lw=1,
                       label="chance" if g == 0 else None)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=0 if horizontal_labels else 45, ha="center" if horizontal_labels else "right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if ylim:
         ax.set_ylim(*ylim)
-    if horizontal_labels:
-        _legend_below(ax, n + 1)
-    else:  # rotated labels take the room below: legend to the right
-        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # the legend to the right: it never meets the group labels below, wrapped or rotated
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _category_ticks(fig, ax, groups, rotate=not horizontal_labels)
     return _save(fig, out_dir, name)
 
 
 @plain_text
 def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, xlabel: str, ylabel: str,
-                  out_dir: str, name: str, band: bool, chance: bool = False) -> List[str]:
-    """One line per model over the groups; CI as a band or as error bars."""
+                  out_dir: str, name: str, band: bool) -> List[str]:
+    """One line per model over ordered groups (turns, instruction counts: a line joins points on a
+    scale, so categories go to ``grouped_bars``); CI as a band or as error bars."""
     groups = _groups(comp, breakdown)
     if not groups:
         return []
@@ -190,9 +229,6 @@ def lines_with_ci(comp: Dict[str, Any], breakdown: str, stat: str, title: str, x
             shift = (i - (len(series) - 1) / 2) * min(0.08, 0.4 / max(len(series), 1))
             ax.errorbar([x + shift for x in xs], vals, yerr=[lo, hi], marker="o", ms=4, capsize=3,
                         label=legend_label(model))
-    ch = _chance(comp, breakdown, groups) if chance else None
-    if ch:
-        ax.plot(xs, ch, color="black", ls="--", lw=1, marker="_", ms=14, label="chance")
     if len(xs) == 1:
         ax.set_xlim(-0.5, 0.5)
     ax.set_xticks(xs)
@@ -296,9 +332,9 @@ def make_plots(comp: Dict[str, Any], runs: Sequence[Dict[str, Any]], out_dir: st
     files: List[str] = []
     if family == "accuracy":
         names = set(_groups_names(comp))
-        if "complexity" in names:
-            files += lines_with_ci(comp, "complexity", "accuracy", "iWISDM accuracy by complexity", "complexity",
-                                   "accuracy", out_dir, "iwisdm_complexity", band=False, chance=True)
+        if "complexity" in names:  # levels and identification tasks are categories, not points on a scale
+            files += grouped_bars(comp, "complexity", "accuracy", "iWISDM accuracy by complexity", "accuracy",
+                                  out_dir, "iwisdm_complexity", ylim=(0, 1.05))
         if "features" in names:
             files += grouped_bars(comp, "features", "accuracy", "Accuracy by feature group", "accuracy",
                                   out_dir, "iwisdm_feature_group", ylim=(0, 1.05))

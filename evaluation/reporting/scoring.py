@@ -29,6 +29,7 @@ from reform_eval.build.registry import get_builder_class
 from reform_eval.evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from reform_eval.evaluation.reporting.image_dependence import ablation_mode
 from reform_eval.evaluation.reporting.report import compare_runs
+from reform_eval.evaluation.reporting.compare import headline_markdown
 from reform_eval.metrics import evaluate
 from reform_eval.metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
 from reform_eval.metrics.single_choice import check_stability
@@ -619,10 +620,10 @@ def evaluate_files(paths: Sequence[str], formulation: Optional[str] = None, infe
         _unique_names(runs)
         if len(runs) > 1:
             comparison = compare_runs(runs, compare_dir, seed=seed, n_boot=n_boot, commit=c)
-    if comparison is not None and not quiet:
-        with open(comparison["files"]["comparison_md"], encoding="utf-8") as f:
-            print(f.read())
-        print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')}")
+    if comparison is not None and not quiet:  # the headline table; the rest is one path away
+        print(headline_markdown(comparison) + "\n")
+        print(f"comparison of {len(runs)} runs: {comparison['files'].get('report_html')} (every table: "
+              f"{comparison['files']['comparison_md']})")
     elif not quiet:
         files = runs[0]["result"].get("results_files", {})
         print(f"results: {files.get('json')} (every table: {files.get('md')})")
@@ -713,5 +714,5 @@ def summary_table(runs: List[Dict[str, Any]], breakdown: str = "complexity") -> 
         overall = m.get("accuracy", m.get("pif", m.get("total_score")))
         rows.append([r["name"], r["result"].get("infer_method", "")] +
                     [by[g]["accuracy"] if g in by else "" for g in groups] +
-                    [overall, m.get("chance", ""), m.get("format_hit_rate", "n/a")])
+                    [overall, m.get("chance", ""), "n/a" if m.get("format_hit_rate") is None else m["format_hit_rate"]])
     return markdown_table(header, rows)

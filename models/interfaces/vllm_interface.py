@@ -57,10 +57,10 @@ import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from reform_eval.models import MODELS, load_all, register_model
+from reform_eval.models import MODELS, check_checkpoint_name, load_all, register_model
 from reform_eval.models.hf_provenance import pixel_rows
 from reform_eval.models.hf_base import HFBaseInterface
-from reform_eval.models.hf_loading import _is_path_like, _one_line, builtin_checkpoint
+from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
 from reform_eval.models.outputs import finish_text
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
@@ -122,8 +122,7 @@ def local_checkpoint(name: str, family: str, options: Dict[str, Any]) -> str:
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ReformError(f"model 'vllm': '{name}' has no config.json; is it a Hugging Face checkpoint directory?")
         return path
-    if _is_path_like(name):
-        raise ReformError(f"model 'vllm': model path '{name}' does not exist")
+    check_checkpoint_name("vllm", name)  # a path that does not exist, an id not in the cache: one line
     from huggingface_hub import snapshot_download  # the hub client: only to find an id in the offline cache
     try:
         return snapshot_download(name, local_files_only=True)
