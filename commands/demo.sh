@@ -27,7 +27,7 @@ python run_eval.py --model random "${COMMON[@]}" >/dev/null
 python run_eval.py --model constant "${COMMON[@]}" >/dev/null
 python - "$OUT" <<'PY'
 import sys
-from evaluation.reporting.scoring import evaluate_files, summary_table
+from reform_eval.evaluation.reporting.scoring import evaluate_files, summary_table
 out = sys.argv[1]
 ev = evaluate_files([out], output_dir=f"{out}/report", quiet=True)
 print(summary_table(ev["runs"]))

@@ -37,7 +37,7 @@ export GIT_CEILING_DIRECTORIES="$(dirname "$(dirname "$(dirname "$LPY")")")"
 cd "$ROOT"
 
 "$PY" -m reform_eval.build.mme_synthetic --out "$WORK/release" --images "$IMAGES" --seed "$SEED" >/dev/null
-"$PY" -c "import sys; from build.mme import write_placeholder_parquet as w; w(sys.argv[1], sys.argv[2], ['existence', 'color'])" \
+"$PY" -c "import sys; from reform_eval.build.mme import write_placeholder_parquet as w; w(sys.argv[1], sys.argv[2], ['existence', 'color'])" \
   "$WORK/release" "$WORK/parquet/test.parquet"
 MME_YAML="$("$LPY" -c 'import lmms_eval, os; print(os.path.join(os.path.dirname(lmms_eval.__file__), "tasks", "mme", "mme.yaml"))' 2>/dev/null)"
 

@@ -156,6 +156,24 @@ def test_nothing_imports_a_subpackage_under_its_short_name():
     assert not bad, bad
 
 
+def test_no_script_or_doc_imports_a_subpackage_under_its_short_name():
+    """The same rule for the Python inside shell scripts and docs: run from the clone's root such
+    code would work, with a second copy of every module it imports."""
+    import glob
+    import re
+    short = "|".join(PACKAGES)
+    pattern = re.compile(rf"(?:^|[;\s\"'])(?:from ({short})(?:\.[\w.]+)? import |import ({short})\b(?!\.\w+ import))",
+                         re.M)
+    files = glob.glob(os.path.join(ROOT, "commands", "*.sh")) + glob.glob(os.path.join(ROOT, "docs", "*.md")) + \
+        [os.path.join(ROOT, "README.md")]
+    bad = []
+    for path in files:
+        text = open(path, encoding="utf-8").read()
+        bad += [f"{os.path.relpath(path, ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0).strip()}"
+                for m in pattern.finditer(text)]
+    assert not bad, bad
+
+
 #: third-party packages too heavy for a start that does not need them (issue 24: --help, a
 #: baseline, an endpoint run and offline scoring start without them)
 HEAVY = ("torch", "transformers", "accelerate", "vllm", "matplotlib", "scipy", "mlflow", "wandb", "openpyxl",

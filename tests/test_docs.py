@@ -43,7 +43,7 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import pytest
 
