@@ -52,9 +52,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from reform_eval.models import MODELS, load_all, register_model
@@ -140,6 +142,14 @@ class VLLMInterface(BaseInterface):
     option_names = ("family", "dtype", "trust_remote_code", "tensor_parallel_size", "max_model_len", "max_images",
                     "image_backend", "enforce_eager", "engine_args", "preprocessor", "roles", "tiny_size",
                     "max_context_tokens")
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """vLLM importable in this Python (looked up, not imported: importing it takes seconds)."""
+        if importlib.util.find_spec("vllm") is None:
+            raise ReformError(f"model 'vllm': vLLM is not installed in this Python ({sys.executable}); install it "
+                              "with pip install \".[vllm]\", or on the CPU build its own venv with "
+                              "bash commands/vllm_env.sh and run with the python it prints")
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
