@@ -33,7 +33,9 @@ Weights: vLLM's LLaVA expects ``vision_tower.vision_model.*`` where transformers
 Engine (``vllm`` is imported only in this module, when the engine starts): ``enforce_eager``
 (default true: no graph capture or compilation, start-up in about a minute on a CPU; with it
 ``TORCHDYNAMO_DISABLE=1``, because vLLM compiles a sampler helper even then, once per prompt
-length, which made likelihood 50x slower here), vLLM's log at ERROR unless ``-v``, on the CPU
+length, which made likelihood 50x slower here), vLLM's log and everything it prints (its
+workers' warnings, its config dump, native code) in log.txt and on the console only with ``-v``
+(``utils.run_log``), on the CPU
 ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set, and the
 engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one import of torch). Under torchrun
 every rank owns its engine (data parallel: each rank its share of the samples): the engine then
@@ -67,6 +69,7 @@ from reform_eval.models.interfaces.base_interface import BaseInterface, Candidat
 from reform_eval.models.outputs import GenText, finish_text
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
+from reform_eval.utils.run_log import library_log_to_run, output_to_log
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +224,6 @@ class VLLMInterface(BaseInterface):
         docstring)."""
         saved = dict(os.environ)
         env = os.environ
-        if not logger.isEnabledFor(logging.INFO):  # the engine's own chatter only with -v, as the HF loaders'
-            env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if self.enforce_eager:
             # eager means eager: vLLM still compiles a sampler helper with inductor (the ranks of
             # returned log-probabilities, recompiled for every new prompt length: 70 s instead of
@@ -277,8 +278,12 @@ class VLLMInterface(BaseInterface):
             self.engine_env = {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
                                                                "VLLM_ENABLE_V1_MULTIPROCESSING", "CUDA_VISIBLE_DEVICES",
                                                                "TORCHDYNAMO_DISABLE")}
+            # the engine's own log, its workers' warnings and its config dump go to log.txt (the
+            # console shows them with -v), as the rest of the harness is quiet by default
+            library_log_to_run("vllm")
             try:
-                llm = LLM(**kwargs)
+                with output_to_log():
+                    llm = LLM(**kwargs)
             except (ValueError, RuntimeError, TypeError, NotImplementedError) as e:
                 raise ReformError(f"model 'vllm': the engine did not start on '{self.model_path}': "
                                   f"{_one_line(e)}") from None
@@ -318,7 +323,8 @@ class VLLMInterface(BaseInterface):
 
     def _generate(self, requests: List[Dict[str, Any]], params: Any) -> List[Any]:
         try:
-            return self.llm.generate(requests, params, use_tqdm=False)
+            with output_to_log():
+                return self.llm.generate(requests, params, use_tqdm=False)
         except ValueError as e:  # a prompt longer than the context, an image vLLM refuses
             ids = self.renderer._sample_ids
             who = f"samples {', '.join(map(str, ids))}" if ids else "this batch"
