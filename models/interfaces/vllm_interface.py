@@ -260,7 +260,13 @@ class VLLMInterface(BaseInterface):
             os.environ.update(saved)
 
     def _start_engine(self) -> Any:
-        from vllm import LLM  # vLLM only here: it is the engine
+        # vLLM's own log, its workers' warnings, its config dump and whatever it prints while it
+        # loads, starts and generates go to log.txt (the console shows them with -v), as the rest
+        # of the harness is quiet by default (utils.run_log)
+        library_log_to_run("vllm")
+        with output_to_log():
+            from vllm import LLM  # vLLM only here: it is the engine
+        library_log_to_run("vllm")  # (loading, vLLM set up a console logger of its own)
 
         kwargs: Dict[str, Any] = {
             "model": self.engine_path, "tokenizer": self.engine_path, "dtype": self.dtype,
@@ -278,9 +284,6 @@ class VLLMInterface(BaseInterface):
             self.engine_env = {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
                                                                "VLLM_ENABLE_V1_MULTIPROCESSING", "CUDA_VISIBLE_DEVICES",
                                                                "TORCHDYNAMO_DISABLE")}
-            # the engine's own log, its workers' warnings and its config dump go to log.txt (the
-            # console shows them with -v), as the rest of the harness is quiet by default
-            library_log_to_run("vllm")
             try:
                 with output_to_log():
                     llm = LLM(**kwargs)
@@ -312,14 +315,17 @@ class VLLMInterface(BaseInterface):
     def _trace(self, text: str, request: Dict[str, Any], n_tokens: Optional[int]) -> Dict[str, Any]:
         """What the engine was handed, from what this interface made for it (nothing computed a
         second time): the rendered text's hash, the prompt's length as the engine counted it
-        (image tokens expanded), whether the token ids handed over start with BOS. ``pixel_sha``
+        (image tokens expanded), whether the token ids handed over start with BOS, the sizes of
+        the images handed over. ``pixel_sha``
         is unknown (None): vLLM processes the images inside the engine and does not return the
         tensors; the images themselves are the record's ``trace.image_sha`` (the run's content
         hash) and their processing the run's ``provenance.image_processor`` (docs/provenance.md)."""
         ids = request["prompt_token_ids"]
         bos = self.tokenizer.bos_token_id
+        images = (request.get("multi_modal_data") or {}).get("image") or []
         return {"prompt_sha": short_sha(text), "prompt_text": text, "prompt_tokens": n_tokens,
-                "bos": (bool(ids) and ids[0] == bos) if bos is not None else None, "pixel_sha": None}
+                "bos": (bool(ids) and ids[0] == bos) if bos is not None else None, "pixel_sha": None,
+                "image_sizes": [[int(v) for v in im.size] for im in images] or None}
 
     def _generate(self, requests: List[Dict[str, Any]], params: Any) -> List[Any]:
         try:
@@ -343,7 +349,8 @@ class VLLMInterface(BaseInterface):
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                            **gen_kwargs: Any) -> List[GenText]:
         """Greedy (temperature 0) or seeded sampled generation of the whole batch in one engine
-        call; texts decoded and counted as the family does."""
+        call; texts decoded and counted as the family does (the engine's own detokenizing is
+        switched off: its text would be thrown away)."""
         from vllm import SamplingParams  # vLLM only here: it is the engine
 
         if int(gen_kwargs.get("num_beams") or 1) > 1:
@@ -351,34 +358,46 @@ class VLLMInterface(BaseInterface):
         temperature = float(gen_kwargs.get("temperature") or 0.0)
         max_new = int(gen_kwargs.get("max_new_tokens") or self.config.get("max_new_tokens") or 30)
         seeds = gen_kwargs.get("seeds")
-        requests, params, traces = [], [], []
+        rendered, images = [], []
         for i, (ims, p) in enumerate(zip(images_list, prompts)):
             text = self.renderer.render(p, i)
             imgs = self.renderer._images(ims, i)
             self.renderer._check_images(text, len(imgs), i)
-            requests.append(self._request(text, imgs))
-            traces.append(text)
-            kw: Dict[str, Any] = {"max_tokens": max_new, "temperature": temperature}
-            if temperature > 0:
+            rendered.append(text)
+            images.append(imgs)
+        # the batch's prompts tokenized in one call (the same ids as one by one: no padding)
+        token_ids = self.tokenizer(rendered, add_special_tokens=True)["input_ids"] if rendered else []
+        requests = [self._request(t, ims, prompt_ids=ids) for t, ims, ids in zip(rendered, images, token_ids)]
+        params: Any
+        if temperature > 0:
+            params = []
+            for i in range(len(requests)):
+                kw: Dict[str, Any] = {"max_tokens": max_new, "temperature": temperature, "detokenize": False}
                 for k in ("top_p", "top_k"):
                     if gen_kwargs.get(k) is not None:
                         kw[k] = gen_kwargs[k]
                 if seeds is not None:
                     kw["seed"] = int(seeds[i])
-            params.append(SamplingParams(**kw))
+                params.append(SamplingParams(**kw))
+        else:  # greedy: one set of parameters for the batch
+            params = SamplingParams(max_tokens=max_new, temperature=0.0, detokenize=False)
         outs = self._generate(requests, params)
         eos = self._eos_ids()
+        generated = [list(out.outputs[0].token_ids) for out in outs]
+        decoded = self.tokenizer.batch_decode(generated, skip_special_tokens=True) if generated else []
         texts: List[GenText] = []
-        for out in outs:
-            ids = list(out.outputs[0].token_ids)
+        for ids, text in zip(generated, decoded):
             hits = [j for j, t in enumerate(ids) if t in eos]
-            n = hits[0] + 1 if hits else len(ids)
-            texts.append(finish_text(self.tokenizer.decode(ids, skip_special_tokens=True), tokens=n))
+            texts.append(finish_text(text, tokens=hits[0] + 1 if hits else len(ids)))
+        traces = rendered
         self._traces = [self._trace(t, r, len(o.prompt_token_ids)) for t, r, o in zip(traces, requests, outs)]
         return texts
 
     def _eos_ids(self) -> set:
-        """The token ids that end a generation (the checkpoint's generation config, else the tokenizer's)."""
+        """The token ids that end a generation (the checkpoint's generation config, else the
+        tokenizer's); read once."""
+        if getattr(self, "_eos", None) is not None:
+            return self._eos
         try:
             with open(os.path.join(self.model_path, "generation_config.json"), encoding="utf-8") as f:
                 eos = json.load(f).get("eos_token_id")
@@ -386,7 +405,8 @@ class VLLMInterface(BaseInterface):
             eos = None
         if eos is None:
             eos = self.tokenizer.eos_token_id
-        return {e for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        self._eos = {e for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        return self._eos
 
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
