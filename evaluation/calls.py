@@ -189,6 +189,8 @@ class Runner:
             if "prompt_text" in trace and not self.examples:
                 self.examples["prompt_text"] = str(trace["prompt_text"])
             rec["trace"] = {k: trace.get(k) for k in TRACE_FIELDS}
+            # the images' content as the run fingerprinted it: known alike for every engine
+            rec["trace"]["image_sha"] = self.plan.image_sha_of(self.plan.key(s))
         return self.finish(s, rec)
 
     def finish(self, s: Dict[str, Any], rec: Dict[str, Any]) -> Dict[str, Any]:

@@ -27,7 +27,8 @@ from reform_eval.build import IMAGE_ABLATIONS, LOAD_DEFAULTS
 from reform_eval.build.registry import (BUILDERS, caller_paths_absolute, get_builder_class, read_dataset_config,
                                         shipped_configs)
 from reform_eval.metrics import check_metric_options, metric_for
-from reform_eval.models import available_models, check_checkpoint_name, check_model_options, check_run_flags
+from reform_eval.models import (available_models, check_checkpoint_name, check_installed, check_model_options,
+                                check_run_flags)
 from reform_eval.utils.errors import ReformError, unknown_name
 from reform_eval.utils.options import metric_options as parse_metric_options
 from reform_eval.utils.options import parse_kv
@@ -244,6 +245,7 @@ class RunConfig:
         check_model_options(m.family, m.options)
         check_run_flags(m.family, {"model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
                                    "inference_method": g.infer_method})
+        check_installed(m.family)
         if self.output.use_cache:
             check_writable_dir(self.output.cache_dir, cache_setting(self.output.cache_dir))
         gpus = m.options.get("gpus_per_rank", 1)

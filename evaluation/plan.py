@@ -47,13 +47,16 @@ class RunPlan:
     _index: Dict[Key, int] = field(default_factory=dict, repr=False)
     #: a hub id's resolved snapshot (id, revision, commit, folder), recorded in the run info
     checkpoint_source: Optional[Dict[str, Any]] = None
+    #: per-sample hash of its images' content (``utils.fingerprint.images_digest``), made with the
+    #: fingerprint: each record's ``trace.image_sha``
+    image_digests: List[Optional[str]] = field(default_factory=list)
 
     def key(self, sample: Dict[str, Any]) -> Key:
         return (str(sample["sample_id"]), int(sample["dup_index"]))
 
     def release_samples(self) -> None:
         """Drop the built samples (and what is indexed by them) once the records are merged."""
-        self.samples, self.digests, self.item_digests, self._index = [], [], [], {}
+        self.samples, self.digests, self.item_digests, self.image_digests, self._index = [], [], [], [], {}
 
     def index_of(self, key: Key) -> Optional[int]:
         if not self._index and self.samples:  # (made by make_plan; a plan built by hand makes it here)
@@ -71,6 +74,10 @@ class RunPlan:
     def item_sha_of(self, key: Key) -> Optional[str]:
         i = self.index_of(key)
         return self.item_digests[i][:16] if i is not None and i < len(self.item_digests) else None
+
+    def image_sha_of(self, key: Key) -> Optional[str]:
+        i = self.index_of(key)
+        return self.image_digests[i] if i is not None and i < len(self.image_digests) else None
 
     @property
     def sample_sha(self) -> Dict[Key, str]:
@@ -193,13 +200,14 @@ def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any
     if not samples:
         raise ReformError(f"{cfg.dataset.name}: the build produced no samples (check the dataset config and "
                           "--dataset_option values)")
-    fingerprint, digests, item_digests = samples_fingerprint(samples)
+    image_digests: List[Optional[str]] = []
+    fingerprint, digests, item_digests = samples_fingerprint(samples, image_digests)
     run_id, ident = identity(cfg, content, fingerprint)
     pred = prediction_path(cfg, run_id)
     hub = checkpoint_source(cfg.model.family, cfg.model.name)
     plan = RunPlan(cfg, samples, builder, digests, fingerprint, run_id, ident, config_path, pred,
                    os.path.join(cfg.output.output_dir, f".shards_{run_id}"), item_digests=item_digests,
-                   checkpoint_source=hub.record() if hub is not None else None)
+                   image_digests=image_digests, checkpoint_source=hub.record() if hub is not None else None)
     plan.index_of(plan.key(samples[0]))  # the key index, made once before any worker thread reads it
     return plan
 

@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any, Dict
 
 from reform_eval.utils.errors import ReformError
+from reform_eval.utils.run_log import CONSOLE_MARK, FILE_MARK, log_file_handler  # noqa: F401 (re-exported)
 from reform_eval.utils.secrets import redact_text
 
 #: what describes how predictions were made (kept when a later command only re-scores them)
@@ -103,20 +104,20 @@ def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None
     root = logging.getLogger()
     root.setLevel(logging.INFO if is_main else logging.WARNING)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not any(getattr(h, "_reform_console", False) for h in root.handlers):
+    if not any(getattr(h, CONSOLE_MARK, False) for h in root.handlers):
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(_ConsoleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        sh._reform_console = True  # type: ignore[attr-defined]
+        setattr(sh, CONSOLE_MARK, True)
         root.addHandler(sh)
     for h in root.handlers:
-        if getattr(h, "_reform_console", False):
+        if getattr(h, CONSOLE_MARK, False):
             h.setLevel(logging.INFO)
             for f in [f for f in h.filters if isinstance(f, _ConsoleFilter)]:
                 h.removeFilter(f)
             h.addFilter(_ConsoleFilter(verbose))
         if not any(isinstance(f, RedactFilter) for f in h.filters):
             h.addFilter(RedactFilter())
-    for h in [h for h in root.handlers if getattr(h, "_reform_log", False)]:
+    for h in [h for h in root.handlers if getattr(h, FILE_MARK, False)]:
         root.removeHandler(h)
         h.close()
     quiet_libraries(verbose)
@@ -128,16 +129,8 @@ def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None
             raise ReformError(f"{path}: cannot write the log ({e.strerror or e})") from None
         fh.setFormatter(fmt)
         fh.addFilter(RedactFilter())
-        fh._reform_log = True  # type: ignore[attr-defined]
+        setattr(fh, FILE_MARK, True)
         root.addHandler(fh)
-
-
-def log_file_handler() -> Any:
-    """The log.txt handler of this process, if one is set up."""
-    for h in logging.getLogger().handlers:
-        if getattr(h, "_reform_log", False):
-            return h
-    return None
 
 
 def quiet_libraries(verbose: bool) -> None:

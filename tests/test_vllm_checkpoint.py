@@ -103,3 +103,26 @@ def test_the_shipped_checkpoints_need_it(cache):
     names = load_file(os.path.join(out, "model.safetensors"))
     assert any(k.startswith("vision_tower.vision_model.") for k in names)
     assert not any(k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") for k in names)
+
+
+def test_a_missing_engine_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """``--model vllm`` in a Python without vLLM: one line naming both ways to get it, exit 2,
+    before the data is built or anything is written (it was an internal error after the build)."""
+    import importlib.util
+
+    from reform_eval import run_eval
+    from reform_eval.evaluation import plan
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.split(".")[0] == "vllm" else real(name, *a, **k))
+    built = []
+    monkeypatch.setattr(plan, "build_dataset", lambda *a, **k: built.append(a) or [])
+    out = tmp_path / "out"
+    rc = run_eval.main(["--model", "vllm", "--model_name", "tiny-trained", "--dataset_name", "iWISDM",
+                        "--dataset_config", "iwisdm_identify_category", "--dataset_option", "n_trials=2",
+                        "--output_dir", str(out)])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, (rc, lines)
+    assert 'pip install ".[vllm]"' in lines[0] and "commands/vllm_env.sh" in lines[0], lines[0]
+    assert "internal error" not in lines[0] and not built and not out.exists()

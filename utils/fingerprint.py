@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, Iterable, List, Tuple
+import os
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from reform_eval.utils.errors import input_error
 from reform_eval.utils.file_hashes import file_digest
@@ -66,13 +67,26 @@ def _digest(body: Dict[str, Any], images: List[str]) -> str:
     return hashlib.sha256((blob + "\x00" + "\x00".join(images)).encode("utf-8")).hexdigest()
 
 
-def sample_digests(sample: Dict[str, Any], cache: Dict[int, str]) -> Tuple[str, str]:
+def sample_digests(sample: Dict[str, Any], cache: Dict[int, str],
+                   images_out: Optional[List[Optional[str]]] = None) -> Tuple[str, str]:
     """(hash of the whole sample: every JSON field plus its images' tokens; hash of the item:
     the same without how it is asked, ``item_fields``). The first guards reuse of predictions;
-    the second pairs runs that asked the same item another way."""
+    the second pairs runs that asked the same item another way. ``images_out``: gets the
+    sample's ``images_digest`` appended (the images' content, hashed once here for the run)."""
     body = {k: v for k, v in sample.items() if k != "images"}
     images = [image_token(im, cache, sample.get("sample_id")) for im in sample.get("images", [])]
+    if images_out is not None:
+        images_out.append(images_digest(images))
     return _digest(body, images), _digest(item_fields(body), images)
+
+
+def images_digest(tokens: List[str]) -> Optional[str]:
+    """sha256[:16] of a sample's image tokens in order (what each image is, by content, never by
+    path); None without images. A record's ``trace.image_sha``: the pictures as given to the
+    model's processor or sent to a server, the same for every engine (docs/provenance.md)."""
+    if not tokens:
+        return None
+    return hashlib.sha256("\x00".join(tokens).encode("utf-8")).hexdigest()[:16]
 
 
 def sample_digest(sample: Dict[str, Any], cache: Dict[int, str]) -> str:
@@ -80,13 +94,15 @@ def sample_digest(sample: Dict[str, Any], cache: Dict[int, str]) -> str:
     return sample_digests(sample, cache)[0]
 
 
-def samples_fingerprint(samples: Iterable[Dict[str, Any]]) -> Tuple[str, List[str], List[str]]:
-    """(fingerprint of the whole build, per-sample digests in order, per-item digests in order)."""
+def samples_fingerprint(samples: Iterable[Dict[str, Any]], images_out: Optional[List[Optional[str]]] = None
+                        ) -> Tuple[str, List[str], List[str]]:
+    """(fingerprint of the whole build, per-sample digests in order, per-item digests in order);
+    ``images_out`` gets each sample's ``images_digest``, in order."""
     cache: Dict[int, str] = {}
     digests, items = [], []
     for s in samples:
         try:
-            full, item = sample_digests(s, cache)
+            full, item = sample_digests(s, cache, images_out)
         except (RecursionError, UnicodeEncodeError, ValueError) as e:
             raise input_error(f"cannot be fingerprinted ({type(e).__name__}: nested too deeply or invalid text)",
                               record=f"sample {s.get('sample_id')!r}") from None

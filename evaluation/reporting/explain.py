@@ -152,16 +152,32 @@ def _pixels(r: Dict[str, Any]) -> Optional[str]:
     return "no images" if t is not None and r.get("image_ids") == [] else None  # (a record that names none)
 
 
-def pixels_differ(ra: Dict[str, Any], rb: Dict[str, Any]) -> Optional[bool]:
-    """Did the model get other pixels: the pixel tensor's hash or the images' sizes (trace);
-    None when either is unknown."""
+def _images(r: Dict[str, Any]) -> Optional[str]:
+    """The trace's hash of the images' content (``image_sha``: every engine knows it); "no
+    images" for a record without images; None when unknown."""
+    t = _trace(r)
+    if t and t.get("image_sha") is not None:
+        return str(t["image_sha"])
+    return "no images" if t is not None and r.get("image_ids") == [] else None
+
+
+def pixels_differ(ra: Dict[str, Any], rb: Dict[str, Any], processing_differs: bool = False) -> Optional[bool]:
+    """Did the model get other pixels: the pixel tensor's hash or the images' sizes (trace,
+    where both engines know the tensor: in process); else the images' content (``image_sha``)
+    and, for the same images, whether the runs record another processing of them
+    (``processing_differs``: a run-level pixel factor, e.g. the image processor's backend or
+    output size, or the image encoding sent to a server); None when either is unknown."""
     pa, pb = _pixels(ra), _pixels(rb)
-    if pa is None or pb is None:
-        return None
-    if pa != pb:
-        return True
     ta, tb = _trace(ra), _trace(rb)
-    return bool(_both(ta, tb, "image_sizes") and ta["image_sizes"] != tb["image_sizes"])  # type: ignore[index]
+    sizes = bool(_both(ta, tb, "image_sizes") and ta["image_sizes"] != tb["image_sizes"])  # type: ignore[index]
+    if pa is not None and pb is not None:
+        return pa != pb or sizes
+    ia, ib = _images(ra), _images(rb)
+    if ia is None or ib is None:
+        return None
+    if ia != ib or sizes:
+        return True
+    return processing_differs and ia != "no images"
 
 
 def item_differences(ra: Dict[str, Any], rb: Dict[str, Any], how: str) -> List[Tuple[str, str]]:
@@ -286,7 +302,7 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
         verdict = _verdict_changed(pa, pb, family)
         if not verdict and not _answer_changed(pa, pb, family, generation):
             continue
-        prompt, pixels = prompt_differs(ra[ka], rb[kb]), pixels_differ(ra[ka], rb[kb])
+        prompt, pixels = prompt_differs(ra[ka], rb[kb]), pixels_differ(ra[ka], rb[kb], bool(by_kind[PIXELS]))
         if any(kind == PIXELS for _, kind in items):
             pixels = True
         if any(kind == PROMPT for _, kind in items) and prompt is None:

@@ -49,6 +49,11 @@ class BaseInterface:
     #: the run identity, ``--half_evaluation``); any other is refused by ``models.check_run_flags``
     run_flags: Tuple[str, ...] = ("model_name", "model_type", "half_evaluation")
 
+    @classmethod
+    def check_installed(cls) -> None:
+        """Raise ReformError (one line: what to install) when the engine this family runs on is
+        missing from this Python; called before any work (``models.check_installed``)."""
+
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})
 

@@ -406,21 +406,26 @@ class OpenAIAPIInterface(BaseInterface):
         try:
             urls = [self.images.url(im) for im in images]
             body = self._body(to_openai_messages(prompt, urls), **gen_kwargs)
-            digests = [self.images.digest(u) for u in urls]
-            # the same messages with each image as the hash of its bytes: what the trace hashes
-            shown = json.dumps(to_openai_messages(prompt, [f"sha:{d}" for d in digests]), ensure_ascii=False,
-                               sort_keys=True)
+            trace = self.trace_of(prompt, urls)
             image_tokens = sum(image_tokens_upper(_image_size(im)) for im in images) \
                 if self.budget.limit is not None else 0
         except ReformError as e:
             raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
         out = self.request(body, tag=tag, image_tokens=image_tokens)
-        usage = out.usage or {}
-        # what this request showed the server: its messages (each image by a hash of the bytes
-        # sent) and those bytes; the prompt's token count as the server reports it
-        return out, {"prompt_sha": hashlib.sha256(shown.encode("utf-8", "surrogatepass")).hexdigest()[:16],
-                     "prompt_text": shown, "prompt_tokens": usage.get("prompt_tokens"), "bos": None,
-                     "pixel_sha": hashlib.sha256("".join(digests).encode()).hexdigest()[:16] if digests else None}
+        # the prompt's token count as the server reports it
+        trace["prompt_tokens"] = (out.usage or {}).get("prompt_tokens")
+        return out, trace
+
+    def trace_of(self, prompt: Any, urls: Sequence[str]) -> Dict[str, Any]:
+        """What a request shows the server, as a trace: its messages with each image as the hash
+        of the bytes sent (``prompt_sha``, ``prompt_text``). What the server makes of them is not
+        visible from here: ``bos`` and ``pixel_sha`` are unknown (None; the images' content is the
+        record's ``trace.image_sha``, their encoding ``provenance.image_format``), and
+        ``prompt_tokens`` is the server's count, filled in from its reply."""
+        shown = json.dumps(to_openai_messages(prompt, [f"sha:{self.images.digest(u)}" for u in urls]),
+                           ensure_ascii=False, sort_keys=True)
+        return {"prompt_sha": hashlib.sha256(shown.encode("utf-8", "surrogatepass")).hexdigest()[:16],
+                "prompt_text": shown, "prompt_tokens": None, "bos": None, "pixel_sha": None}
 
     def max_in_flight(self) -> int:
         return self.max_concurrency
@@ -431,8 +436,10 @@ class OpenAIAPIInterface(BaseInterface):
         tag = f"sample {sample.get('sample_id')} (dup_index {sample.get('dup_index', 0)})"
         if inference_method == "generation":
             return self._generate_one(sample["images"], prompt, tag, gen_kwargs)
-        return score_candidates(self, [sample["images"]], [prompt], [sample.get("candidates") or []], [tag],
-                                parallel=False)[0], None
+        traces: List[Dict[str, Any]] = []
+        scores = score_candidates(self, [sample["images"]], [prompt], [sample.get("candidates") or []], [tag],
+                                  parallel=False, traces_out=traces)[0]
+        return scores, traces[0]
 
     def close(self) -> None:
         """The request workers end after their current request; connections are closed."""

