@@ -9,6 +9,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
 source "$ROOT/commands/_setup.sh"
 cd "$ROOT"
+# the engines' venvs (gigabytes, built once per machine) stay under the machine's cache root; the
+# tests' own cache (tiny models, responses) goes into the clone
+export REFORM_VENVS="${REFORM_VENVS:-${REFORM_CACHE:-$HOME/.cache/reform_eval}/venvs}"
 export REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-auto}" --dist loadgroup --no-loadscope-reorder tests "$@"
