@@ -159,7 +159,7 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "backoff_base": _seconds(0, DAY_S),
     "backoff_max": _seconds(0, DAY_S),
     "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),
-    "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG or WEBP"),
+    "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG (or JPG) or WEBP"),
     "extra_body": (lambda v: isinstance(v, dict), "a mapping, e.g. {top_k: 20}"),
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),

@@ -64,7 +64,6 @@ the run's window spread over forked client processes, ``evaluation.client_proces
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -90,7 +89,8 @@ from reform_eval.utils.distributed import share_of
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.preprocessors import ChatTemplateProcessor
 from reform_eval.utils.request_pool import RequestPool
-from reform_eval.utils.secrets import REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep, secret_options
+from reform_eval.utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, redact_text,
+                                       reveal_deep, secret_forms, secret_options)
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,10 @@ class OpenAIAPIInterface(BaseInterface):
         self.base_url = SecretURL(cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL)
         key = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
         self.api_key: Optional[Secret] = Secret(key) if key else None
+        #: base_url's user info as a Basic ``Authorization`` value: a Secret, registered (with the
+        #: pair and the password) so an echo of the header is redacted wherever the key is
+        info = self.base_url.secrets.get("userinfo")
+        self.basic_auth: Optional[Secret] = basic_credentials(*info.reveal().partition(":")[::2]) if info else None
         self.timeout = float(cfg.get("timeout", 60.0))
         self.max_retries = int(cfg.get("max_retries", 5))
         self.backoff_base = float(cfg.get("backoff_base", 1.0))
@@ -189,8 +193,10 @@ class OpenAIAPIInterface(BaseInterface):
         values = [self.api_key.reveal()] if self.api_key else []
         values += [v.reveal() for v in self.base_url.secrets.values()]
         values += [v.reveal() for v in _secrets_in(self.extra_body)]
-        values += [urllib.parse.quote(v, safe="") for v in list(values)]
-        return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+        if self.basic_auth is not None:
+            values.append(self.basic_auth.reveal().split(" ", 1)[1])
+        forms = {f for v in values for f in secret_forms(v)} | {v for v in values if len(v) >= 4}
+        return sorted(forms, key=len, reverse=True)
 
     def scrub(self, text: str) -> str:
         """``text`` without this client's credentials (a server may echo them back)."""
@@ -245,9 +251,8 @@ class OpenAIAPIInterface(BaseInterface):
                    "User-Agent": "reform-eval"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
-        elif "userinfo" in self.base_url.secrets:
-            token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
+        elif self.basic_auth is not None:
+            headers["Authorization"] = self.basic_auth.reveal()
         reply = self.endpoint.post(payload, headers)
         status, raw, resp_headers = reply.status, reply.body, reply.headers
         if self.served.get("server") is None:  # what the server says it is (the first reply that says)
