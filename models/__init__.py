@@ -153,7 +153,7 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "tensor_parallel_size": _whole(1, MAX_WORKERS),
     "gpus_per_rank": _whole(1, MAX_WORKERS),
     "timeout": _seconds(0, DAY_S, above=True),
-    "max_retries": _whole(0, 1000),
+    "max_retries": _whole(0, 10 ** 4),
     "max_concurrency": _whole(1, MAX_WORKERS),
     "client_processes": (lambda v: v == "auto" or _is_int(v, 1), "auto or a whole number >= 1"),
     "backoff_base": _seconds(0, DAY_S),

@@ -61,3 +61,66 @@ def test_an_error_line_that_echoes_the_basic_header_does_not_show_it(server):  #
     with pytest.raises(ReformError) as e:
         model.raw_generate([], "x")
     assert _leaks(str(e.value)) == [] and "HTTP 400: you sent Authorization: " in str(e.value)
+
+
+# -- class 8: no retries spent after the run has failed ------------------------------------------
+
+def test_against_a_server_failing_for_ever_the_run_sends_about_concurrency_requests(server, tmp_path,  # noqa: F811
+                                                                                     capsys):
+    """500 for every request, 3 calls in flight, 4 retries each: the calls in flight spent their
+    retries in parallel after the first had failed for good (3 x 5 = 15 requests). Now one call
+    probes the failing endpoint, the others wait for its outcome, and when it fails for good
+    they give up: 3 first attempts + 4 retries of the probe."""
+    from reform_eval import run_eval
+    server.script = [500] * 1000
+    args = _run_args(server, tmp_path, "--model_option", "max_concurrency=3", "--model_option", "max_retries=4",
+                     "--model_option", "backoff_max=0.01", n=6)
+    args[args.index("max_retries=1")] = "adaptive_concurrency=false"  # (the helper's own max_retries=1 replaced)
+    assert run_eval.main(args) == 2
+    err = capsys.readouterr().err
+    assert "gave up after 5 attempts" in err and "HTTP 500" in err
+    assert len(server.requests) <= 3 + 4, len(server.requests)
+
+
+def test_a_batch_against_a_failing_server_spends_one_calls_retries(server):  # noqa: F811
+    import pytest
+
+    from reform_eval.models import get_model
+    from reform_eval.utils.errors import ReformError
+    server.script = [500] * 1000
+    model, _ = get_model("openai_api", {"model_name": "m", "base_url": server.url, "max_concurrency": 3,
+                                        "max_retries": 4, "backoff_base": 0.001, "backoff_max": 0.01,
+                                        "adaptive_concurrency": False})
+    with pytest.raises(ReformError, match="gave up after 5 attempts"):
+        model.raw_batch_generate([[], [], []], ["a", "b", "c"])
+    assert len(server.requests) <= 3 + 4, len(server.requests)
+    # the endpoint recovers: the next batch is answered (a failed batch's stop does not stay)
+    server.script = []
+    assert model.raw_batch_generate([[], []], ["d", "e"]) == ["echo: d", "echo: e"]
+
+
+def test_a_stopping_run_ends_a_backoff_at_once_and_starts_no_attempt(server):  # noqa: F811
+    """A call waiting out a long backoff when the run stops (another call failed for good, the
+    budget ran out) ends without a new attempt, not after the backoff."""
+    import threading
+
+    from reform_eval.models import get_model
+    from reform_eval.utils.errors import ReformError
+    server.script = [500] * 1000
+    model, _ = get_model("openai_api", {"model_name": "m", "base_url": server.url, "max_retries": 3,
+                                        "backoff_base": 600, "backoff_max": 600})
+    errors = []
+
+    def call():
+        try:
+            model.request(model.build_request([], "x"), tag="sample s1 (dup_index 0)")
+        except ReformError as e:
+            errors.append(str(e))
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    while not server.requests:  # (the first attempt is sent, then the 600 s backoff)
+        t.join(0.01)
+    model.stop_retrying()
+    t.join(60)
+    assert not t.is_alive() and len(server.requests) == 1
+    assert errors and "the run is stopping" in errors[0] and "sample s1" in errors[0]

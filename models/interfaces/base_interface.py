@@ -54,6 +54,10 @@ class BaseInterface:
         self.config: Dict[str, Any] = dict(config or {})
         check_option_values(self.config)  # a Python caller's options are bounded as the CLI's are
 
+    def stop_retrying(self, stopping: bool = True) -> None:
+        """The run is stopping (``True``: a call failed for good): a family that retries requests
+        starts no new attempt (``openai_api``); ``False``: a new run begins. Nothing here."""
+
     # -- single-sample API ---------------------------------------------------------
     def raw_generate(self, images: Sequence[Image.Image], prompt: Any, **gen_kwargs: Any) -> str:
         return self.raw_batch_generate([images], [prompt], **gen_kwargs)[0]
