@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -33,8 +34,11 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError
+from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.inputs import MAX_DEPTH, parse_json, read_text
 from reform_eval.utils.runlock import pid_alive
+
+logger = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 #: a unit's journal: what its renames, removals and index lines are (``recover_commits``)
@@ -131,14 +135,66 @@ def recover_commits(directory: str) -> int:
         if not _is_stale(directory, name):
             continue
         try:
-            with open(path, encoding="utf-8") as f:
-                journal = json.load(f)
+            journal = read_journal(path)
+        except ReformError as e:  # never a crash loop: the journal is set aside, named once
+            _set_aside(directory, name, str(e))
+            continue
+        try:
             _roll_forward(journal)
-        except (OSError, ValueError, TypeError, KeyError):
-            continue  # unreadable or the folder is not writable now: the next start tries again
+        except OSError:
+            continue  # the folder is not writable now: the next start tries again
         _remove(path)
         done += 1
     return done
+
+
+#: a journal nests lists of pairs and an index line's mapping: deeper JSON is not a journal (and
+#: is refused before the parser recurses into it)
+JOURNAL_MAX_DEPTH = MAX_DEPTH
+#: a journal set aside (not a journal): renamed so that no start reads it again
+SET_ASIDE_PREFIX = ".bad-commit~"
+
+
+def read_journal(path: str) -> Dict[str, Any]:
+    """A commit journal, its shape checked: ``renames`` (pairs of a staged temporary and its
+    target in the same folder), ``removals`` (paths) and ``appends`` (pairs of an index path and
+    a mapping); else a ReformError naming the file and the field."""
+    journal = parse_json(read_text(path, "commit journal"), path, max_depth=JOURNAL_MAX_DEPTH)
+    if not isinstance(journal, dict):
+        raise input_error(f"not a commit journal (a JSON {type(journal).__name__}, not a mapping)", file=path)
+
+    def pairs(field: str, second: type) -> None:
+        value = journal.get(field)
+        if not isinstance(value, list):
+            raise input_error(f"not a commit journal ({field} is {type(value).__name__}, not a list)", file=path)
+        for i, item in enumerate(value):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0]
+                    and isinstance(item[1], second)):
+                raise input_error(f"not a commit journal ({field}[{i}] is not a pair of a path and a "
+                                  f"{'path' if second is str else 'mapping'})", file=path)
+    pairs("renames", str)
+    pairs("appends", dict)
+    for tmp, target in journal["renames"]:
+        if not os.path.basename(tmp).startswith(TMP_PREFIX) or os.path.dirname(tmp) != os.path.dirname(target) \
+                or not os.path.isabs(tmp):
+            raise input_error(f"not a commit journal (renames {os.path.basename(tmp)[:80]!r}: not a staged "
+                              "temporary beside its target)", file=path)
+    removals = journal.get("removals")
+    if not isinstance(removals, list) or not all(isinstance(r, str) and os.path.isabs(r) for r in removals):
+        raise input_error("not a commit journal (removals is not a list of absolute paths)", file=path)
+    return journal
+
+
+def _set_aside(directory: str, name: str, why: str) -> None:
+    """Rename a file that is not a journal out of the journals' names, with one line naming it."""
+    aside = SET_ASIDE_PREFIX + name[len(JOURNAL_PREFIX):]
+    try:
+        os.replace(os.path.join(directory, name), os.path.join(directory, aside))
+    except OSError as e:
+        logger.warning("%s (left in place: cannot rename it, %s)", why, e.strerror or e)
+        return
+    logger.warning("%s; set aside as %s (the outputs it names were not completed from it)", why,
+                   os.path.join(directory, aside))
 
 
 def _roll_forward(journal: Dict[str, Any]) -> None:
