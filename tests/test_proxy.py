@@ -305,3 +305,18 @@ def test_an_https_tunnel_sends_proxy_authorization_on_connect_only(with_credenti
         assert len(origin_heads) == 1 and header(origin_heads[0], "Proxy-Authorization") is None
     else:
         assert origin_heads == []
+
+
+def test_a_proxy_that_echoes_its_credentials_leaves_none_in_the_answer(monkeypatch):
+    def echo(c, head, srv):
+        seen = header(head, "Proxy-Authorization") or ""
+        reply(c, "200 OK", json.dumps({"choices": [{"message": {"content": f"you sent {seen} ({USER}:{PASSWORD})"}}]})
+              .encode())
+    proxy = Loopback(echo)
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://{PROXY_USERINFO}@127.0.0.1:{proxy.port}")
+        model, _ = get_model("openai_api", {"model_name": "m", "base_url": "http://origin.invalid/v1"})
+        answer = model.raw_generate([], "hi")
+    finally:
+        proxy.close()
+    assert WANTED.split()[1] not in answer and PASSWORD not in answer and answer.startswith("you sent Basic <redacted>")

@@ -64,6 +64,7 @@ the run's window spread over forked client processes, ``evaluation.client_proces
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -194,8 +195,10 @@ class OpenAIAPIInterface(BaseInterface):
         values = [self.api_key.reveal()] if self.api_key else []
         values += [v.reveal() for v in self.base_url.secrets.values()]
         values += [v.reveal() for v in _secrets_in(self.extra_body)]
-        if self.basic_auth is not None:
-            values.append(self.basic_auth.reveal().split(" ", 1)[1])
+        for auth in (self.basic_auth, self.endpoint.proxy.authorization if self.endpoint.proxy else None):
+            if auth is not None:  # a Basic header: its token, and the user:password pair inside it
+                token = auth.reveal().split(" ", 1)[1]
+                values += [token, base64.b64decode(token).decode("utf-8", "replace")]
         forms = {f for v in values for f in secret_forms(v)} | {v for v in values if len(v) >= 4}
         return sorted(forms, key=len, reverse=True)
 
