@@ -90,3 +90,18 @@ def test_the_command_line_ends_with_one_line_and_exit_2(option, tmp_path, capsys
     assert code == 2
     assert len(err) == 1 and f"--model_option {option.split('=')[0]}: must be" in err[0], err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").rglob("*.json"))
+
+
+@pytest.mark.parametrize("flag, value", [("--num_workers", "1000000000"), ("--num_samples", "100000000"),
+                                         ("--per_gpu_eval_batch_size", "10000000000"), ("--max_new_tokens", "10" * 8),
+                                         ("--seed", str(2 ** 70)), ("--temperature", "1e300"), ("--temperature", "inf")])
+def test_a_run_flag_past_its_bound_is_one_line(flag, value, tmp_path, capsys):
+    """The run's own numbers are bounded as the model options are (a billion DataLoader workers,
+    a seed past 64 bits, a temperature of 1e300 passed the check)."""
+    from reform_eval import run_eval
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=1, formulation="Generation")
+    code = run_eval.main(["--model", "random", "--dataset_name", "custom", "--dataset_config", cfg,
+                          "--formulation", "Generation", "--output_dir", str(tmp_path / "o"), flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].count(flag) == 1 and "must be" in err[0], err
