@@ -361,7 +361,7 @@ def _whole(flag: str, value: Any, minimum: int) -> None:
     maximum = FLAG_MAXIMUM.get(flag)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
             or (maximum is not None and value > maximum):
-        bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        bound = f">= {minimum} and <= {maximum}" if maximum is not None else f">= {minimum}"
         raise ReformError(f"{flag} must be a whole number {bound}, got {value}")
 
 

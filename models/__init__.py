@@ -128,7 +128,7 @@ MAX_WORKERS = 4096  # requests in flight, processes, GPUs
 
 
 def _whole(low: int, high: int, none_ok: bool = False) -> Tuple[Callable[[Any], bool], str]:
-    return (lambda v: (none_ok and v is None) or _is_int(v, low, high)), f"a whole number from {low} to {high}"
+    return (lambda v: (none_ok and v is None) or _is_int(v, low, high)), f"a whole number >= {low} and <= {high}"
 
 
 def _seconds(low: float, high: float, above: bool = False) -> Tuple[Callable[[Any], bool], str]:
@@ -168,8 +168,8 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
               "two role names, e.g. roles=Question,Answer"),
     "adaptive_concurrency": (lambda v: isinstance(v, bool), "true or false"),
     "max_total_tokens": _whole(1, MAX_BUDGET_TOKENS),
-    "prompt_price": (lambda v: _is_number(v, 0, 10 ** 6), "a number from 0 to 1000000 (per million tokens)"),
-    "completion_price": (lambda v: _is_number(v, 0, 10 ** 6), "a number from 0 to 1000000 (per million tokens)"),
+    "prompt_price": (lambda v: _is_number(v, 0, 10 ** 6), "a number >= 0 and <= 1000000 (per million tokens)"),
+    "completion_price": (lambda v: _is_number(v, 0, 10 ** 6), "a number >= 0 and <= 1000000 (per million tokens)"),
 }
 
 
