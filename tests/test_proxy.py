@@ -12,7 +12,7 @@ import socket
 import ssl
 import subprocess
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 import pytest
 
