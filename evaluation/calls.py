@@ -110,6 +110,13 @@ class Runner:
         self.examples: Dict[str, str] = {}  # a rendered prompt, kept once for the run's provenance
         self._lock = threading.Lock()
         self.model = model_label(interface)  # how errors name the model
+        self.stop_retrying(False)  # a new run: an earlier run's stop does not hold for this one
+
+    def stop_retrying(self, stopping: bool = True) -> None:
+        """The run is stopping: the interface starts no new attempt of a request (``False``: it may)."""
+        stop = getattr(self.interface, "stop_retrying", None)  # (a plain object as the interface has none)
+        if stop is not None:
+            stop(stopping)
 
     # -- per sample ---------------------------------------------------------------------
     def seed(self, s: Dict[str, Any], j: int) -> int:

@@ -211,8 +211,8 @@ class RunConfig:
         if d.duplication > MAX_DUPLICATION:
             raise ReformError(f"--dataset_duplication {d.duplication}: at most {MAX_DUPLICATION} copies of a sample")
         if isinstance(g.temperature, bool) or not isinstance(g.temperature, (int, float)) \
-                or not math.isfinite(g.temperature) or g.temperature < 0:
-            raise ReformError(f"--temperature must be a finite number >= 0, got {g.temperature}")
+                or not math.isfinite(g.temperature) or not 0 <= g.temperature <= MAX_TEMPERATURE:
+            raise ReformError(f"--temperature must be a finite number from 0 to {MAX_TEMPERATURE:g}, got {g.temperature}")
         if s.export_mme_results and cls.name != "MME":
             raise ReformError("--export_mme_results needs --dataset_name MME")
         if g.num_samples > 1 and g.infer_method != "generation":
@@ -356,11 +356,22 @@ def _choice(flag: str, value: Any, choices: Sequence[str]) -> None:
         raise unknown_name(flag.lstrip("-"), value, choices)
 
 
+#: the upper bound of each whole-number run flag (every number a run takes is bounded: a huge one
+#: reached a DataLoader, a loop or a seed far from here and ended there, not at the check)
+FLAG_MAXIMUM = {"--per_gpu_eval_batch_size": 10 ** 5, "--num_samples": 1000, "--dataset_subsample": 10 ** 9,
+                "--max_new_tokens": 10 ** 7, "--num_workers": 1024, "--seed": 2 ** 63 - 1}
+#: the largest --temperature
+MAX_TEMPERATURE = 100.0
+
+
 def _whole(flag: str, value: Any, minimum: int) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ReformError(f"{flag} must be a whole number >= {minimum}, got {value}")
+    maximum = FLAG_MAXIMUM.get(flag)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
+            or (maximum is not None and value > maximum):
+        bound = f">= {minimum} and <= {maximum}" if maximum is not None else f">= {minimum}"
+        raise ReformError(f"{flag} must be a whole number {bound}, got {value}")
 
 
 def cache_setting(path: str) -> str:

@@ -93,7 +93,24 @@ def remove_prediction_and_results(pred_file: str, output_dir: str) -> None:
     """``--overwrite``: the prediction file and every results file and report named after it."""
     stem = results_paths(pred_file, output_dir)["stem"]
     derived = glob.glob(os.path.join(glob.escape(output_dir), glob.escape(stem) + ".*"))
-    # derived files first, the prediction file last: a kill part-way never leaves results without it
-    for path in sorted(set(derived) - {os.path.join(output_dir, os.path.basename(pred_file)), pred_file}) + [pred_file]:
+    # the reverse of the order a commit puts a run's outputs in place (.results.md, .per_sample.json,
+    # .report, then the commit point .results.json / .run.json), the prediction file last: a kill
+    # part-way never leaves results without their per-sample file, nor either without the predictions
+    derived = sorted(set(derived) - {os.path.join(output_dir, os.path.basename(pred_file)), pred_file})
+    for path in sorted(derived, key=_removal_rank) + [pred_file]:
         if not os.path.basename(path).startswith(".lock-"):
             discard(path)
+
+
+#: the suffixes of a run's outputs in the order a commit puts them in place (``scoring.write_results``:
+#: staged .results.md, .per_sample.json, then the report; the commit point last)
+COMMIT_ORDER = (".results.md", ".per_sample.json", ".report", ".results.json", ".run.json")
+
+
+def _removal_rank(path: str) -> Tuple[int, str]:
+    """Where ``path`` is removed: the commit point first, then backwards through COMMIT_ORDER
+    (any other derived file before them all)."""
+    for i, suffix in enumerate(COMMIT_ORDER):
+        if path.endswith(suffix):
+            return (len(COMMIT_ORDER) - min(i, COMMIT_ORDER.index(".results.json")), path)
+    return (0, path)

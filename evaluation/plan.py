@@ -17,6 +17,7 @@ from reform_eval.build.registry import read_dataset_config as read_config_file
 from reform_eval.models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
 from reform_eval.models.tiny import sha256_file
 from reform_eval.evaluation.config import ModelConfig, RunConfig
+from reform_eval.utils.commit import NAME_MAX
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.fingerprint import samples_fingerprint
 from reform_eval.utils.secrets import drop_secrets, json_default
@@ -186,11 +187,23 @@ def slug(text: str, limit: int = 40) -> str:
     return f"{safe[:limit]}-{digest}"
 
 
+#: the longest prediction-file stem (bytes): the longest name derived from it,
+#: ``<stem>.scored-<hash>.per_sample.json``, then fits a 255-byte file name
+MAX_STEM_BYTES = NAME_MAX - len(".scored-00000000.per_sample.json")
+
+
 def prediction_path(cfg: RunConfig, run_id: str) -> str:
+    """``<dataset>_<formulation>_<method>_<family>_<model>_<run id>.json``; a stem longer than
+    ``MAX_STEM_BYTES`` has its descriptive part cut (the run id, a hash of everything that
+    names the run, stays whole), so no result, report or temporary of the run has a name the
+    file system refuses, and the same run always gets the same name."""
     tag = slug(str(cfg.model.name or cfg.model.family).rstrip("/").replace(os.sep, "_"))
     d = cfg.dataset
-    name = f"{d.name}_{d.formulation}_{cfg.generation.infer_method}_{cfg.model.family}_{tag}_{run_id}.json"
-    return os.path.join(cfg.output.output_dir, name)
+    prefix = f"{d.name}_{d.formulation}_{cfg.generation.infer_method}_{cfg.model.family}_{tag}"
+    room = MAX_STEM_BYTES - len(f"_{run_id}".encode("utf-8"))
+    if len(prefix.encode("utf-8", "surrogatepass")) > room:
+        prefix = prefix.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+    return os.path.join(cfg.output.output_dir, f"{prefix}_{run_id}.json")
 
 
 def make_plan(cfg: RunConfig, config_path: Optional[str], content: Dict[str, Any]) -> RunPlan:

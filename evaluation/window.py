@@ -99,6 +99,7 @@ class _Schedule:
         self.running = 0
         self.error: Optional[BaseException] = None
         self.stopped = False
+        self.on_error: Optional[Callable[[], None]] = None  # called once, at the run's first error
         for i in order:
             missing = [k for k in deps.get(i, ()) if k not in done]
             if missing:
@@ -129,11 +130,14 @@ class _Schedule:
                 self.seen(record)  # its answer is there for a later turn's history before it counts as done
                 self.writer.lines.put(record)
             self.running -= 1
+            first = self.error is None
             if self.writer.error is not None and self.error is None:
                 self.error = self.writer.error
             if error is not None:
                 if self.error is None:
                     self.error = error
+            if first and self.error is not None and self.on_error is not None:
+                self.on_error()  # the run is stopping: the calls in flight start no new attempt
             elif record is not None and not self.stopped:
                 key = self.keys[i]
                 self.done.add(key)
@@ -156,6 +160,7 @@ def run_window(runner: Runner, item: Callable[[int], Dict[str, Any]], order: Seq
     raises stops the run like a failed write, but the shard goes on taking the calls in flight."""
     writer = _Writer(write, after_write)
     schedule = _Schedule(order, deps, keys, done, seen, writer)
+    schedule.on_error = getattr(runner, "stop_retrying", None)  # (no retries in flight spent after a failure)
 
     def work() -> None:
         while True:

@@ -10,6 +10,7 @@ log or the run identity (see ``utils.secrets``).
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -109,31 +110,56 @@ def _dtype_names() -> Tuple[str, ...]:
     return DTYPE_NAMES
 
 
-def _is_int(v: Any, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+def _is_int(v: Any, low: int, high: int = 4096) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
 
 
-def _is_number(v: Any, low: float) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v >= low
+def _is_number(v: Any, low: float, high: float) -> bool:
+    """A finite number in [low, high] (nan and inf fail every comparison or the upper bound)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= high
+
+
+#: the upper bounds of the numeric options: no option is unbounded, because a number past any
+#: sensible value (``timeout=1e12``) reaches a system call or a float conversion far from here
+#: and ends there as an internal error (OverflowError), not at the option check
+DAY_S = 86400
+MAX_TOKENS_OPTION = 10 ** 7  # tokens of one answer or context (the largest contexts are ~10^6)
+MAX_BUDGET_TOKENS = 10 ** 15  # a run's token budget
+MAX_WORKERS = 4096  # requests in flight, processes, GPUs
+
+
+def _whole(low: int, high: int, none_ok: bool = False) -> Tuple[Callable[[Any], bool], str]:
+    return (lambda v: (none_ok and v is None) or _is_int(v, low, high)), f"a whole number >= {low} and <= {high}"
+
+
+def _seconds(low: float, high: float, above: bool = False) -> Tuple[Callable[[Any], bool], str]:
+    return ((lambda v: _is_number(v, low, high) and (not above or v > low)),
+            f"a number of seconds {'>' if above else '>='} {low:g} and <= {high:g}")
 
 
 #: value checks of the shared ``--model_option`` keys: (predicate, what it must be), so a bad
-#: value fails before any model is loaded
+#: value fails before any model is loaded. Every numeric option is bounded here, above and
+#: below (the one place: ``check_option_values``), and every interface applies the same checks
+#: to the configuration it is given (a Python caller passes no option check)
 OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "dtype": (lambda v: str(v).replace("torch.", "") in _dtype_names(), "a dtype name: float32, float16 or bfloat16"),
     "trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
-    "candidate_batch_size": (lambda v: v is None or _is_int(v, 1), "a whole number >= 1"),
+    "candidate_batch_size": _whole(1, 10 ** 6, none_ok=True),
     "likelihood_strategy": (lambda v: v in ("expand", "packed"), "expand or packed"),
     "tiny_size": (lambda v: v in ("tiny", "bench"), "tiny or bench"),
-    "max_new_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
-    "gpus_per_rank": (lambda v: _is_int(v, 1), "a whole number >= 1"),
-    "timeout": (lambda v: _is_number(v, 0) and v > 0, "a number of seconds > 0"),
-    "max_retries": (lambda v: _is_int(v, 0), "a whole number >= 0"),
-    "max_concurrency": (lambda v: _is_int(v, 1), "a whole number >= 1"),
-    "backoff_base": (lambda v: _is_number(v, 0), "a number >= 0"),
-    "backoff_max": (lambda v: _is_number(v, 0), "a number >= 0"),
+    "max_new_tokens": _whole(1, MAX_TOKENS_OPTION),
+    "max_context_tokens": _whole(1, MAX_TOKENS_OPTION, none_ok=True),
+    "max_model_len": _whole(1, MAX_TOKENS_OPTION, none_ok=True),
+    "max_images": _whole(1, 10 ** 4),
+    "tensor_parallel_size": _whole(1, MAX_WORKERS),
+    "gpus_per_rank": _whole(1, MAX_WORKERS),
+    "timeout": _seconds(0, DAY_S, above=True),
+    "max_retries": _whole(0, 10 ** 4),
+    "max_concurrency": _whole(1, MAX_WORKERS),
+    "backoff_base": _seconds(0, DAY_S),
+    "backoff_max": _seconds(0, DAY_S),
     "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),
-    "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG or WEBP"),
+    "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG (or JPG) or WEBP"),
     "extra_body": (lambda v: isinstance(v, dict), "a mapping, e.g. {top_k: 20}"),
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
@@ -141,10 +167,18 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "roles": (lambda v: (isinstance(v, str) and v.count(",") == 1) or (isinstance(v, (list, tuple)) and len(v) == 2),
               "two role names, e.g. roles=Question,Answer"),
     "adaptive_concurrency": (lambda v: isinstance(v, bool), "true or false"),
-    "max_total_tokens": (lambda v: _is_int(v, 1), "a whole number >= 1"),
-    "prompt_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
-    "completion_price": (lambda v: _is_number(v, 0), "a number >= 0 (per million tokens)"),
+    "max_total_tokens": _whole(1, MAX_BUDGET_TOKENS),
+    "prompt_price": (lambda v: _is_number(v, 0, 10 ** 6), "a number >= 0 and <= 1000000 (per million tokens)"),
+    "completion_price": (lambda v: _is_number(v, 0, 10 ** 6), "a number >= 0 and <= 1000000 (per million tokens)"),
 }
+
+
+def check_option_values(options: Dict[str, Any]) -> None:
+    """The value of every known key of ``options`` against ``OPTION_CHECKS``: one line naming
+    the option, or nothing."""
+    for key, value in options.items():
+        if key in OPTION_CHECKS and not OPTION_CHECKS[key][0](value):
+            raise ReformError(f"--model_option {key}: must be {OPTION_CHECKS[key][1]}, got {value!r}")
 
 
 def identity_env(name: str) -> Dict[str, Optional[str]]:
@@ -276,9 +310,7 @@ def check_model_options(name: str, options: Dict[str, Any]) -> None:
         raise ReformError(f"--model_option: unknown option{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(repr(k) for k in unknown)} for model '{name}'; valid options: "
                           f"{', '.join(model_option_names(name))}")
-    for key, value in options.items():
-        if key in OPTION_CHECKS and not OPTION_CHECKS[key][0](value):
-            raise ReformError(f"--model_option {key}: must be {OPTION_CHECKS[key][1]}, got {value!r}")
+    check_option_values(options)
 
 
 def runs_on_device(name: str) -> bool:

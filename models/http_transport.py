@@ -35,8 +35,10 @@ import ssl
 import threading
 import time
 import urllib.parse
-import urllib.request
 from typing import Any, Callable, Dict, NamedTuple, Optional, Set
+
+from reform_eval.models.http_proxy import proxy_for
+from reform_eval.utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 
@@ -320,22 +322,18 @@ class Endpoint:
         default = 443 if self.https else 80
         self.bracketed_host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = self.bracketed_host + (f":{self.port}" if self.port != default else "")
+        #: the proxy from the environment (checked here: a malformed variable is one line before any request)
+        self.proxy = proxy_for(p.scheme, self.host, self.port)
         self._local = threading.local()
         self._all: Set[_Connection] = set()
         self._lock = threading.Lock()
 
-    def _proxy(self) -> Optional["tuple[str, int]"]:
-        proxy = urllib.request.getproxies().get(self._parts.scheme)
-        if not proxy or urllib.request.proxy_bypass(self.host):
-            return None
-        pp = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        return pp.hostname or "", pp.port or 8080
-
     def _new_connection(self, deadline: float) -> "tuple[_Connection, str]":
-        """A connection to the endpoint (through ``http(s)_proxy`` when the environment sets one
-        for this host: an absolute target for http, a CONNECT tunnel for https) and the target."""
-        proxy = self._proxy()
-        host, port = proxy or (self.host, self.port)
+        """A connection to the endpoint (through the proxy the environment sets for this host,
+        ``models.http_proxy``: an absolute target for http, a CONNECT tunnel for https) and the
+        target."""
+        proxy = self.proxy
+        host, port = (proxy.host, proxy.port) if proxy else (self.host, self.port)
         raw = socket.create_connection((host, port), timeout=max(0.001, deadline - time.monotonic()))
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = _DeadlineSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
@@ -347,10 +345,16 @@ class Endpoint:
             if proxy:
                 tunnel = _Connection(sock)
                 authority = f"{self.bracketed_host}:{self.port}"
-                reply, _ = tunnel.request(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+                auth = f"Proxy-Authorization: {proxy.authorization.reveal()}\r\n" if proxy.authorization else ""
+                reply, _ = tunnel.request(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{auth}\r\n"
                                           .encode("latin-1"), b"", tunnel=True)
                 if not 200 <= reply.status < 300 or tunnel.buf:
                     sock.close()
+                    if reply.status == 407:
+                        raise ReformError(
+                            f"proxy {host}:{port} ({proxy.variable}) demands authentication (HTTP 407)"
+                            + (" and refused the credentials in its URL" if proxy.authorization else
+                               f": give them in the URL, {proxy.variable}=http://USER:PASSWORD@{host}:{port}"))
                     raise OSError(f"proxy {host}:{port} refused the tunnel (HTTP {reply.status})")
             ctx = ssl.create_default_context()
             ctx.sslsocket_class = _DeadlineSSLSocket
@@ -389,6 +393,8 @@ class Endpoint:
                 timed.deadline = deadline
                 timed.slack = min(DEADLINE_SLACK_MAX_S, DEADLINE_SLACK * self.timeout)
                 head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                if self.proxy is not None and self.proxy.authorization and not self.https:
+                    head += f"Proxy-Authorization: {self.proxy.authorization.reveal()}\r\n"
                 head = (f"POST {self._local.target} HTTP/1.1\r\nHost: {self.host_header}\r\n{head}"
                         f"Content-Length: {len(payload)}\r\n\r\n")
                 reply, keep = conn.request(head.encode("latin-1"), payload)

@@ -225,3 +225,56 @@ class TokenBudget:
                     self.largest_prompt = max(self.largest_prompt, int(usage.get("prompt_tokens") or 0))
             if self.run_limit is not None and world_size > 1:
                 self.limit = self.used + max(0, self.run_limit - self.used) // world_size
+
+
+class RetryGate:
+    """Who may send another attempt after a failure (issue 31: against a server that answers 500
+    for ever, every call in flight spent all its retries in parallel, concurrency x retries
+    requests, though the first call's failure for good stops the run).
+
+    * While the endpoint is failing (the last outcome was a failure) ONE call probes it: it alone
+      retries; the other failed calls wait for its outcome without spending an attempt. When an
+      attempt succeeds (the probe's or any other call's), the endpoint is healthy again and every
+      waiting call retries at once.
+    * When the probe fails for good, the waiting calls give up without a new attempt: the run (or
+      the batch) fails with that call's error anyway, so their retries could only cost requests.
+    * ``stopping`` (set by the run when any call failed for good, a budget or a write stopped it:
+      ``evaluation.window``) ends every retry and every backoff at once; no new attempt starts.
+    Against a server that fails every request a run of ``c`` calls in flight and ``r`` retries
+    sends about ``c + r`` requests, not ``c x (r + 1)``."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.healthy = True
+        self.prober: Optional[int] = None
+        self.given_up = 0  # probes that failed for good (a waiting call compares before and after)
+        self._cond = threading.Condition()
+
+    def may_retry(self) -> bool:
+        """Wait for this call's turn to retry; False: give up (the run is stopping, or the call
+        probing the failing endpoint failed for good while this one waited)."""
+        me = threading.get_ident()
+        with self._cond:
+            seen = self.given_up
+            while True:
+                if self.stopping.is_set() or self.given_up != seen:
+                    return False
+                if self.healthy or self.prober in (None, me):
+                    if not self.healthy:
+                        self.prober = me
+                    return True
+                self._cond.wait(0.2)  # (in slices: ``stopping`` is an event of its own)
+
+    def outcome(self, ok: bool, final: bool = False) -> None:
+        """After each attempt: ``ok`` a reply that counts; ``final``: the call failed for good."""
+        me = threading.get_ident()
+        with self._cond:
+            if ok:
+                self.healthy = True
+                self.prober = None if self.prober == me else self.prober
+            else:
+                self.healthy = False  # (a failed probe stays the probe: it alone retries)
+                if final:  # any call failing for good fails its run (or batch): the waiting ones give up
+                    self.prober = None if self.prober == me else self.prober
+                    self.given_up += 1
+            self._cond.notify_all()

@@ -145,3 +145,87 @@ def test_another_name_for_an_encoded_picture_is_not_read_again(tmp_path, monkeyp
     assert reads[-1] == "c.png"
     forget_fingerprints()
     assert om.unchanged_digest(paths[1]) is None  # no run: nothing is taken on trust
+
+
+# -- issue 31 class 4: the memo is never believed over the file --------------------------------
+
+def _memo_lines(folder: str):
+    import json
+    out = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            out += [(name, json.loads(line)) for line in f]
+    return out
+
+
+def _rewrite(folder: str, change) -> None:
+    """Every memo line of ``folder`` passed through ``change(entry) -> entry``, as valid JSON."""
+    import json
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        with open(path, encoding="utf-8") as f:
+            entries = [json.loads(line) for line in f]
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(change(e)) + "\n" for e in entries)
+
+
+WRONG = "0123456789abcdef" * 2
+
+
+def test_a_damaged_memo_line_is_not_believed(tmp_path):
+    """A line of valid JSON whose hash is wrong (a damaged disk block, an edit): the file is read
+    again and hashed to its content (the wrong hash was believed: every later run refused the
+    unchanged file as 'changed during the run')."""
+    path = tmp_path / "imgs" / "a.png"
+    path.parent.mkdir()
+    path.write_bytes(_png((10, 20, 30)))
+    memo_dir = str(tmp_path / "memo")
+    want = FileHashes(memo_dir, check=_check_image).digest(str(path))
+    (folder,) = [os.path.join(memo_dir, d) for d in os.listdir(memo_dir)]
+    _rewrite(folder, lambda e: dict(e, h=WRONG))
+    again = FileHashes(memo_dir, check=_check_image)
+    assert again.digest(str(path)) == want and again.read_files == 1
+
+
+def test_a_memo_entry_that_disagrees_with_the_file_is_replaced_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    """An entry the memo holds in good form but wrong (its check sum made for the wrong hash):
+    the run's read of the unchanged file finds the disagreement, hashes the file, replaces the
+    entry and goes on (no 'changed during the run'); the next process hashes the file again."""
+    import reform_eval.utils.file_hashes as fh
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    path = str(tmp_path / "a.png")
+    with open(path, "wb") as f:
+        f.write(_png((1, 200, 3)))
+    want = hash_bytes_of(path)
+    image_token(path, {}, "s1")  # the memo gets its line
+    folder = fh._memo._memo(str(tmp_path), fh._memo.variant()).folder
+    _rewrite(folder, lambda e: {"f": e["f"], "k": e["k"], "h": WRONG, "c": fh._line_check(e["f"], e["k"], WRONG)})
+    monkeypatch.setattr(fh._memo, "_dirs", {})  # a new process: the memo is read from its files
+    fh.forget_fingerprints()
+    assert image_token(path, {}, "s1") == "file:" + WRONG  # the run's fingerprint took the memo's word
+    assert fh.unchanged_digest(path) is None  # ... so nothing is sent on that word without a read
+    with caplog.at_level("WARNING"):
+        data, digest = read_run_image(path, "s1")
+    assert digest == want and "wrong content hash" in caplog.text
+    monkeypatch.setattr(fh._memo, "_dirs", {})
+    fh.forget_fingerprints()
+    memo = FileHashes(os.path.dirname(folder), check=_check_image)
+    assert memo.digest(path) == want and memo.read_files == 1  # the two disagreeing lines: neither believed
+    fh.forget_fingerprints()
+
+
+def test_a_real_change_during_the_run_is_still_refused(tmp_path, monkeypatch):
+    import reform_eval.utils.file_hashes as fh
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    path = str(tmp_path / "b.png")
+    with open(path, "wb") as f:
+        f.write(_png((9, 9, 9)))
+    image_token(path, {}, "s1")
+    monkeypatch.setattr(fh._memo, "_dirs", {})
+    fh.forget_fingerprints()
+    image_token(path, {}, "s1")  # from the memo this time
+    with open(path, "wb") as f:
+        f.write(_png((250, 9, 9)))
+    with pytest.raises(ReformError, match="changed during the run"):
+        read_run_image(path, "s1")
+    fh.forget_fingerprints()

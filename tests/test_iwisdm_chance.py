@@ -140,6 +140,9 @@ def test_preset_list_gives_one_row_per_complexity():
     ("options", "some", "applicable or all"),
     ("allow_pickle", "true", "true or false"), ("stim_dir", ["a"], "a path"), ("n_examples", 5, "an integer 0..3"),
     ("seed", 1.5, "an integer"), ("check_answers", "no", "true or false"),
+    # issue 31 class 3: every number bounded (a trillion trials, a delay of a billion frames)
+    ("n_trials", 10 ** 12, "a positive integer"), ("n_delay", 10 ** 9, "an integer >= 0"),
+    ("n_delay", [1, 10 ** 9], "an integer >= 0"),
 ])
 def test_wrong_typed_options_are_one_line_errors(tmp_path, key, value, form):
     cfg = {"preset": "low", "n_trials": 2, key: value}

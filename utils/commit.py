@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -33,8 +34,11 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError
+from reform_eval.utils.errors import ReformError, input_error
+from reform_eval.utils.inputs import MAX_DEPTH, parse_json, read_text
 from reform_eval.utils.runlock import pid_alive
+
+logger = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 #: a unit's journal: what its renames, removals and index lines are (``recover_commits``)
@@ -52,6 +56,31 @@ def _host() -> str:
 
 #: a file name's limit on common filesystems; a temporary's name must fit too
 NAME_MAX = 255
+
+
+def name_max(directory: str) -> int:
+    """The longest file name (bytes) the file system of ``directory`` (or of its nearest existing
+    parent) takes; ``NAME_MAX`` where it does not say."""
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d) and os.path.dirname(d) != d:
+        d = os.path.dirname(d)
+    try:
+        return min(NAME_MAX, int(os.pathconf(d, "PC_NAME_MAX")))
+    except (OSError, ValueError, AttributeError):
+        return NAME_MAX
+
+
+def check_names(paths: "list[str] | tuple[str, ...]", what: str = "output") -> None:
+    """Every name a command will write must fit its file system, checked before the first write:
+    a name too long failed at its rename, after the outputs before it were in place (a
+    ``.results.md`` without its ``.results.json``). One line naming the longest."""
+    for path in paths:
+        name = os.path.basename(os.path.normpath(path))
+        size = len(name.encode("utf-8", "surrogatepass"))
+        limit = name_max(os.path.dirname(os.path.abspath(path)))
+        if size > limit:
+            raise ReformError(f"{path}: the {what} name is {size} bytes, over the file system's limit of {limit}; "
+                              "nothing was written (use a shorter name)")
 
 
 def owner_prefix(target: str) -> str:
@@ -90,13 +119,15 @@ def clean_stale_temps(directory: str, depth: int = 1) -> int:
     for folder in _folders(directory, depth):  # every journal first: a unit's temporaries may lie
         recover_commits(folder)                 # in another folder than its journal
     n = 0
+    kept = set().union(*(_journaled_temps(folder) for folder in _folders(directory, depth)))
     for folder in _folders(directory, depth):
         try:
             names = os.listdir(folder)
         except OSError:
             continue
         for name in names:
-            if name.startswith(TMP_PREFIX) and _is_stale(folder, name):
+            if name.startswith(TMP_PREFIX) and _is_stale(folder, name) \
+                    and os.path.abspath(os.path.join(folder, name)) not in kept:
                 _remove(os.path.join(folder, name))
                 n += 1
     return n
@@ -131,25 +162,104 @@ def recover_commits(directory: str) -> int:
         if not _is_stale(directory, name):
             continue
         try:
-            with open(path, encoding="utf-8") as f:
-                journal = json.load(f)
-            _roll_forward(journal)
-        except (OSError, ValueError, TypeError, KeyError):
-            continue  # unreadable or the folder is not writable now: the next start tries again
+            journal = read_journal(path)
+        except ReformError as e:  # never a crash loop: the journal is set aside, named once
+            _set_aside(directory, name, str(e))
+            continue
+        try:
+            whole = _roll_forward(journal)
+        except OSError:
+            continue  # the folder is not writable now: the next start tries again
+        if not whole:
+            logger.warning("%s: a staged output of this unit is gone, so it cannot be completed; its outputs "
+                           "that were in place are removed (run the command again)", path)
         _remove(path)
         done += 1
     return done
 
 
-def _roll_forward(journal: Dict[str, Any]) -> None:
-    """The steps of one unit that are not done yet (each step can be repeated safely)."""
+def _journaled_temps(folder: str) -> set:
+    """The staged files the journals left in ``folder`` still name (never removed as stale:
+    the unit completes from them)."""
+    out: set = set()
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(JOURNAL_PREFIX)]
+    except OSError:
+        return out
+    for name in names:
+        try:
+            out.update(os.path.abspath(tmp) for tmp, _ in read_journal(os.path.join(folder, name))["renames"])
+        except ReformError:
+            continue
+    return out
+
+
+#: a journal nests lists of pairs and an index line's mapping: deeper JSON is not a journal (and
+#: is refused before the parser recurses into it)
+JOURNAL_MAX_DEPTH = MAX_DEPTH
+#: a journal set aside (not a journal): renamed so that no start reads it again
+SET_ASIDE_PREFIX = ".bad-commit~"
+
+
+def read_journal(path: str) -> Dict[str, Any]:
+    """A commit journal, its shape checked: ``renames`` (pairs of a staged temporary and its
+    target in the same folder), ``removals`` (paths) and ``appends`` (pairs of an index path and
+    a mapping); else a ReformError naming the file and the field."""
+    journal = parse_json(read_text(path, "commit journal"), path, max_depth=JOURNAL_MAX_DEPTH)
+    if not isinstance(journal, dict):
+        raise input_error(f"not a commit journal (a JSON {type(journal).__name__}, not a mapping)", file=path)
+
+    def pairs(field: str, second: type) -> None:
+        value = journal.get(field)
+        if not isinstance(value, list):
+            raise input_error(f"not a commit journal ({field} is {type(value).__name__}, not a list)", file=path)
+        for i, item in enumerate(value):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0]
+                    and isinstance(item[1], second)):
+                raise input_error(f"not a commit journal ({field}[{i}] is not a pair of a path and a "
+                                  f"{'path' if second is str else 'mapping'})", file=path)
+    pairs("renames", str)
+    pairs("appends", dict)
+    for tmp, target in journal["renames"]:
+        if not os.path.basename(tmp).startswith(TMP_PREFIX) or os.path.dirname(tmp) != os.path.dirname(target) \
+                or not os.path.isabs(tmp):
+            raise input_error(f"not a commit journal (renames {os.path.basename(tmp)[:80]!r}: not a staged "
+                              "temporary beside its target)", file=path)
+    removals = journal.get("removals")
+    if not isinstance(removals, list) or not all(isinstance(r, str) and os.path.isabs(r) for r in removals):
+        raise input_error("not a commit journal (removals is not a list of absolute paths)", file=path)
+    return journal
+
+
+def _set_aside(directory: str, name: str, why: str) -> None:
+    """Rename a file that is not a journal out of the journals' names, with one line naming it."""
+    aside = SET_ASIDE_PREFIX + name[len(JOURNAL_PREFIX):]
+    try:
+        os.replace(os.path.join(directory, name), os.path.join(directory, aside))
+    except OSError as e:
+        logger.warning("%s (left in place: cannot rename it, %s)", why, e.strerror or e)
+        return
+    logger.warning("%s; set aside as %s (the outputs it names were not completed from it)", why,
+                   os.path.join(directory, aside))
+
+
+def _roll_forward(journal: Dict[str, Any]) -> bool:
+    """The steps of one unit that are not done yet (each step can be repeated safely). A unit
+    whose staged file is gone before its target was put in place can never be completed: the
+    outputs of it that are in place are removed (none of a unit rather than half of it) and no
+    index line is appended (it would name a missing file); returns False then."""
     for tmp, target in journal["renames"]:
         if os.path.lexists(tmp):
             _put_in_place(tmp, target)
+    if not all(os.path.lexists(target) for _, target in journal["renames"]):
+        for _, target in reversed(journal["renames"]):
+            _discard(target)
+        return False
     for target in journal["removals"]:
         _discard(target)
     for index, entry in journal["appends"]:
         append_jsonl_once(index, entry)
+    return True
 
 
 def _put_in_place(tmp: str, target: str) -> None:
@@ -251,6 +361,7 @@ class Commit:
     def _stage(self, target: str) -> str:
         target = os.path.abspath(target)
         directory = os.path.dirname(target)
+        check_names([target])
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as e:
@@ -326,6 +437,11 @@ class Commit:
     def commit(self) -> None:
         """Rename every staged output into place (a folder replaces the old folder whole)."""
         order = [s for s in self.staged if s[1] != self.last] + [s for s in self.staged if s[1] == self.last]
+        try:
+            check_names([target for _, target in order])
+        except ReformError:
+            self.abort()
+            raise
         for tmp, target in order:  # every conflict before the first rename
             is_dir = os.path.isdir(tmp) and not os.path.islink(tmp)
             if os.path.lexists(target) and (os.path.isdir(target) and not os.path.islink(target)) != is_dir:

@@ -14,7 +14,12 @@ decodes it), and each good file is checked once per machine, not once per run.
 Store: one folder per data directory under ``$REFORM_CACHE/checked_images/`` (named by a hash of
 the directory's path), so a run reads the memos of the directories it uses and no others.
 In it, append-only JSONL segments, one per writing process (no locks: safe for ranks and
-concurrent runs), read once per process on first use; a torn or foreign line is skipped. When a
+concurrent runs), read once per process on first use; a torn, foreign or damaged line (each line
+carries a check sum of its fields) is skipped, and lines that disagree about one file are all
+dropped. The memo is never believed over the file: a hash taken from it is checked when the run
+reads the file's bytes (nothing is sent on its word alone, ``unchanged_digest``), and a file whose
+stat is unchanged but whose bytes disagree has its entry replaced, with a warning; only a file
+whose stat or bytes changed since this run read it is "changed during the run". When a
 directory's memo has many segments, those of finished processes are merged into one, keeping
 only entries whose file still has that stat key (a memo never grows without bound).
 """
@@ -28,7 +33,7 @@ import stat
 import secrets
 import socket
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from reform_eval.utils.images import check_image, max_image_pixels
 from reform_eval.utils.paths import cache_root
@@ -68,6 +73,7 @@ class _DirMemo:
     def __init__(self, folder: str, data_dir: str) -> None:
         self.folder, self.data_dir = folder, data_dir
         self.known: Dict[Tuple[str, str], str] = {}
+        self.disputed: Set[Tuple[str, str]] = set()  # (name, stat key) with lines that disagree
         self._fd: Optional[int] = None
         names = []
         try:
@@ -85,15 +91,27 @@ class _DirMemo:
             self._compact(names)
 
     def _parse(self, line: bytes) -> None:
-        if not line.endswith(b"\n"):
+        """One line: taken only with its check sum (a damaged line, valid JSON or not, is
+        skipped); two lines that give one file and stat key different hashes are both dropped
+        (the file is hashed again: the memo is never believed over the file)."""
+        if not line.endswith(b"\n") or len(line) > 65536:
             return
         try:
             entry = json.loads(line)
-            name, key, value = entry["f"], entry["k"], entry["h"]
-        except (ValueError, KeyError, TypeError):
+            name, key, value, check = entry["f"], entry["k"], entry["h"], entry["c"]
+        except (ValueError, KeyError, TypeError, RecursionError):
             return
-        if isinstance(name, str) and isinstance(key, str) and isinstance(value, str) and len(value) == 32:
-            self.known[(name, key)] = value
+        if not (isinstance(name, str) and isinstance(key, str) and isinstance(value, str) and len(value) == 32
+                and check == _line_check(name, key, value)):
+            return
+        if (name, key) in self.disputed:
+            return
+        known = self.known.get((name, key))
+        if known is not None and known != value:
+            del self.known[(name, key)]
+            self.disputed.add((name, key))
+            return
+        self.known[(name, key)] = value
 
     def _compact(self, names: list) -> None:
         """One segment holding the entries that are still true; the segments of processes that
@@ -131,9 +149,15 @@ class _DirMemo:
             logger.debug("file hashes: memo not written (%s)", e)
 
 
+def _line_check(name: str, key: str, value: str) -> str:
+    """The check sum of one memo line: a line damaged in any field no longer matches it."""
+    text = json.dumps([name, key, value])
+    return hashlib.blake2b(text.encode("ascii"), digest_size=8).hexdigest()
+
+
 def _line(name: str, key: str, value: str) -> str:
     # ASCII JSON: a file name that is not UTF-8 (a surrogate-escaped byte) round-trips as \udcXX
-    return json.dumps({"f": name, "k": key, "h": value}) + "\n"
+    return json.dumps({"f": name, "k": key, "h": value, "c": _line_check(name, key, value)}) + "\n"
 
 
 def _identity(path: str) -> str:
@@ -161,6 +185,9 @@ class FileHashes:
         self.fingerprinted: Dict[str, str] = {}
         #: absolute path -> its ``stat_fields`` when ``digest`` gave that hash (``unchanged_digest``)
         self.fingerprint_stat: Dict[str, Tuple[int, ...]] = {}
+        #: absolute paths whose fingerprint this process made from the file's bytes (not taken from
+        #: the memo): only those are trusted without a read (``unchanged_digest``)
+        self.verified: Set[str] = set()
 
     def _memo(self, data_dir: str, variant: str) -> _DirMemo:
         memo = self._dirs.get((data_dir, variant))
@@ -189,6 +216,7 @@ class FileHashes:
         if found is not None:
             self.fingerprinted[full] = found
             self.fingerprint_stat[full] = stat_fields(st)
+            self.verified.discard(full)  # (the memo's word: checked against the bytes when they are read)
             return found
         if self.check is None:
             value = hash_bytes_of(path)
@@ -203,7 +231,19 @@ class FileHashes:
             memo.append(name, key, value)
         self.fingerprinted[full] = value
         self.fingerprint_stat[full] = stat_fields(st)
+        self.verified.add(full)
         return value
+
+    def correct(self, full: str, st: os.stat_result, value: str) -> None:
+        """The file ``full`` holds content ``value`` under the stat key ``st`` although the memo said
+        otherwise: the memo's entry is replaced (in this process, and by a line that disputes the
+        wrong one in later processes, which then hash the file again)."""
+        data_dir, name = os.path.split(full)
+        key = stat_key(st)
+        with self._lock:
+            memo = self._memo(data_dir, self.variant())
+            memo.known[(name, key)] = value
+            memo.append(name, key, value)
 
 
 def _owner_gone(name: str) -> bool:
@@ -242,6 +282,7 @@ def forget_fingerprints() -> None:
     the same process, or ``load_reform_dataset`` after it, takes files as they are then."""
     _memo.fingerprinted.clear()
     _memo.fingerprint_stat.clear()
+    _memo.verified.clear()
 
 
 class ChangedSinceFingerprint(Exception):
@@ -252,6 +293,11 @@ def read_regular(path: str) -> bytes:
     """The bytes of regular file ``path``, in one open, fstat and read (a worker thread gives up
     the interpreter lock at each system call, so the request path makes few): a FIFO or device
     is refused (``OSError``), never waited on."""
+    return _read_regular_stat(path)[0]
+
+
+def _read_regular_stat(path: str) -> Tuple[bytes, os.stat_result]:
+    """``read_regular`` and the file's stat as it was opened."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         st = os.fstat(fd)
@@ -259,7 +305,7 @@ def read_regular(path: str) -> bytes:
             raise OSError(f"not a regular file: {path}")
         with os.fdopen(fd, "rb", closefd=True) as f:
             fd = -1
-            return f.read()
+            return f.read(), st
     finally:
         if fd >= 0:
             os.close(fd)
@@ -274,7 +320,7 @@ def unchanged_digest(path: str) -> Optional[str]:
     content whatever the file holds now."""
     full = _identity(path)
     then = _memo.fingerprint_stat.get(full)
-    if then is None:
+    if then is None or full not in _memo.verified:  # (a hash from the memo is checked by a read first)
         return None
     try:
         st = os.stat(path)
@@ -290,9 +336,18 @@ def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
     what the run's identity and cache keys name. A file replaced since the run fingerprinted it
     raises ``ChangedSinceFingerprint`` (an answer about the new picture would be stored under
     the old picture's key); a file never fingerprinted is taken as it is."""
-    data = read_regular(path)
+    data, st = _read_regular_stat(path)
     now = content_hash(data)
-    then = _memo.fingerprinted.get(_identity(path))
+    full = _identity(path)
+    then = _memo.fingerprinted.get(full)
     if then is not None and then != now:
-        raise ChangedSinceFingerprint(then, now)
+        if full in _memo.verified or _memo.fingerprint_stat.get(full) != stat_fields(st):
+            raise ChangedSinceFingerprint(then, now)  # a real change: new bytes since this run read them
+        # the fingerprint was the memo's word and the file is as it was then: the memo was wrong
+        _memo.correct(full, st, now)
+        _memo.fingerprinted[full] = now
+        logger.warning("%s: the image memo held a wrong content hash for this file (%s, the file holds %s); "
+                       "replaced", path, then[:12], now[:12])
+    if then is not None:
+        _memo.verified.add(full)
     return data, now

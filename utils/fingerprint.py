@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from reform_eval.utils.errors import input_error

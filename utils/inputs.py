@@ -263,10 +263,39 @@ def _unique_keys(pairs: Any) -> Dict[str, Any]:
     return out
 
 
-def parse_json(text: str, path: str, where: Optional[str] = None) -> Any:
+def json_depth_within(text: str, limit: int) -> bool:
+    """Whether the nesting of a JSON text stays within ``limit`` levels, found by a scan that
+    skips strings: the parser's own recursion is never reached by a deeper text."""
+    if text.count("[") + text.count("{") <= limit:
+        return True
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def parse_json(text: str, path: str, where: Optional[str] = None, max_depth: Optional[int] = None) -> Any:
     """``json.loads`` whose every failure (malformed, too deep, huge numbers) is one line;
-    the value is not yet checked (``check_value``/``check_record`` do that)."""
+    the value is not yet checked (``check_value``/``check_record`` do that). ``max_depth``:
+    nesting deeper than that is refused before the parser sees the text."""
     at = f" at {where}" if where else ""
+    if max_depth is not None and not json_depth_within(text, max_depth):
+        raise input_error(f"JSON nested too deeply (more than {max_depth} levels){at}", file=path)
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
     except DuplicateKey as e:

@@ -18,11 +18,13 @@ re-runs an evaluation, and the hash does not leak it.
 """
 from __future__ import annotations
 
+import base64
+import functools
 import os
 import re
 import threading
 import urllib.parse
-from typing import Any, Dict, Set, Tuple
+from typing import Any, Dict, FrozenSet, Set, Tuple
 
 import yaml
 
@@ -58,12 +60,41 @@ def is_secret_key(name: Any) -> bool:
     return bool(_SECRET_NAME.search(key)) and not _NOT_SECRET.search(key)
 
 
+@functools.lru_cache(maxsize=256)
+def secret_forms(value: str) -> FrozenSet[str]:
+    """Every form of a credential that code derives from it and a server may echo: the value,
+    percent-encoded and percent-decoded, and base64 (standard and URL-safe, with and without
+    padding: a ``user:password`` user info becomes a Basic ``Authorization`` or
+    ``Proxy-Authorization`` header). Each form of a secret is a secret (issue 31): redacting
+    the key alone left ``Basic <base64 of user:pass>`` in the prediction file."""
+    if not isinstance(value, str) or not value:
+        return frozenset()
+    forms = {value, urllib.parse.quote(value, safe=""), urllib.parse.quote(value), urllib.parse.unquote(value)}
+    raw = value.encode("utf-8", "surrogatepass")
+    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        text = encoded.decode("ascii")
+        forms.update((text, text.rstrip("=")))
+    return frozenset(f for f in forms if len(f) >= 6)
+
+
 def register_secret(value: Any) -> None:
-    """Remember a credential value so ``redact`` removes it from any string (values shorter
-    than 6 characters are ignored: they would redact ordinary words)."""
+    """Remember a credential value, and every form derived from it (``secret_forms``), so
+    ``redact`` removes them from any string (values shorter than 6 characters are ignored: they
+    would redact ordinary words)."""
     if isinstance(value, str) and len(value) >= 6:
+        forms = secret_forms(value)
         with _lock:
-            _registered.add(value)
+            _registered.update(forms)
+
+
+def basic_credentials(user: str, password: str) -> "Secret":
+    """The value of a Basic ``Authorization`` / ``Proxy-Authorization`` header for ``user`` and
+    ``password`` (already percent-decoded), as a Secret: the header, the pair and the password
+    are each registered, so an echo of any of them is redacted."""
+    pair = f"{user}:{password}"
+    register_secret(password)
+    register_secret(pair)
+    return Secret("Basic " + base64.b64encode(pair.encode("utf-8", "surrogatepass")).decode("ascii"))
 
 
 class Secret:
@@ -236,9 +267,12 @@ def secret_options(options: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _secret_values() -> Set[str]:
-    values = {v for n, v in os.environ.items() if (n in SECRET_ENV_VARS or is_secret_key(n)) and v and len(v) >= 6}
+    values: Set[str] = set()
+    for n, v in os.environ.items():
+        if (n in SECRET_ENV_VARS or is_secret_key(n)) and v and len(v) >= 6:
+            values.update(secret_forms(v))
     with _lock:
-        return values | set(_registered)
+        return values | _registered
 
 
 def redact_text(text: str) -> str:

@@ -84,8 +84,8 @@ def _is_int(v: Any) -> bool:
 OPTION_SPECS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "preset": (lambda v: isinstance(v, str) or (isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v)),
                "a preset name or a non-empty list of preset names"),
-    "n_trials": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
-    "seed": (_is_int, "an integer"),
+    "n_trials": (lambda v: _is_int(v) and 1 <= v <= 10 ** 7, "a positive integer (at most 10000000)"),
+    "seed": (lambda v: _is_int(v) and abs(v) < 2 ** 63, "an integer (of at most 64 bits)"),
     "stim_dir": (lambda v: isinstance(v, str), "a path (or 'procedural')"),
     "stim_split": (lambda v: isinstance(v, str), "a split folder name"),
     "allow_pickle": (lambda v: isinstance(v, bool), "true or false"),
@@ -93,9 +93,9 @@ OPTION_SPECS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "fixation": (lambda v: isinstance(v, bool) or v == "all",
                  "true (every frame but the response frames), 'all' or false"),
     "shape": (lambda v: v is None or isinstance(v, (str, dict)), "'original', 'legacy' or a mapping of shape fields"),
-    "n_delay": (lambda v: (_is_int(v) and v >= 0) or (isinstance(v, list) and bool(v) and
-                                                      all(_is_int(x) and x >= 0 for x in v)),
-                "an integer >= 0 or a list of them"),
+    "n_delay": (lambda v: (_is_int(v) and 0 <= v <= 64) or (isinstance(v, list) and bool(v) and
+                                                             all(_is_int(x) and 0 <= x <= 64 for x in v)),
+                "an integer >= 0 (at most 64) or a list of them"),
     "n_frames": (lambda v: _is_int(v) and 1 <= v <= 64, "an integer 1..64"),
     "features": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
                  "a list such as [location] or [location, category]"),

@@ -33,7 +33,7 @@ from reform_eval.evaluation.reporting.compare import headline_markdown
 from reform_eval.metrics import evaluate
 from reform_eval.metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
 from reform_eval.metrics.single_choice import check_stability
-from reform_eval.utils.commit import Commit, clean_stale_temps
+from reform_eval.utils.commit import Commit, check_names, clean_stale_temps
 from reform_eval.utils.errors import ReformError, input_error
 from reform_eval.utils.inputs import check_name, list_dir, read_json
 from reform_eval.utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
@@ -292,6 +292,7 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         paths = results_paths(prediction_file or "results", output_dir, tag)
         summary["results_files"] = {k: paths[k] for k in ("json", "md", "per_sample")}
         own = commit is None
+        check_names([paths["md"], paths["per_sample"], paths["json"]], "results file")  # before the first write
         c = commit if commit is not None else Commit(f"results of {prediction_file or 'records'}")
         try:
             c.write_text(paths["md"], report)

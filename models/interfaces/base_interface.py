@@ -17,6 +17,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
+from reform_eval.models import check_option_values
 from reform_eval.utils.errors import ReformError
 
 
@@ -56,6 +57,11 @@ class BaseInterface:
 
     def __init__(self, config: Optional[Dict[str, Any]] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})
+        check_option_values(self.config)  # a Python caller's options are bounded as the CLI's are
+
+    def stop_retrying(self, stopping: bool = True) -> None:
+        """The run is stopping (``True``: a call failed for good): a family that retries requests
+        starts no new attempt (``openai_api``); ``False``: a new run begins. Nothing here."""
 
     # -- single-sample API ---------------------------------------------------------
     def raw_generate(self, images: Sequence[Image.Image], prompt: Any, **gen_kwargs: Any) -> str:

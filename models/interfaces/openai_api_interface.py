@@ -68,7 +68,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -82,12 +81,13 @@ from reform_eval.models.openai_messages import (IMAGE_FORMATS, EncodedImages, en
                                     to_openai_messages)
 from reform_eval.models.openai_likelihood import score_candidates
 from reform_eval.models.outputs import GenText, finish_text
-from reform_eval.models.request_limits import (AdaptiveLimit, TokenBudget, clean_usage, image_tokens_upper,  # noqa: F401
-                                   spent_usage)
+from reform_eval.models.request_limits import (AdaptiveLimit, RetryGate, TokenBudget, clean_usage,  # noqa: F401
+                                               image_tokens_upper, spent_usage)
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.preprocessors import ChatTemplateProcessor
 from reform_eval.utils.request_pool import RequestPool
-from reform_eval.utils.secrets import REDACTED, Secret, SecretURL, join_url_secrets, redact_text, reveal_deep, secret_options
+from reform_eval.utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, redact_text,
+                                       reveal_deep, secret_forms, secret_options)
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,12 @@ class OpenAIAPIInterface(BaseInterface):
             raise ReformError("openai_api: no model id; pass --model_name <served model> "
                               "(or set OPENAI_MODEL)")
         self.base_url = SecretURL(cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL)
-        api_key = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
-        self.api_key: Optional[Secret] = Secret(api_key) if api_key else None
+        key = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
+        self.api_key: Optional[Secret] = Secret(key) if key else None
+        #: base_url's user info as a Basic ``Authorization`` value: a Secret, registered (with the
+        #: pair and the password) so an echo of the header is redacted wherever the key is
+        info = self.base_url.secrets.get("userinfo")
+        self.basic_auth: Optional[Secret] = basic_credentials(*info.reveal().partition(":")[::2]) if info else None
         self.timeout = float(cfg.get("timeout", 60.0))
         self.max_retries = int(cfg.get("max_retries", 5))
         self.backoff_base = float(cfg.get("backoff_base", 1.0))
@@ -145,6 +149,8 @@ class OpenAIAPIInterface(BaseInterface):
         if not isinstance(adaptive, bool):
             raise ReformError(f"--model_option adaptive_concurrency: must be true or false, got {adaptive!r}")
         self.limiter = AdaptiveLimit(self.max_concurrency, adaptive)
+        #: who may retry after a failure, and whether the run is stopping (``stop_retrying``)
+        self.retry_gate = RetryGate()
         budget = cfg.get("max_total_tokens")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ReformError(f"--model_option max_total_tokens: must be a whole number >= 1, got {budget!r}")
@@ -181,8 +187,12 @@ class OpenAIAPIInterface(BaseInterface):
         values = [self.api_key.reveal()] if self.api_key else []
         values += [v.reveal() for v in self.base_url.secrets.values()]
         values += [v.reveal() for v in _secrets_in(self.extra_body)]
-        values += [urllib.parse.quote(v, safe="") for v in list(values)]
-        return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+        for auth in (self.basic_auth, self.endpoint.proxy.authorization if self.endpoint.proxy else None):
+            if auth is not None:  # a Basic header: its token, and the user:password pair inside it
+                token = auth.reveal().split(" ", 1)[1]
+                values += [token, base64.b64decode(token).decode("utf-8", "replace")]
+        forms = {f for v in values for f in secret_forms(v)} | {v for v in values if len(v) >= 4}
+        return sorted(forms, key=len, reverse=True)
 
     def scrub(self, text: str) -> str:
         """``text`` without this client's credentials (a server may echo them back)."""
@@ -237,9 +247,8 @@ class OpenAIAPIInterface(BaseInterface):
                    "User-Agent": "reform-eval"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
-        elif "userinfo" in self.base_url.secrets:
-            token = base64.b64encode(self.base_url.secrets["userinfo"].reveal().encode("utf-8")).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
+        elif self.basic_auth is not None:
+            headers["Authorization"] = self.basic_auth.reveal()
         reply = self.endpoint.post(payload, headers)
         status, raw, resp_headers = reply.status, reply.body, reply.headers
         if self.served.get("server") is None:  # what the server says it is (the first reply that says)
@@ -316,38 +325,51 @@ class OpenAIAPIInterface(BaseInterface):
         payload = json.dumps(reveal_deep(body) if self.extra_body else body).encode("utf-8")
         label = f" {tag}" if tag else ""
         last = ""
-        for attempt in range(self.max_retries + 1):
-            need = self.budget.estimate(body, image_tokens) if self.budget.limit is not None else 0
-            self.budget.reserve(need, tag or "the next request")
-            sent = self.limiter.acquire()
-            outcome, retry_after, usage = "other", None, None
-            try:
-                out = (parse or self._parse)(self._post_once(payload))
-                # every parser's usage passes here, the one gate of a server's counts into the budget
-                outcome, usage = "ok", clean_usage(out.usage, f"openai_api {self.public_url}")
-                return out
-            except Retryable as e:
-                last, retry_after = str(e), e.retry_after
-                if e.congestion:
-                    outcome = "congested"
-            except ReformError as e:  # a refusal or a malformed reply: name the sample
-                raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
-            finally:
-                self.limiter.release(sent, outcome, retry_after)
-                # a reply that does not say both counts is charged its worst case (issue 25: a server's
-                # numbers never switch the budget off)
-                counted = usage if usage and {"prompt_tokens", "completion_tokens"} <= set(usage) else None
-                self.budget.settle(need, counted if outcome == "ok" else {"prompt_tokens": 0})
-            if attempt == self.max_retries:
-                break
-            delay = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt, 64))  # no float overflow
-            if retry_after is not None:
-                delay = min(self.backoff_max, max(delay, retry_after))
-            logger.warning("openai_api %s%s: attempt %d/%d failed (%s); retrying in %.2f s", self.model,
-                           label, attempt + 1, self.max_retries + 1, last, delay)
-            time.sleep(delay)
-        raise ReformError(f"openai_api model '{self.model}'{label}: gave up after "
-                          f"{self.max_retries + 1} attempts at {self.public_url}; last error: {last}")
+        gate = self.retry_gate
+        try:
+            for attempt in range(self.max_retries + 1):
+                # once the run is stopping (or the call probing a failing endpoint failed for good), no
+                # new attempt starts: models.request_limits.RetryGate
+                if gate.stopping.is_set() or (attempt and not gate.may_retry()):
+                    raise ReformError(f"openai_api model '{self.model}'{label}: stopped after {attempt} attempt"
+                                      f"{'s' if attempt != 1 else ''} at {self.public_url}: the run is stopping "
+                                      f"(another call failed for good, or the run was stopped)" + (f"; last error: {last}" if last else ""))
+                need = self.budget.estimate(body, image_tokens) if self.budget.limit is not None else 0
+                self.budget.reserve(need, tag or "the next request")
+                sent = self.limiter.acquire()
+                outcome, retry_after, usage = "other", None, None
+                try:
+                    out = (parse or self._parse)(self._post_once(payload))
+                    # every parser's usage passes here, the one gate of a server's counts into the budget
+                    outcome, usage = "ok", clean_usage(out.usage, f"openai_api {self.public_url}")
+                    gate.outcome(True)
+                    return out
+                except Retryable as e:
+                    last, retry_after = str(e), e.retry_after
+                    if e.congestion:
+                        outcome = "congested"
+                except ReformError as e:  # a refusal or a malformed reply: name the sample
+                    raise ReformError(f"{tag}: {e}" if tag else str(e)) from None
+                finally:
+                    self.limiter.release(sent, outcome, retry_after)
+                    # a reply that does not say both counts is charged its worst case (issue 25: a server's
+                    # numbers never switch the budget off)
+                    counted = usage if usage and {"prompt_tokens", "completion_tokens"} <= set(usage) else None
+                    self.budget.settle(need, counted if outcome == "ok" else {"prompt_tokens": 0})
+                if attempt == self.max_retries:
+                    break
+                gate.outcome(False)
+                delay = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt, 64))  # no float overflow
+                if retry_after is not None:
+                    delay = min(self.backoff_max, max(delay, retry_after))
+                logger.warning("openai_api %s%s: attempt %d/%d failed (%s); retrying in %.2f s", self.model,
+                               label, attempt + 1, self.max_retries + 1, last, delay)
+                gate.stopping.wait(delay)  # (a stopping run ends the wait at once)
+            raise ReformError(f"openai_api model '{self.model}'{label}: gave up after "
+                              f"{self.max_retries + 1} attempts at {self.public_url}; last error: {last}")
+        except BaseException:  # (a refusal, the budget, an interrupt: the call failed for good)
+            gate.outcome(False, final=True)
+            raise
 
     # -- contract ----------------------------------------------------------------------
     def forward(self, inference_method: str, samples: Sequence[Dict[str, Any]], prompts: Sequence[Any],
@@ -386,6 +408,7 @@ class OpenAIAPIInterface(BaseInterface):
         if seeds is not None and len(seeds) != len(prompts):
             raise ReformError(f"openai_api: {len(seeds)} seeds for {len(prompts)} prompts")
         n = len(prompts)
+        self.stop_retrying(False)  # a new batch of a library caller (a stopped run's flag is not its)
         if self.budget.limit is not None and n > 1:  # all or nothing: no paid reply is thrown away
             need = 0
             for im, p in zip(images_list, prompts):
@@ -426,6 +449,14 @@ class OpenAIAPIInterface(BaseInterface):
                            ensure_ascii=False, sort_keys=True)
         return {"prompt_sha": hashlib.sha256(shown.encode("utf-8", "surrogatepass")).hexdigest()[:16],
                 "prompt_text": shown, "prompt_tokens": None, "bos": None, "pixel_sha": None}
+
+    def stop_retrying(self, stopping: bool = True) -> None:
+        """The run is stopping (a call failed for good, the budget or a write stopped it): no
+        request starts a new attempt and every backoff ends now; ``False``: a new run begins."""
+        if stopping:
+            self.retry_gate.stopping.set()
+        else:
+            self.retry_gate = RetryGate()
 
     def max_in_flight(self) -> int:
         return self.max_concurrency

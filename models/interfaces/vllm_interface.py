@@ -58,22 +58,15 @@ import importlib.util
 import json
 import logging
 import os
-<<<<<<< HEAD
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from reform_eval.models import MODELS, check_checkpoint_name, load_all, register_model
-from reform_eval.models.hf_provenance import pixel_rows
-=======
-import sys
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
-
-from reform_eval.models import MODELS, load_all, register_model
 from reform_eval.models.hf_provenance import image_processor_info
->>>>>>> vllm
 from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
-from reform_eval.models.outputs import finish_text
+from reform_eval.models.outputs import GenText, finish_text
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_log import library_log_to_run, output_to_log
@@ -390,16 +383,10 @@ class VLLMInterface(BaseInterface):
             params = SamplingParams(max_tokens=max_new, temperature=0.0, detokenize=False)
         outs = self._generate(requests, params)
         eos = self._eos_ids()
-<<<<<<< HEAD
-        texts: List[str] = []
-        for out in outs:
-            ids = list(out.outputs[0].token_ids)
-=======
         generated = [list(out.outputs[0].token_ids) for out in outs]
         decoded = self.tokenizer.batch_decode(generated, skip_special_tokens=True) if generated else []
         texts: List[GenText] = []
         for ids, text in zip(generated, decoded):
->>>>>>> vllm
             hits = [j for j, t in enumerate(ids) if t in eos]
             texts.append(finish_text(text, tokens=hits[0] + 1 if hits else len(ids)))
         traces = rendered
