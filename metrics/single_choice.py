@@ -279,7 +279,7 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
             if not 0 <= idx < len(rec["candidates"]):
                 raise input_error(f"prediction index {idx} out of range for {len(rec['candidates'])} candidates",
                                   file=file, record=i, field="prediction")
-            extracted: str = rec["candidates"][idx]
+            extracted: Optional[str] = rec["candidates"][idx]
         else:
             if not isinstance(rec["prediction"], str):
                 raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",

@@ -179,21 +179,21 @@ def proxy_for(scheme: str, host: str, port: int) -> Optional[Proxy]:
     """The proxy a request to ``scheme://host:port`` goes through, or None. Every proxy
     variable that is set is checked here (one line naming a malformed one, before any request),
     whether or not it applies to this endpoint."""
-    parsed = {}
+    proxies, bypass = {}, {}
     for name in PROXY_NAMES:
         for variable, value in _variables(name):
             if name == "no_proxy":
-                parsed[variable] = _no_proxy_entries(variable, value)
+                bypass[variable] = _no_proxy_entries(variable, value)
             else:
-                parsed[variable] = parse_proxy(variable, value)
+                proxies[variable] = parse_proxy(variable, value)
     no_proxy = _variables("no_proxy")
-    if no_proxy and _bypassed(parsed[no_proxy[0][0]], host, port):
+    if no_proxy and _bypassed(bypass[no_proxy[0][0]], host, port):
         return None
     for name in (f"{scheme.lower()}_proxy", "all_proxy"):
         found = _variables(name)
         if found:
             variable = found[0][0]
-            proxy_scheme, proxy_host, proxy_port, authorization = parsed[variable]
+            proxy_scheme, proxy_host, proxy_port, authorization = proxies[variable]
             if proxy_scheme != "http":
                 raise ReformError(f"environment variable {variable}: a {proxy_scheme}:// proxy is not supported "
                                   "(the endpoint client speaks to http:// proxies only); set an http:// proxy, or "

@@ -131,8 +131,8 @@ class OpenAIAPIInterface(BaseInterface):
             raise ReformError("openai_api: no model id; pass --model_name <served model> "
                               "(or set OPENAI_MODEL)")
         self.base_url = SecretURL(cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL)
-        key = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
-        self.api_key: Optional[Secret] = Secret(key) if key else None
+        api_key = cfg.get("api_key") or os.environ.get("OPENAI_API_KEY") or None
+        self.api_key: Optional[Secret] = Secret(api_key) if api_key else None
         #: base_url's user info as a Basic ``Authorization`` value: a Secret, registered (with the
         #: pair and the password) so an echo of the header is redacted wherever the key is
         info = self.base_url.secrets.get("userinfo")

@@ -66,7 +66,7 @@ from reform_eval.models.hf_provenance import image_processor_info
 from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
-from reform_eval.models.outputs import GenText, finish_text
+from reform_eval.models.outputs import finish_text
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_log import library_log_to_run, output_to_log
@@ -145,6 +145,8 @@ class VLLMInterface(BaseInterface):
     option_names = ("family", "dtype", "trust_remote_code", "tensor_parallel_size", "max_model_len", "max_images",
                     "image_backend", "enforce_eager", "engine_args", "preprocessor", "roles", "tiny_size",
                     "max_context_tokens")
+    #: the token ids that end a generation, read once (``_eos_ids``)
+    _eos: Optional[set] = None
 
     @classmethod
     def check_installed(cls) -> None:
@@ -385,7 +387,7 @@ class VLLMInterface(BaseInterface):
         eos = self._eos_ids()
         generated = [list(out.outputs[0].token_ids) for out in outs]
         decoded = self.tokenizer.batch_decode(generated, skip_special_tokens=True) if generated else []
-        texts: List[GenText] = []
+        texts: List[str] = []  # (each a GenText: text that knows its token count)
         for ids, text in zip(generated, decoded):
             hits = [j for j, t in enumerate(ids) if t in eos]
             texts.append(finish_text(text, tokens=hits[0] + 1 if hits else len(ids)))
@@ -396,7 +398,7 @@ class VLLMInterface(BaseInterface):
     def _eos_ids(self) -> set:
         """The token ids that end a generation (the checkpoint's generation config, else the
         tokenizer's); read once."""
-        if getattr(self, "_eos", None) is not None:
+        if self._eos is not None:
             return self._eos
         try:
             with open(os.path.join(self.model_path, "generation_config.json"), encoding="utf-8") as f:
