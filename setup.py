@@ -7,10 +7,22 @@ subpackage of ``reform_eval`` (``reform_eval/`` itself holds the two command lin
 lands at the top of site-packages but ``reform_eval`` (docs/architecture.md, "One package").
 setuptools' scratch directory is ``.setuptools-build``: its default, ``build/``, is a package here.
 """
+import ast
+
 from setuptools import find_packages, setup
 
 PACKAGE = "reform_eval"
-SUBPACKAGES = ("build", "models", "metrics", "utils", "evaluation", "configs")
+
+
+def _subpackages() -> tuple:
+    """reform_eval/__init__.py's SUBPACKAGES (one list: the package's finder maps the same names)."""
+    with open(f"{PACKAGE}/__init__.py", encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "SUBPACKAGES")
+
+
+SUBPACKAGES = _subpackages()
 
 with open("requirements.txt", encoding="utf-8") as f:
     requirements = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]

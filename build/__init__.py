@@ -5,6 +5,10 @@ dataset of unified samples (see ``utils.schema``) for any registered benchmark.
 """
 from __future__ import annotations
 
+if not __name__.startswith("reform_eval."):  # this folder reached under its short name: one copy only
+    from reform_eval import refuse_short_name
+    refuse_short_name(__name__)
+
 import importlib
 import logging
 from typing import Any, Callable, Dict, List, Optional, Union

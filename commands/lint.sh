@@ -15,9 +15,9 @@ rc=0
 # mypy names a module after its folders, and here the folders become subpackages of reform_eval
 # only at run time (reform_eval/__init__.py): check a tree of links with the installed layout,
 # kept beside mypy's cache (its path is stable, so the cache stays valid), and print the findings
-# under the repository's own paths. The subpackages are setup.py's SUBPACKAGES (one list).
+# under the repository's own paths. The subpackages are reform_eval/__init__.py's SUBPACKAGES (one list).
 SUBS="$("$PY" -c 'import ast
-tree = ast.parse(open("setup.py", encoding="utf-8").read())
+tree = ast.parse(open("reform_eval/__init__.py", encoding="utf-8").read())
 subs = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
             and getattr(n.targets[0], "id", "") == "SUBPACKAGES")
 print(" ".join(subs))')"

@@ -5,6 +5,10 @@
 Layers, lowest first (an import never goes up): ``utils`` -> ``build`` / ``models`` /
 ``metrics`` -> ``evaluation`` -> the command lines. See docs/architecture.md.
 """
+
+if not __name__.startswith("reform_eval."):  # this folder reached under its short name: one copy only
+    from reform_eval import refuse_short_name
+    refuse_short_name(__name__)
 from reform_eval.evaluation.config import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,
                                ScoringConfig)
 from reform_eval.evaluation.engine import RunResult, ScoreResult, evaluate, score

@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 from importlib import metadata
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_log import CONSOLE_MARK, FILE_MARK, log_file_handler  # noqa: F401 (re-exported)
@@ -37,13 +37,30 @@ def environment_info() -> Dict[str, Any]:
             except metadata.PackageNotFoundError:
                 continue
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_HERE, capture_output=True, text=True,
+        versions["reform-lmm-eval"] = metadata.version("reform-lmm-eval")
+    except metadata.PackageNotFoundError:
+        versions["reform-lmm-eval"] = None
+    rev, dirty = code_revision(_HERE)
+    return {"versions": versions, "git_revision": rev, "git_dirty": dirty}
+
+
+def code_revision(root: str) -> Tuple[Optional[str], Optional[bool]]:
+    """(commit, dirty) of the checkout the harness runs from, or (None, None). Only when ``root``
+    is itself the top of a git checkout: an installed copy (site-packages/reform_eval) inside some
+    other repository, a user's project or a clone whose .venv holds a wheel, must not record that
+    repository's commit as the harness's code."""
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        if not top or os.path.realpath(top) != os.path.realpath(root):
+            return None, None
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_HERE,
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
-        rev, dirty = None, None
-    return {"versions": versions, "git_revision": rev, "git_dirty": dirty}
+        return None, None
+    return rev, dirty
 
 
 def keep_original_run_info(extra: Dict[str, Any], paths: Dict[str, str]) -> Dict[str, Any]:

@@ -6,6 +6,10 @@ entries keep the extracted answer beside the verdict so every score can be expla
 """
 from __future__ import annotations
 
+if not __name__.startswith("reform_eval."):  # this folder reached under its short name: one copy only
+    from reform_eval import refuse_short_name
+    refuse_short_name(__name__)
+
 import importlib
 import inspect
 from dataclasses import dataclass, field

@@ -9,6 +9,10 @@ log or the run identity (see ``utils.secrets``).
 """
 from __future__ import annotations
 
+if not __name__.startswith("reform_eval."):  # this folder reached under its short name: one copy only
+    from reform_eval import refuse_short_name
+    refuse_short_name(__name__)
+
 import importlib
 import math
 import os

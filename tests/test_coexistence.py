@@ -53,10 +53,6 @@ def test_the_harness_coexists_with_pypa_build_and_a_research_repository(tmp_path
     (research / "setup.py").write_text(RESEARCH_SETUP)
     _run([py, "-m", "pip", "install", "-q", str(research)], str(tmp_path))
     _others_intact(py, str(tmp_path))
-    # the harness's dependencies come from the project's venv, after the fresh venv's own packages
-    site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], str(tmp_path)).stdout.strip()
-    with open(os.path.join(site, "zz_project_deps.pth"), "w") as f:
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
 
     # PyPA's build as users type it, in a clone's root (whose build/ comes first on sys.path)
     clone = tmp_path / "clone"
@@ -70,6 +66,12 @@ def test_the_harness_coexists_with_pypa_build_and_a_research_repository(tmp_path
     tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"reform_eval"}, tops
     _others_intact(py, str(tmp_path))
+    # (built above with PyPA's build and nothing of the harness's dependencies installed:
+    # python -m build in the clone never runs the harness's builders)
+    # the harness's dependencies come from the project's venv, after the fresh venv's own packages
+    site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], str(tmp_path)).stdout.strip()
+    with open(os.path.join(site, "zz_project_deps.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -19,6 +19,7 @@ def env(monkeypatch):
     for name in ("REFORM_CPU_THREADS", "OMP_NUM_THREADS", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(ct, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(ct, "cpu_quota", lambda: None)
     return monkeypatch
 
 
@@ -65,3 +66,34 @@ def test_the_users_settings_win_and_are_checked(env):
 def test_one_usable_core_is_one_thread_without_measuring(env):
     env.setattr(ct, "usable_cpus", lambda: [3])
     assert ct.cpu_threads(measure=lambda cpus: pytest.fail("measured")) == 1
+
+
+def test_a_containers_cpu_quota_caps_the_share(env):
+    """A 2-CPU quota on a host whose 64 cores are idle: two threads, not 64 (affinity and
+    /proc/stat both show the host)."""
+    env.setattr(ct, "usable_cpus", lambda: list(range(64)))
+    env.setattr(ct, "cpu_quota", lambda: 2)
+    assert ct.cpu_threads(measure=lambda cpus: 64.0) == 2
+
+
+def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert ct.cpu_quota(str(v2)) == 2
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert ct.cpu_quota(str(v2)) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert ct.cpu_quota(str(tmp_path / "v1")) == 3
+    assert ct.cpu_quota(str(tmp_path / "none")) is None
+
+
+@pytest.mark.parametrize("omp,lws,want", [("²", "1", 2), ("4,2", "1", 2), ("abc", "abc", 2), ("0", "x", 2)])
+def test_odd_thread_variables_are_ignored_not_a_crash(env, omp, lws, want):
+    env.setattr(ct, "cpu_quota", lambda: None)
+    env.setenv("OMP_NUM_THREADS", omp)
+    env.setenv("LOCAL_WORLD_SIZE", lws)
+    assert ct.cpu_threads(measure=lambda cpus: 2.0) == want

@@ -9,6 +9,7 @@ short window of the kernel's per-CPU counters, and shares them among the node's 
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -19,11 +20,43 @@ WINDOW_S = 0.25
 
 
 def usable_cpus() -> List[int]:
-    """The CPUs this process may run on (a container's or taskset's limit, not the machine's)."""
+    """The CPUs this process may run on (taskset's or a cpuset's limit, not the machine's)."""
     try:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return list(range(os.cpu_count() or 1))
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """The CPUs a container's quota allows (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``), rounded up; None without a quota. Affinity still lists every host
+    CPU in such a container, and /proc/stat shows the host's idle cores."""
+    import math
+
+    def read(name: str) -> Optional[str]:
+        try:
+            with open(os.path.join(root, name), encoding="ascii") as f:
+                return f.read().strip()
+        except (OSError, ValueError):
+            return None
+
+    v2 = read("cpu.max")
+    if v2:
+        quota, _, period = v2.partition(" ")
+        if quota != "max" and quota.isdigit() and period.isdigit() and int(period) > 0:
+            return max(1, math.ceil(int(quota) / int(period)))
+        return None
+    quota_v1, period_v1 = read("cpu/cpu.cfs_quota_us") or read("cpu.cfs_quota_us"), \
+        read("cpu/cpu.cfs_period_us") or read("cpu.cfs_period_us")
+    if quota_v1 and period_v1 and quota_v1.isdigit() and period_v1.isdigit() and int(period_v1) > 0:
+        return max(1, math.ceil(int(quota_v1) / int(period_v1)))
+    return None
+
+
+def _whole(name: str) -> Optional[int]:
+    """An environment variable that must be a whole number >= 1 (digits only), else None."""
+    value = os.environ.get(name, "")
+    return int(value) if re.fullmatch(r"[0-9]+", value) and int(value) >= 1 else None
 
 
 def read_cpu_times(path: str = "/proc/stat") -> Dict[int, Tuple[int, int]]:
@@ -64,17 +97,20 @@ def idle_cpus(cpus: List[int], window_s: float = WINDOW_S,
 def cpu_threads(measure: Callable[[List[int]], Optional[float]] = idle_cpus) -> int:
     """Intra-op threads of this process: ``REFORM_CPU_THREADS`` when set; the user's
     ``OMP_NUM_THREADS`` when set (torchrun sets 1 per rank); else this node's share of the usable
-    cores (``LOCAL_WORLD_SIZE`` ranks), less the cores other programs keep busy, at least one."""
+    cores (affinity, capped by a container's CPU quota; ``LOCAL_WORLD_SIZE`` ranks), less the
+    cores other programs keep busy, at least one."""
     value = os.environ.get("REFORM_CPU_THREADS")
     if value:
-        if not value.isdigit() or int(value) < 1:
+        if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
             raise ReformError(f"REFORM_CPU_THREADS must be a whole number >= 1, got {value!r}")
         return int(value)
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    omp = _whole("OMP_NUM_THREADS")
+    if omp is not None:
+        return omp
     cpus = usable_cpus()
-    ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    share = max(1, len(cpus) // ranks_here)
+    ranks_here = _whole("LOCAL_WORLD_SIZE") or 1
+    quota = cpu_quota()
+    share = max(1, min(len(cpus), quota or len(cpus)) // ranks_here)
     if share == 1:
         return 1
     idle = measure(cpus)
