@@ -290,6 +290,24 @@ def redact_text(text: str) -> str:
     return _KV.sub(mask, text)
 
 
+def excerpt(text: Any, limit: int) -> str:
+    """``text`` (server-provided: a header, a status line, a reply) redacted, THEN cut to
+    ``limit`` characters, for a message or a file: cutting first can leave part of a token
+    that no whole-form redaction then recognises (``Bearer sk-proj-ABCDE``)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("latin-1")
+    return redact_text(str(text))[:limit]
+
+
+def misplaced_userinfo(url: str) -> bool:
+    """Does ``url`` hold an ``@`` after its authority (in the path, query or fragment)? Then
+    credentials with an unencoded ``/``, ``?`` or ``#`` were cut by the URL parser, and the
+    host, port and path it found are pieces of them: a message must quote none of them."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return "@" in rest[len(authority):]
+
+
 def redact(obj: Any) -> Any:
     """A deep copy of ``obj`` (dicts, lists, tuples, strings, scalars) with every secret
     masked as described in the module docstring; other objects are returned as they are."""
