@@ -41,8 +41,11 @@ SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY"
 # A key may be quoted (a Python or JSON repr: ``'token': 'x'``); a value stops at brackets.
 _KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<q>['\"]?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>\s*[=:]\s*)"
                  r"(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"{}\[\]]+)")
-#: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
-_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
+#: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters. The
+#: user info may hold an unencoded '/', '?' or '#' (``http://u:pa/ss@host``, a URL the client
+#: refuses but the command line still shows): it runs to the last '@' within 256 characters
+#: (bounded: a run of ``https://`` is scanned in linear time)
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^@\s'\"]{1,256})@")
 _URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|code|auth|[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|"
                         r"signature|credential)))=(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
 
