@@ -240,3 +240,32 @@ def test_a_timeout_below_a_millisecond_is_refused():
         with pytest.raises(ReformError, match="^--model_option timeout: must be a number of seconds >= 0.001"):
             get_model("openai_api", {"model_name": "m", "base_url": "http://127.0.0.1:9/v1", "timeout": value})
     assert get_model("openai_api", {"model_name": "m", "base_url": "http://127.0.0.1:9/v1", "timeout": 0.001})[0].timeout == 0.001
+
+
+def test_a_batch_reports_the_failure_that_stopped_the_others_not_a_stopped_call():
+    """The first call in order was given up because the second failed for good: the batch's one
+    line is the second's failure, the cause (it was whichever call came first in order, so the
+    line said 'stopped ... another call failed' and hid the cause, depending on timing)."""
+    import threading
+
+    import pytest
+
+    from reform_eval.utils.errors import ReformError, Stopped
+    from reform_eval.utils.request_pool import RequestPool
+    failed = threading.Event()
+
+    def call(i: int) -> int:
+        if i == 0:
+            assert failed.wait(30)
+            raise Stopped("stopped: another call failed")
+        if i == 1:
+            failed.set()
+            raise ReformError("gave up after 5 attempts")
+        return i
+
+    pool = RequestPool(3)
+    try:
+        with pytest.raises(ReformError, match="^gave up after 5 attempts$"):
+            pool.map_all(call, [(0,), (1,), (2,)])
+    finally:
+        pool.close()

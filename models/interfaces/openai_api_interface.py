@@ -83,7 +83,7 @@ from reform_eval.models.openai_likelihood import score_candidates
 from reform_eval.models.outputs import GenText, finish_text
 from reform_eval.models.request_limits import (AdaptiveLimit, RetryGate, TokenBudget, clean_usage,  # noqa: F401
                                                image_tokens_upper, spent_usage)
-from reform_eval.utils.errors import ReformError
+from reform_eval.utils.errors import ReformError, Stopped
 from reform_eval.utils.preprocessors import ChatTemplateProcessor
 from reform_eval.utils.request_pool import RequestPool
 from reform_eval.utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, excerpt,
@@ -343,7 +343,7 @@ class OpenAIAPIInterface(BaseInterface):
                 # once the run is stopping (or the call probing a failing endpoint failed for good), no
                 # new attempt starts: models.request_limits.RetryGate
                 if gate.stopping.is_set() or (attempt and not gate.may_retry()):
-                    raise ReformError(f"openai_api model '{self.model}'{label}: stopped after {attempt} attempt"
+                    raise Stopped(f"openai_api model '{self.model}'{label}: stopped after {attempt} attempt"
                                       f"{'s' if attempt != 1 else ''} at {self.public_url}: the run is stopping "
                                       f"(another call failed for good, or the run was stopped)" + (f"; last error: {last}" if last else ""))
                 need = self.budget.estimate(body, image_tokens) if self.budget.limit is not None else 0
