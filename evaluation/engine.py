@@ -36,6 +36,7 @@ from reform_eval.utils.usage import usage_totals
 from reform_eval.utils.invocation import command_for
 from reform_eval.utils.predictions import ensure_writable_dir, remove_stale_temps
 from reform_eval.utils.report import scalar_table
+from reform_eval.utils.secrets import redact
 from reform_eval.utils.runlock import RunLock
 
 logger = logging.getLogger("reform_eval.evaluation.engine")
@@ -226,7 +227,10 @@ def _run_info(plan: RunPlan, dinfo: DistInfo, complete: bool) -> Dict[str, Any]:
     if tokens is not None and seconds:
         extra["throughput"] = {"generated_tokens": int(tokens), "generation_s": round(seconds, 3),
                                "tokens_per_s": round(tokens / seconds, 2)}
-    return keep_original_run_info(extra, paths) if complete else extra
+    extra = keep_original_run_info(extra, paths) if complete else extra
+    if "provenance" in extra:  # what a server said of itself (its model id, Server header) may echo a credential
+        extra["provenance"] = redact(extra["provenance"])
+    return extra
 
 
 def _finish(plan: RunPlan, records: List[Dict[str, Any]], complete: bool, dinfo: DistInfo, result: RunResult) -> None:

@@ -157,7 +157,7 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "max_images": _whole(1, 10 ** 4),
     "tensor_parallel_size": _whole(1, MAX_WORKERS),
     "gpus_per_rank": _whole(1, MAX_WORKERS),
-    "timeout": _seconds(0, DAY_S, above=True),
+    "timeout": _seconds(0.001, DAY_S),  # a millisecond: below it no connection can even be made
     "max_retries": _whole(0, 10 ** 4),
     "max_concurrency": _whole(1, MAX_WORKERS),
     "backoff_base": _seconds(0, DAY_S),

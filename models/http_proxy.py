@@ -27,7 +27,7 @@ import urllib.parse
 from typing import List, NamedTuple, Optional, Tuple
 
 from reform_eval.utils.errors import ReformError
-from reform_eval.utils.secrets import Secret, basic_credentials
+from reform_eval.utils.secrets import Secret, basic_credentials, misplaced_userinfo
 
 #: the variables read, in the order of precedence for one name (lower case first)
 PROXY_NAMES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
@@ -62,9 +62,11 @@ def _malformed(variable: str, why: str) -> ReformError:
     return ReformError(f"environment variable {variable}: malformed proxy setting ({why}); fix or unset it")
 
 
-def _port(text: str, variable: str) -> int:
+def _port(text: str, variable: str, quote: bool = True) -> int:
+    """``quote=False`` where the URL holds credentials: the port text is then not shown."""
     if not text.isascii() or not text.isdigit() or not 0 < int(text) <= 65535:
-        raise _malformed(variable, f"port {text[:20]!r} is not a number from 1 to 65535")
+        shown = f"port {text[:20]!r}" if quote else "the port"
+        raise _malformed(variable, f"{shown} is not a number from 1 to 65535")
     return int(text)
 
 
@@ -74,15 +76,21 @@ def parse_proxy(variable: str, value: str) -> Tuple[str, str, int, Optional[Secr
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
         raise _malformed(variable, "it holds a space or a control character")
     url = value if "://" in value else f"http://{value}"
+    if misplaced_userinfo(url):  # the parser's host and port would be pieces of the password: none quoted
+        raise _malformed(variable, "an '@' after the host: credentials in the URL must percent-encode reserved "
+                                   "characters, '/' as %2F, '?' as %3F, '#' as %23, '@' as %40")
+    quote = "@" not in url  # with credentials in the URL, a message quotes none of its pieces
     try:
         p = urllib.parse.urlsplit(url)
         netloc = p.netloc.rpartition("@")[2]
         host = p.hostname or ""
     except ValueError as e:  # an unclosed '[' ('Invalid IPv6 URL')
-        raise _malformed(variable, str(e)) from None
+        raise _malformed(variable, str(e) if quote else "the host after the credentials is malformed") from None
     if netloc.startswith("[") and "]" not in netloc:
         raise _malformed(variable, "unclosed '['")
     rest = netloc[netloc.index("]") + 1:] if netloc.startswith("[") else netloc
+    if netloc.startswith("[") and rest and not rest.startswith(":"):  # '[::1]x:3128' is not [::1]:3128
+        raise _malformed(variable, "text after ']' that is not ':port'")
     if rest.count(":") > 1 or (not netloc.startswith("[") and "]" in rest):
         raise _malformed(variable, f"host {netloc[:60]!r} is neither a name nor a bracketed IPv6 address")
     port_text = rest.partition(":")[2] if ":" in rest else ""
@@ -93,7 +101,7 @@ def parse_proxy(variable: str, value: str) -> Tuple[str, str, int, Optional[Secr
             ipaddress.IPv6Address(host.split("%")[0])
         except ValueError:
             raise _malformed(variable, f"[{host[:60]}] is not an IPv6 address") from None
-    port = _port(port_text, variable) if port_text else 8080
+    port = _port(port_text, variable, quote) if port_text else 8080
     authorization = None
     if p.username is not None or p.password is not None:
         authorization = basic_credentials(urllib.parse.unquote(p.username or ""),
@@ -143,7 +151,7 @@ def _no_proxy_entries(variable: str, value: str) -> List[_NoProxyEntry]:
         host, sep, port_text = entry.partition(":")
         if sep:
             port = _port(port_text, variable)
-        host = host.lstrip("*").lstrip(".")
+        host = host.lstrip("*").lstrip(".").rstrip(".")  # 'example.com.' is example.com (the host is compared so too)
         if not host:
             raise _malformed(variable, f"entry {raw.strip()[:60]!r}: no host")
         entries.append(_NoProxyEntry(host, port, None))

@@ -37,8 +37,9 @@ import time
 import urllib.parse
 from typing import Any, Callable, Dict, NamedTuple, Optional, Set
 
-from reform_eval.models.http_proxy import proxy_for
+from reform_eval.models.http_proxy import Proxy, proxy_for
 from reform_eval.utils.errors import ReformError
+from reform_eval.utils.secrets import excerpt
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def field_number(text: str, what: str, hexadecimal: bool = False) -> int:
     takes a sign, ``_`` separators, spaces, ``0x`` and non-ASCII digits ('٣'), and
     ``str.isdigit`` passes '²', which ``int`` then refuses with a ValueError."""
     if not text or len(text) > 15 or text.strip(_HEX if hexadecimal else _DECIMAL):
-        raise ProtocolError(f"malformed {what} {text[:20]!r}")
+        raise ProtocolError(f"malformed {what} {excerpt(text, 20)!r}")
     return int(text, 16 if hexadecimal else 10)
 
 
@@ -239,7 +240,7 @@ class _Connection:
             status_line = self._line()
             parts = status_line.split(None, 2)
             if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or len(parts[1]) != 3:
-                raise ProtocolError(f"malformed status line {status_line[:60]!r}")
+                raise ProtocolError(f"malformed status line {excerpt(status_line, 60)!r}")
             version = parts[0]
             status = field_number(parts[1].decode("latin-1"), "status code")
             reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
@@ -254,7 +255,7 @@ class _Connection:
                     raise ProtocolError("header block longer than 64 KB")
                 name, sep, value = line.partition(b":")
                 if not sep:
-                    raise ProtocolError(f"malformed header field {line[:60]!r}")
+                    raise ProtocolError(f"malformed header field {excerpt(line, 60)!r}")
                 key = name.strip().lower().decode("latin-1")
                 text = value.strip().decode("latin-1")
                 fields[key] = f"{fields[key]}, {text}" if key in fields else text
@@ -304,6 +305,14 @@ class _Connection:
             pass
 
 
+def _proxy_authentication(proxy: Proxy) -> ReformError:
+    """The one line for a proxy's 407 (on a CONNECT or on a plain-http request through it)."""
+    where = f"{proxy.host}:{proxy.port}"
+    return ReformError(f"proxy {where} ({proxy.variable}) demands authentication (HTTP 407)"
+                       + (" and refused the credentials in its URL" if proxy.authorization else
+                          f": give them in the URL, {proxy.variable}=http://USER:PASSWORD@{where}"))
+
+
 class Endpoint:
     """POSTs to one URL over per-thread keep-alive connections.
 
@@ -351,10 +360,7 @@ class Endpoint:
                 if not 200 <= reply.status < 300 or tunnel.buf:
                     sock.close()
                     if reply.status == 407:
-                        raise ReformError(
-                            f"proxy {host}:{port} ({proxy.variable}) demands authentication (HTTP 407)"
-                            + (" and refused the credentials in its URL" if proxy.authorization else
-                               f": give them in the URL, {proxy.variable}=http://USER:PASSWORD@{host}:{port}"))
+                        raise _proxy_authentication(proxy)
                     raise OSError(f"proxy {host}:{port} refused the tunnel (HTTP {reply.status})")
             ctx = ssl.create_default_context()
             ctx.sslsocket_class = _DeadlineSSLSocket
@@ -400,6 +406,9 @@ class Endpoint:
                 reply, keep = conn.request(head.encode("latin-1"), payload)
                 if not keep:
                     self._drop()
+                if reply.status == 407 and self.proxy is not None and not self.https:  # the proxy's, not the endpoint's
+                    self._drop()
+                    raise _proxy_authentication(self.proxy)
                 return reply
             except DeadlinePassed:
                 self._drop()
@@ -456,17 +465,17 @@ def retry_after(headers: Any, cap: float, source: str = "endpoint") -> Optional[
         try:
             when = email.utils.parsedate_to_datetime(text)
         except (TypeError, ValueError, IndexError):
-            log_clamp_once("retry-after-bad", f"{source}: unreadable Retry-After {text[:40]!r} ignored")
+            log_clamp_once("retry-after-bad", f"{source}: unreadable Retry-After {excerpt(text, 40)!r} ignored")
             return None
         if when is None:
             return None
         seconds = when.timestamp() - time.time()
     if not math.isfinite(seconds):
-        log_clamp_once("retry-after-bad", f"{source}: Retry-After {text[:40]!r} is not a finite number; ignored")
+        log_clamp_once("retry-after-bad", f"{source}: Retry-After {excerpt(text, 40)!r} is not a finite number; ignored")
         return None
     if seconds < 0:
         return 0.0
     if seconds > cap:
-        log_clamp_once("retry-after-cap", f"{source}: Retry-After {text[:40]} s clamped to backoff_max={cap:g} s")
+        log_clamp_once("retry-after-cap", f"{source}: Retry-After {excerpt(text, 40)} s clamped to backoff_max={cap:g} s")
         return float(cap)
     return seconds

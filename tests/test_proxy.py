@@ -125,7 +125,8 @@ def auth_proxy(c: socket.socket, head: bytes, srv: Loopback) -> Optional[bool]:
 # -- a malformed variable: one line naming it, before any request ------------------------------
 
 MALFORMED_PROXY = ["http://u:p@127.0.0.1:99999", "http://127.0.0.1:8o80", "http://[::1:3128", "http://[::1", "http://:3128",
-                   "127.0.0.1:-1", "http://127.0.0.1:0", "http://pro xy:3128", "http://[not-v6]:3128"]
+                   "127.0.0.1:-1", "http://127.0.0.1:0", "http://pro xy:3128", "http://[not-v6]:3128",
+                   "http://[::1]x:3128"]
 MALFORMED_NO_PROXY = ["[::1", "localhost:99999", "localhost:abc", "10.0.0.0/99", "::1::2", "example.com]"]
 
 
@@ -178,7 +179,8 @@ def test_a_proxy_scheme_the_client_cannot_speak_is_refused_only_where_it_applies
     ("*", "api.example.com", True), ("example.com", "api.example.com", True), (".example.com", "example.com", True),
     ("example.com", "badexample.com", False), ("127.0.0.0/8", "127.0.0.1", True), ("[::1]", "[::1]", True),
     ("::1", "[::1]", True), ("10.0.0.0/8", "127.0.0.1", False), ("api.example.com:443", "api.example.com", True),
-    ("api.example.com:8443", "api.example.com", False)])
+    ("api.example.com:8443", "api.example.com", False), ("EXAMPLE.COM.", "api.example.com", True),
+    ("example.com.", "example.com.", True), ("example.com", "api.example.com.", True)])
 def test_no_proxy_forms(no_proxy, host, bypassed, monkeypatch):
     monkeypatch.setenv("https_proxy", "http://127.0.0.1:3128")
     monkeypatch.setenv("no_proxy", no_proxy)
@@ -320,3 +322,47 @@ def test_a_proxy_that_echoes_its_credentials_leaves_none_in_the_answer(monkeypat
     finally:
         proxy.close()
     assert WANTED.split()[1] not in answer and PASSWORD not in answer and answer.startswith("you sent Basic <redacted>")
+
+
+# -- review 3: no piece of a password in a message; a plain-http proxy's 407 ------------------
+
+@pytest.mark.parametrize("value", ["http://alice:Tr0ub4dor#horse@127.0.0.1:3128", "http://alice:Tr0ub4dor/horse@127.0.0.1:3128",
+                                   "http://alice:Tr0ub4dor?horse@127.0.0.1:3128", "alice:Tr0ub4dor#horse@127.0.0.1:3128",
+                                   "http://alice:horse@127.0.0.1:Tr0ub4dor", "http://alice:horse@[Tr0ub4dor:3128"])
+def test_a_malformed_proxy_url_with_credentials_quotes_no_piece_of_them(value, monkeypatch):
+    """Review 3, D3: a '#' in the password cut the URL there, and the message quoted the rest
+    of the password as the port ("port 'Tr0ub4dor' is not a number")."""
+    monkeypatch.setenv("HTTP_PROXY", value)
+    with pytest.raises(ReformError) as e:
+        Endpoint("http://127.0.0.1:9/v1/chat/completions", timeout=1)
+    msg = str(e.value)
+    assert msg.startswith("environment variable HTTP_PROXY: malformed proxy setting") and "Tr0ub" not in msg, msg
+    if "Tr0ub4dor" in value.split("@")[0]:  # the password holds a reserved character
+        assert "percent-encode reserved characters" in msg
+
+
+@pytest.mark.parametrize("url", ["http://alice:Tr0ub4dor/horse@127.0.0.1:9/v1", "http://alice:Tr0ub4dor#horse@127.0.0.1:9/v1",
+                                 "http://alice:horse@127.0.0.1:Tr0ub4dor/v1"])
+def test_a_malformed_base_url_with_credentials_quotes_no_piece_of_them(url):
+    """Review 3, D3: urllib's ValueError quoted the password's tail as the port."""
+    with pytest.raises(ReformError) as e:
+        get_model("openai_api", {"model_name": "m", "base_url": url})
+    msg = str(e.value)
+    assert msg.startswith("openai_api: --model_option base_url: malformed URL") and "Tr0ub" not in msg, msg
+
+
+def test_a_plain_http_proxy_answering_407_is_named_with_a_hint(monkeypatch):
+    """Review 3, D8: the proxy's 407 read as the endpoint's refusal ('endpoint ... refused the
+    request (HTTP 407 ...)'), naming neither the proxy variable nor the credentials."""
+    proxy = Loopback(auth_proxy)
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        model, _ = get_model("openai_api", {"model_name": "m", "base_url": "http://origin.invalid/v1", "max_retries": 3})
+        with pytest.raises(ReformError) as e:
+            model.raw_generate([], "hi")
+    finally:
+        proxy.close()
+    msg = str(e.value)
+    assert f"proxy 127.0.0.1:{proxy.port} (HTTP_PROXY) demands authentication (HTTP 407)" in msg, msg
+    assert f"HTTP_PROXY=http://USER:PASSWORD@127.0.0.1:{proxy.port}" in msg and "refused the request" not in msg
+    assert len(proxy.heads) == 1  # a refusal, not retried

@@ -33,3 +33,27 @@ def test_redaction_is_linear_on_degenerate_text(text):
     t0 = time.process_time()  # CPU time: what a quadratic scan spends, whatever the machine's load
     redact_text(text)
     assert time.process_time() - t0 < 2.0
+
+
+def test_an_excerpt_is_redacted_before_it_is_cut():
+    """Review 3, D2: server text cut first kept a partial token ('zzzBearer sk-proj-ABCDE') that
+    no whole-form redaction recognises; ``excerpt`` redacts, then cuts."""
+    from reform_eval.utils.secrets import excerpt, misplaced_userinfo, register_secret
+    key = "sk-proj-ABCDEFGHIJKLMNOP"
+    register_secret(key)
+    text = "z" * 20 + "Bearer " + key
+    assert "ABCDE" in redact_text(text[:40])  # the old order: cut, then redact
+    assert excerpt(text, 40) == ("z" * 20 + "Bearer " + REDACTED)[:40]
+    assert excerpt(b"HTTP/1.1 200 " + key.encode(), 20) == "HTTP/1.1 200 <redact"
+    assert misplaced_userinfo("http://alice:Tr0ub4dor#horse@127.0.0.1:3128")
+    assert misplaced_userinfo("http://u:p/w@host/v1") and misplaced_userinfo("u:p?w@host")
+    assert not misplaced_userinfo("http://u:p%23w@host/v1") and not misplaced_userinfo("http://host:80/v1")
+
+
+@pytest.mark.parametrize("url", ["http://alice:Tr0ub4dor/horse@127.0.0.1:8000/v1", "http://alice:Tr0ub4dor#horse@127.0.0.1:3128",
+                                 "http://alice:Tr0ub4dor?horse@h"])
+def test_user_info_with_an_unencoded_reserved_character_is_redacted(url):
+    """Review 3, D3: the client refuses such a URL, but the command line in log.txt showed it whole
+    (the user-info pattern stopped at the '/', so nothing matched)."""
+    shown = redact_text(f"--model_option base_url={url} --do_eval")
+    assert "Tr0ub" not in shown and "horse" not in shown and shown.endswith(" --do_eval"), shown

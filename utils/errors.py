@@ -101,6 +101,12 @@ def current_stage(error: Optional[BaseException] = None) -> str:
     return stage_of_error or (_stages[-1] if _stages else "starting")
 
 
+class Stopped(ReformError):
+    """A call given up, unsent or between attempts, because ANOTHER call failed for good (or the
+    run is stopping): a consequence, so a caller that has the cause at hand reports the cause
+    (``utils.request_pool.RequestPool.map_all``)."""
+
+
 class BudgetExhausted(ReformError):
     """A token budget (``max_total_tokens``) would be passed by the next request: the run stops
     before sending it; finished samples are saved, so re-running the same command resumes."""

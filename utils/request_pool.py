@@ -14,6 +14,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Tuple
 
+from reform_eval.utils.errors import Stopped
+
 _Job = Optional[Tuple[Future, Callable[..., Any], tuple, dict]]
 
 
@@ -61,7 +63,9 @@ class RequestPool:
 
     def map_all(self, fn: Callable[..., Any], calls: List[tuple]) -> List[Any]:
         """``fn(*args)`` for every ``args`` of ``calls`` on the workers, results in order; the
-        first failure cancels the calls not yet started and is raised."""
+        first failure cancels the calls not yet started and is raised, unless it is a ``Stopped``
+        (a call given up because another failed): then the other call's failure, the cause, is
+        raised (the calls in flight are waited for; a stopping run ends them at once)."""
         futures = [self.submit(fn, *args) for args in calls]
         out = []
         for fut in futures:
@@ -69,6 +73,11 @@ class RequestPool:
             if exc is not None:
                 for other in futures:
                     other.cancel()
+                if isinstance(exc, Stopped):
+                    causes = [e for e in (f.exception() for f in futures if not f.cancelled())
+                              if e is not None and not isinstance(e, Stopped)]
+                    if causes:
+                        raise causes[0]
                 raise exc
             out.append(fut.result())
         return out

@@ -41,8 +41,11 @@ SECRET_ENV_VARS = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY"
 # A key may be quoted (a Python or JSON repr: ``'token': 'x'``); a value stops at brackets.
 _KV = re.compile(r"(?<![A-Za-z0-9_.-])(?P<q>['\"]?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>\s*[=:]\s*)"
                  r"(?P<val>'[^']*'|\"[^\"]*\"|[^\s,;&'\"{}\[\]]+)")
-#: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters
-_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
+#: credentials inside URLs: user info (``scheme://user:secret@host``) and query parameters. The
+#: user info may hold an unencoded '/', '?' or '#' (``http://u:pa/ss@host``, a URL the client
+#: refuses but the command line still shows): it runs to the last '@' within 256 characters
+#: (bounded: a run of ``https://`` is scanned in linear time)
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^@\s'\"]{1,256})@")
 _URL_QUERY = re.compile(r"(?P<lead>[?&](?:key|sig|code|auth|[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|"
                         r"signature|credential)))=(?P<val>[^&\s'\"#]+)", re.IGNORECASE)
 
@@ -288,6 +291,24 @@ def redact_text(text: str) -> str:
             return f"{m.group('q')}{m.group('key')}{m.group('q')}{m.group('sep')}{REDACTED}"
         return m.group(0)
     return _KV.sub(mask, text)
+
+
+def excerpt(text: Any, limit: int) -> str:
+    """``text`` (server-provided: a header, a status line, a reply) redacted, THEN cut to
+    ``limit`` characters, for a message or a file: cutting first can leave part of a token
+    that no whole-form redaction then recognises (``Bearer sk-proj-ABCDE``)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("latin-1")
+    return redact_text(str(text))[:limit]
+
+
+def misplaced_userinfo(url: str) -> bool:
+    """Does ``url`` hold an ``@`` after its authority (in the path, query or fragment)? Then
+    credentials with an unencoded ``/``, ``?`` or ``#`` were cut by the URL parser, and the
+    host, port and path it found are pieces of them: a message must quote none of them."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return "@" in rest[len(authority):]
 
 
 def redact(obj: Any) -> Any:

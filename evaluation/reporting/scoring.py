@@ -40,6 +40,7 @@ from reform_eval.utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FI
                                ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
                                record_key)
 from reform_eval.utils.report import headline_report, markdown_table, metrics_report
+from reform_eval.utils.secrets import redact
 from reform_eval.utils.usage import usage_totals
 
 logger = logging.getLogger(__name__)
@@ -279,6 +280,8 @@ def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = No
         key=str(records[0].get("benchmark") or ""), n_boot=N_BOOT)
     if extra:
         summary = {**extra, **summary}
+        if "provenance" in summary:  # a server's or a foreign log's words about itself may echo a credential
+            summary["provenance"] = redact(summary["provenance"])
     if "usage" not in summary and any("usage" in r or "generated_tokens" in r for r in records):
         summary["usage"] = usage_totals(records)
     if summary.get("usage"):

@@ -83,11 +83,11 @@ from reform_eval.models.openai_likelihood import score_candidates
 from reform_eval.models.outputs import GenText, finish_text
 from reform_eval.models.request_limits import (AdaptiveLimit, RetryGate, TokenBudget, clean_usage,  # noqa: F401
                                                image_tokens_upper, spent_usage)
-from reform_eval.utils.errors import ReformError
+from reform_eval.utils.errors import ReformError, Stopped
 from reform_eval.utils.preprocessors import ChatTemplateProcessor
 from reform_eval.utils.request_pool import RequestPool
-from reform_eval.utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, redact_text,
-                                       reveal_deep, secret_forms, secret_options)
+from reform_eval.utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, excerpt,
+                                       misplaced_userinfo, reveal_deep, secret_forms, secret_options)
 
 logger = logging.getLogger(__name__)
 
@@ -161,11 +161,17 @@ class OpenAIAPIInterface(BaseInterface):
                 raise ReformError(f"--model_option {price}: must be a number >= 0 (per million tokens), got {v!r}")
         origin = "--model_option base_url" if cfg.get("base_url") else \
             "OPENAI_BASE_URL" if os.environ.get("OPENAI_BASE_URL") else "base_url"
+        if misplaced_userinfo(str.__str__(self.base_url)):  # its pieces may be parts of a password: none quoted
+            raise ReformError(f"openai_api: {origin}: malformed URL (an '@' after the host: credentials in the URL "
+                              "must percent-encode reserved characters, '/' as %2F, '?' as %3F, '#' as %23, "
+                              "'@' as %40)")
         try:
             pub = urllib.parse.urlsplit(str.__str__(self.base_url))
             pub.port  # noqa: B018 - raises on a port out of range or not a number
         except ValueError as e:
-            raise ReformError(f"openai_api: {origin}: malformed URL ({e})") from None
+            why = ("the host or port after the credentials is malformed" if "@" in str.__str__(self.base_url)
+                   else excerpt(e, 200))
+            raise ReformError(f"openai_api: {origin}: malformed URL ({why})") from None
         if pub.scheme not in ("http", "https") or not pub.hostname:
             raise ReformError(f"openai_api: {origin} must be an http(s) URL, got '{public_url(self.base_url)}'")
         path = pub.path.rstrip("/")
@@ -254,7 +260,7 @@ class OpenAIAPIInterface(BaseInterface):
         if self.served.get("server") is None:  # what the server says it is (the first reply that says)
             found = resp_headers.get("Server")
             if found:
-                self.served["server"] = str(found)[:100]
+                self.served["server"] = self._excerpt(found, 100)
         if 300 <= status < 400:
             location = public_url(resp_headers.get("Location") or "?")
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} redirected "
@@ -271,7 +277,7 @@ class OpenAIAPIInterface(BaseInterface):
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            shown = redact_text(self.scrub(raw.decode("utf-8", "replace")))[:200]
+            shown = self._excerpt(raw.decode("utf-8", "replace"), 200)
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with "
                               f"malformed JSON: {shown!r}") from None
         except RecursionError:
@@ -279,7 +285,7 @@ class OpenAIAPIInterface(BaseInterface):
                               "nested deeper than the parser follows (a malformed or hostile reply)") from None
         except ValueError as e:  # an integer of thousands of digits (Python's int-string limit)
             raise ReformError(f"openai_api model '{self.model}': endpoint {self.public_url} replied with an "
-                              f"unreadable JSON value ({str(e)[:120]})") from None
+                              f"unreadable JSON value ({self._excerpt(e, 120)})") from None
 
     def _parse(self, reply: Any) -> GenText:
         """The assistant text of a chat-completions reply (credentials scrubbed, normalised by
@@ -302,12 +308,12 @@ class OpenAIAPIInterface(BaseInterface):
             if not isinstance(refusal, str):
                 raise ReformError(f"openai_api model '{self.model}': malformed reply from {self.public_url} "
                                   f"(choices[0].message.content is {type(content).__name__}): {self._show(reply)}")
-            logger.warning("openai_api model '%s' refused to answer: %s", self.model, self.scrub(refusal)[:200])
+            logger.warning("openai_api model '%s' refused to answer: %s", self.model, self._excerpt(refusal, 200))
             text = refusal
         if "model" not in self.served and isinstance(reply, dict):  # what the server says answered
-            self.served["model"] = str(reply.get("model"))[:200] if reply.get("model") is not None else None
-            fp = reply.get("system_fingerprint")
-            self.served["system_fingerprint"] = str(fp)[:200] if fp is not None else None
+            model, fp = reply.get("model"), reply.get("system_fingerprint")
+            self.served["model"] = self._excerpt(model, 200) if model is not None else None
+            self.served["system_fingerprint"] = self._excerpt(fp, 200) if fp is not None else None
         usage = clean_usage(reply.get("usage") if isinstance(reply, dict) else None,
                             f"openai_api {self.public_url}")
         tokens = usage.get("completion_tokens") if usage else None
@@ -315,7 +321,13 @@ class OpenAIAPIInterface(BaseInterface):
 
     def _show(self, reply: Any) -> str:
         """A reply, short, for an error message: credentials scrubbed before it is cut."""
-        return redact_text(self.scrub(json.dumps(reply, default=str)))[:200]
+        return self._excerpt(json.dumps(reply, default=str), 200)
+
+    def _excerpt(self, text: Any, limit: int) -> str:
+        """Server-provided ``text`` for a message or a file (the Server header, the served model
+        id): this client's credentials scrubbed and every secret redacted, THEN cut (a cut first
+        can leave part of a token that no redaction recognises)."""
+        return excerpt(self.scrub(str(text)), limit)
 
     def request(self, body: Dict[str, Any], tag: str = "", image_tokens: int = 0, parse: Optional[Any] = None) -> GenText:
         """POST with retries and backoff (through the adaptive limit and the token budget);
@@ -331,7 +343,7 @@ class OpenAIAPIInterface(BaseInterface):
                 # once the run is stopping (or the call probing a failing endpoint failed for good), no
                 # new attempt starts: models.request_limits.RetryGate
                 if gate.stopping.is_set() or (attempt and not gate.may_retry()):
-                    raise ReformError(f"openai_api model '{self.model}'{label}: stopped after {attempt} attempt"
+                    raise Stopped(f"openai_api model '{self.model}'{label}: stopped after {attempt} attempt"
                                       f"{'s' if attempt != 1 else ''} at {self.public_url}: the run is stopping "
                                       f"(another call failed for good, or the run was stopped)" + (f"; last error: {last}" if last else ""))
                 need = self.budget.estimate(body, image_tokens) if self.budget.limit is not None else 0
@@ -533,7 +545,7 @@ def _error_detail(body: str, reason: str = "") -> str:
     try:
         msg = json.loads(body).get("error", {})
         if isinstance(msg, dict) and msg.get("message"):  # servers may echo the key back
-            return redact_text(str(msg["message"]))[:200]
+            return excerpt(msg["message"], 200)
     except (ValueError, AttributeError, RecursionError):  # ValueError: malformed, or a huge integer
         pass
-    return redact_text(str(body.strip() or reason or ""))[:200]
+    return excerpt(body.strip() or reason or "", 200)
