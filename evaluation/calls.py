@@ -137,13 +137,15 @@ class Runner:
         keys: List[Optional[str]] = [self.key(used, prompt, j) for j in range(self.n_calls)] \
             if self.cache is not None else [None] * self.n_calls
         pending = Pending(used, prompt, keys)
-        if self.cache is not None:  # a cached answer is used only for images the run has read
-            verify_run_images(used.get("images"), used.get("sample_id"))
+        verified = False
         for j, k in enumerate(keys):
             if k is None or self.cache is None:
                 continue
             value = self.cache.get(k)
             if _cached_ok(self.method, value, used):
+                if not verified:  # a cached answer is used only for images the run has read (a miss: the model reads them)
+                    verify_run_images(used.get("images"), used.get("sample_id"))
+                    verified = True
                 pending.results[j] = _from_cache(self.method, value, hit=True)
                 pending.hits.add(j)
         if not pending.missing:
