@@ -22,6 +22,7 @@ from reform_eval.models.outputs import GenText, checked_outputs, generation_stat
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.fingerprint import pixel_digest
 from reform_eval.utils.predictions import make_record, temp_prefix
+from reform_eval.utils.run_images import verify_run_images
 from reform_eval.utils.seeding import derive_seed
 
 #: the trace fields a record keeps (``prompt_text`` goes to the run's provenance, once)
@@ -136,11 +137,15 @@ class Runner:
         keys: List[Optional[str]] = [self.key(used, prompt, j) for j in range(self.n_calls)] \
             if self.cache is not None else [None] * self.n_calls
         pending = Pending(used, prompt, keys)
+        verified = False
         for j, k in enumerate(keys):
             if k is None or self.cache is None:
                 continue
             value = self.cache.get(k)
             if _cached_ok(self.method, value, used):
+                if not verified:  # a cached answer is used only for images the run has read (a miss: the model reads them)
+                    verify_run_images(used.get("images"), used.get("sample_id"))
+                    verified = True
                 pending.results[j] = _from_cache(self.method, value, hit=True)
                 pending.hits.add(j)
         if not pending.missing:

@@ -22,6 +22,7 @@ from reform_eval.models.hub_cache import HubSnapshot, hub_cache_dir, hub_snapsho
 from reform_eval.models.registry_sources import family_modules, tiny_builder_modules
 from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint
 from reform_eval.utils.errors import ReformError, did_you_mean, missing_path, unknown_name
+from reform_eval.utils.inputs import plain_data_problem
 from reform_eval.utils.invocation import command_for
 from reform_eval.utils.secrets import split_url_secrets
 
@@ -164,7 +165,8 @@ OPTION_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "backoff_max": _seconds(0, DAY_S),
     "base_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "an http(s) URL"),
     "image_format": (lambda v: str(v).upper() in ("PNG", "JPEG", "JPG", "WEBP"), "PNG, JPEG (or JPG) or WEBP"),
-    "extra_body": (lambda v: isinstance(v, dict), "a mapping, e.g. {top_k: 20}"),
+    "extra_body": (lambda v: isinstance(v, dict) and plain_data_problem(v, json_only=True) is None,
+                   "a mapping of JSON values (text keys, finite numbers, no recursive alias), e.g. {top_k: 20}"),
     "system_msg": (lambda v: isinstance(v, str), "text"),
     "response_prefix": (lambda v: v is None or isinstance(v, str), "text"),
     "preprocessor": (lambda v: v in ("conv", "chat_template"), "conv or chat_template"),
@@ -182,7 +184,9 @@ def check_option_values(options: Dict[str, Any]) -> None:
     the option, or nothing."""
     for key, value in options.items():
         if key in OPTION_CHECKS and not OPTION_CHECKS[key][0](value):
-            raise ReformError(f"--model_option {key}: must be {OPTION_CHECKS[key][1]}, got {value!r}")
+            problem = plain_data_problem(value, json_only=key == "extra_body")
+            got = f"it holds {problem}" if problem else f"got {value!r}"[:300]
+            raise ReformError(f"--model_option {key}: must be {OPTION_CHECKS[key][1]}, {got}")
 
 
 def identity_env(name: str) -> Dict[str, Optional[str]]:

@@ -162,3 +162,70 @@ def test_a_long_prediction_name_is_shortened_the_same_way_every_time():
     stem = os.path.basename(path)[:-len(".json")]
     assert len(stem.encode()) <= MAX_STEM_BYTES and stem.endswith("_0123456789ab")
     assert prediction_path(cfg, "0123456789ab") == path
+
+
+@pytest.mark.parametrize("how", ["removal", "append", "rename", "dotdot", "link"])
+def test_a_journal_never_acts_outside_its_output_folder(how, tmp_path, caplog):
+    """A journal naming a folder elsewhere (a removal, an index line, a rename, a '..' path, or a
+    path through a link out of the tree) is set aside with one line: one start of run_eval
+    removed a folder outside its output folder and appended to a file there."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / "keep.txt").write_text("precious")
+    (victim / "index.txt").write_text("line\n")
+    os.symlink(str(victim), str(out / "link"))
+    tmp = f".tmp-x~{_host()}-{DEAD_PID}~0002"
+    journal = {"renames": [], "removals": [], "appends": []}
+    if how == "removal":
+        journal["removals"] = [str(victim / "sub")]
+    elif how == "append":
+        journal["appends"] = [[str(victim / "index.txt"), {"commit": "c9"}]]
+    elif how == "rename":
+        (victim / tmp).write_text("x")
+        journal["renames"] = [[str(victim / tmp), str(victim / "sub")]]
+    elif how == "dotdot":
+        journal["removals"] = [str(out) + "/../victim/sub"]
+    else:
+        journal["removals"] = [str(out / "link" / "sub")]
+    path = _journal(str(out), json.dumps(journal))
+    with caplog.at_level(logging.WARNING):
+        clean_stale_temps(str(out), depth=2)
+    assert (victim / "sub" / "keep.txt").read_text() == "precious"
+    assert (victim / "index.txt").read_text() == "line\n"
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "outside the output folder" in lines[0] and "set aside as" in lines[0], lines
+    assert not os.path.exists(path)
+
+
+def test_a_journal_inside_its_tree_still_completes(tmp_path):
+    """The confinement keeps the ordinary recovery: a journal in a sub-folder may name the
+    output folder's index (the tree being started in)."""
+    out = tmp_path / "out"
+    (out / "run").mkdir(parents=True)
+    (out / "run" / "old.txt").write_text("old")
+    journal = {"renames": [], "removals": [str(out / "run" / "old.txt")],
+               "appends": [[str(out / "runs.jsonl"), {"commit": "c1"}]]}
+    _journal(str(out / "run"), json.dumps(journal))
+    clean_stale_temps(str(out), depth=2)
+    assert not (out / "run" / "old.txt").exists()
+    assert json.loads((out / "runs.jsonl").read_text()) == {"commit": "c1"}
+
+
+def test_a_huge_pid_in_a_journal_name_is_a_gone_process(tmp_path, caplog):
+    """``.commit~<host>-99999999999999999999~x.json`` made every start end as 'internal error
+    ... OverflowError' (os.kill of a pid past the C int)."""
+    path = tmp_path / f"{JOURNAL_PREFIX}{_host()}-99999999999999999999~abcd.json"
+    path.write_text(json.dumps({"renames": [], "removals": [], "appends": []}))
+    clean_stale_temps(str(tmp_path))
+    assert not path.exists()
+    from reform_eval.utils.runlock import pid_alive
+    assert not pid_alive(10**20) and not pid_alive(-5) and not pid_alive(0) and pid_alive(os.getpid())
+
+
+def test_a_huge_pid_in_an_image_memo_segment_name_is_a_gone_writer():
+    """``seg-<host>-99999999999999999999-zz.jsonl`` with more than 16 segments: the compaction
+    asked os.kill about it and every start ended as an OverflowError."""
+    import socket
+    from reform_eval.utils.file_hashes import _owner_gone
+    assert _owner_gone(f"seg-{socket.gethostname()}-99999999999999999999-zz.jsonl")

@@ -187,30 +187,63 @@ def test_a_damaged_memo_line_is_not_believed(tmp_path):
     assert again.digest(str(path)) == want and again.read_files == 1
 
 
-def test_a_memo_entry_that_disagrees_with_the_file_is_replaced_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+def _forge_wrong_entry(fh, path: str, tmp_path) -> str:
+    """The memo's line for ``path`` made to name WRONG, with a valid check sum; a new process."""
+    folder = fh._memo._memo(str(tmp_path), fh._memo.variant()).folder
+    _rewrite(folder, lambda e: {"f": e["f"], "k": e["k"], "h": WRONG, "c": fh._line_check(e["f"], e["k"], WRONG)})
+    fh._memo._dirs.clear()  # a new process: the memo is read from its files
+    fh.forget_fingerprints()
+    return folder
+
+
+def test_a_memo_entry_that_disagrees_with_the_file_is_replaced_and_the_run_stops(tmp_path, monkeypatch):
     """An entry the memo holds in good form but wrong (its check sum made for the wrong hash):
-    the run's read of the unchanged file finds the disagreement, hashes the file, replaces the
-    entry and goes on (no 'changed during the run'); the next process hashes the file again."""
+    the run's read of the unchanged file finds the disagreement, replaces the entry and stops in
+    one line (it went on with a run identity and image_sha made from the wrong hash); the next
+    process hashes the file again, so a damaged line never makes every later run fail."""
     import reform_eval.utils.file_hashes as fh
     monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fh._memo, "_dirs", {})
     path = str(tmp_path / "a.png")
     with open(path, "wb") as f:
         f.write(_png((1, 200, 3)))
     want = hash_bytes_of(path)
     image_token(path, {}, "s1")  # the memo gets its line
-    folder = fh._memo._memo(str(tmp_path), fh._memo.variant()).folder
-    _rewrite(folder, lambda e: {"f": e["f"], "k": e["k"], "h": WRONG, "c": fh._line_check(e["f"], e["k"], WRONG)})
-    monkeypatch.setattr(fh._memo, "_dirs", {})  # a new process: the memo is read from its files
-    fh.forget_fingerprints()
+    folder = _forge_wrong_entry(fh, path, tmp_path)
     assert image_token(path, {}, "s1") == "file:" + WRONG  # the run's fingerprint took the memo's word
     assert fh.unchanged_digest(path) is None  # ... so nothing is sent on that word without a read
-    with caplog.at_level("WARNING"):
-        data, digest = read_run_image(path, "s1")
-    assert digest == want and "wrong content hash" in caplog.text
-    monkeypatch.setattr(fh._memo, "_dirs", {})
+    with pytest.raises(ReformError, match="image memo named another content .* corrected: run the command again"):
+        read_run_image(path, "s1")
+    fh._memo._dirs.clear()
     fh.forget_fingerprints()
+    assert image_token(path, {}, "s1") == "file:" + want  # the next run is right
+    read_run_image(path, "s1")
     memo = FileHashes(os.path.dirname(folder), check=_check_image)
     assert memo.digest(path) == want and memo.read_files == 1  # the two disagreeing lines: neither believed
+    fh.forget_fingerprints()
+
+
+def test_a_cached_answer_is_not_used_on_the_memo_s_word_alone(tmp_path, monkeypatch):
+    """The response cache path: a sample whose image fingerprint came from the memo is read once
+    before its cached answer is used (the forged entry gave the other picture's cached answer,
+    the file never read); a file this run hashed itself costs no read."""
+    import reform_eval.utils.file_hashes as fh
+    from reform_eval.utils.run_images import verify_run_images
+    monkeypatch.setenv("REFORM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fh._memo, "_dirs", {})
+    path = str(tmp_path / "c.png")
+    with open(path, "wb") as f:
+        f.write(_png((5, 6, 7)))
+    image_token(path, {}, "s1")
+    reads = []
+    real = fh._read_regular_stat
+    monkeypatch.setattr(fh, "_read_regular_stat", lambda p: reads.append(p) or real(p))
+    verify_run_images([path], "s1")
+    assert reads == []  # hashed from its bytes by this run: one stat
+    _forge_wrong_entry(fh, path, tmp_path)
+    image_token(path, {}, "s1")
+    with pytest.raises(ReformError, match="image memo named another content"):
+        verify_run_images([path], "s1")
     fh.forget_fingerprints()
 
 

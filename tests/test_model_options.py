@@ -105,3 +105,35 @@ def test_a_run_flag_past_its_bound_is_one_line(flag, value, tmp_path, capsys):
                           "--formulation", "Generation", "--output_dir", str(tmp_path / "o"), flag, value])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].count(flag) == 1 and "must be" in err[0], err
+
+
+@pytest.mark.parametrize("flag, option, says", [
+    ("--model_option", "extra_body=&x {a: *x}", "recursive alias"),
+    ("--model_option", "extra_body={a: &y [*y]}", "recursive alias"),
+    ("--model_option", "extra_body={seed: .nan}", "not finite"),
+    ("--model_option", "extra_body={max_tokens: 1.0e+309}", "not finite"),
+    ("--model_option", "extra_body={1: 2}", "not text"),
+    ("--model_option", "extra_body=" + "[" * 80 + "]" * 80, "nested deeper"),
+    ("--model_option", "extra_body={a: " + "[" * 80 + "]" * 80 + "}", "nested deeper"),
+    ("--dataset_option", "x=&x {a: *x}", "recursive alias"),
+    ("--metric_option", "x=&y [*y]", "recursive alias"),
+])
+def test_a_value_that_is_no_plain_data_is_one_line_and_exit_2(flag, option, says, tmp_path, capsys):
+    """``extra_body=&x {a: *x}`` ended as 'internal error ... RecursionError'; ``{seed: .nan}``
+    and ``{max_tokens: 1.0e309}`` passed and sent NaN / Infinity, which is no JSON."""
+    from reform_eval import run_eval
+    from tests.conftest import write_custom_dataset
+    cfg = write_custom_dataset(str(tmp_path / "data"), n=1, formulation="Generation")
+    code = run_eval.main(["--model", "openai_api", "--model_name", "m", "--dataset_name", "custom",
+                          "--dataset_config", cfg, "--formulation", "Generation", "--output_dir", str(tmp_path / "o"),
+                          "--model_option", "base_url=http://127.0.0.1:9/v1", flag, option])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{flag} {option.split('=')[0]}" in err[0] and says in err[0], err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").rglob("*.json"))
+
+
+def test_a_plain_extra_body_still_passes():
+    from reform_eval.models import check_option_values
+    check_option_values({"extra_body": {"top_k": 20, "stop": ["a"], "x": None, "p": 0.5}})
+    with pytest.raises(ReformError, match="not finite"):
+        check_option_values({"extra_body": {"seed": float("nan")}})  # a Python caller: the same check

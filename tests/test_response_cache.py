@@ -208,3 +208,38 @@ def test_a_cache_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys,
                         "--cache_dir", str(tmp_path / "file")])
     assert rc == 2 and "--cache_dir exists and is not a directory" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--no_cache"]])
+def test_a_wrong_image_memo_entry_never_serves_the_other_picture_s_answer(extra, tmp_path, server, cache_on, capsys):
+    """The image memo named the old picture's hash for a replaced file (a forged line with a valid
+    check sum, or a same-size rewrite within a coarse timestamp tick): the cache key was made from
+    it, the file never read, and the sample got the old picture's cached answer. Now the file is
+    read before its cached answer is used: the run stops in one line, the entry corrected, and
+    the next run asks about the new picture. With --no_cache the model's read found it, fixed the
+    memo and went on with the wrong run_id and image_sha: it stops the same way."""
+    import reform_eval.utils.file_hashes as fh
+    data = tmp_path / "data"
+    cfg = write_custom_dataset(str(data), n=2, formulation="Generation")
+    cache = tmp_path / "cache"
+    assert _api_run(server, cfg, tmp_path / "o1", cache) == 2
+    old = fh.hash_bytes_of(str(data / "img0.png"))
+    Image.new("RGB", (32, 32), (10, 10, 10)).save(str(data / "img0.png"))  # another picture, same name
+    fh._memo._dirs.clear()  # a new process
+    folder = fh._memo._memo(str(data), fh._memo.variant()).folder
+    key = fh.stat_key(os.stat(data / "img0.png"))
+    with open(os.path.join(folder, "seg-vm-1-deadbeef.jsonl"), "w") as f:
+        f.write(fh._line("img0.png", key, old))
+    fh._memo._dirs.clear()
+    capsys.readouterr()
+    argv = ["--model", "openai_api", "--model_name", "gpt-test", "--model_option", f"base_url={server.url}",
+            "--dataset_name", "custom", "--dataset_config", cfg, "--formulation", "Generation",
+            "--output_dir", str(tmp_path / "o2"), "--cache_dir", str(cache), "--do_eval", *extra]
+    before = len(server.requests)
+    assert run_eval.main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1 and "image memo named another content" in err[0] and "img0.png" in err[0], err
+    assert not prediction_files(tmp_path / "o2")
+    fh._memo._dirs.clear()  # the next process: right
+    assert len(server.requests) == before or extra  # (--no_cache: the other sample may have been asked)
+    assert _api_run(server, cfg, tmp_path / "o3", cache) == 1  # the new picture is asked about

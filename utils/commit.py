@@ -117,9 +117,9 @@ def clean_stale_temps(directory: str, depth: int = 1) -> int:
     ``.tmp-*``) left in ``directory`` and its sub-folders down to ``depth`` by a process that is
     gone; returns how many temporaries were removed."""
     for folder in _folders(directory, depth):  # every journal first: a unit's temporaries may lie
-        recover_commits(folder)                 # in another folder than its journal
+        recover_commits(folder, root=directory)  # in another folder than its journal
     n = 0
-    kept = set().union(*(_journaled_temps(folder) for folder in _folders(directory, depth)))
+    kept = set().union(*(_journaled_temps(folder, directory) for folder in _folders(directory, depth)))
     for folder in _folders(directory, depth):
         try:
             names = os.listdir(folder)
@@ -148,10 +148,12 @@ def _folders(directory: str, depth: int) -> List[str]:
     return out
 
 
-def recover_commits(directory: str) -> int:
+def recover_commits(directory: str, root: Optional[str] = None) -> int:
     """Complete every unit whose journal a gone process left in ``directory``: the renames not
     yet done are done (a staged file still there is whole), then the removals and the index lines
-    not yet appended; the journal goes last. Returns how many units were completed."""
+    not yet appended; the journal goes last. Every path a journal names must lie inside ``root``
+    (the output tree being started in; default ``directory``), else it is set aside.
+    Returns how many units were completed."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.startswith(JOURNAL_PREFIX))
     except OSError:
@@ -162,7 +164,7 @@ def recover_commits(directory: str) -> int:
         if not _is_stale(directory, name):
             continue
         try:
-            journal = read_journal(path)
+            journal = read_journal(path, root=root or directory)
         except ReformError as e:  # never a crash loop: the journal is set aside, named once
             _set_aside(directory, name, str(e))
             continue
@@ -178,7 +180,7 @@ def recover_commits(directory: str) -> int:
     return done
 
 
-def _journaled_temps(folder: str) -> set:
+def _journaled_temps(folder: str, root: str) -> set:
     """The staged files the journals left in ``folder`` still name (never removed as stale:
     the unit completes from them)."""
     out: set = set()
@@ -188,7 +190,7 @@ def _journaled_temps(folder: str) -> set:
         return out
     for name in names:
         try:
-            out.update(os.path.abspath(tmp) for tmp, _ in read_journal(os.path.join(folder, name))["renames"])
+            out.update(os.path.abspath(tmp) for tmp, _ in read_journal(os.path.join(folder, name), root)["renames"])
         except ReformError:
             continue
     return out
@@ -201,10 +203,23 @@ JOURNAL_MAX_DEPTH = MAX_DEPTH
 SET_ASIDE_PREFIX = ".bad-commit~"
 
 
-def read_journal(path: str) -> Dict[str, Any]:
+def _inside(path: str, root: str) -> bool:
+    """Is ``path`` (absolute, no ``..``) inside ``root`` once the links of its folder are
+    resolved? (The last part itself is what is renamed or removed, so a link there is the link.)"""
+    if not os.path.isabs(path) or any(part in ("..", ".") for part in path.split(os.sep)) \
+            or os.path.basename(path) in ("", "..", "."):
+        return False
+    real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    top = os.path.realpath(root)
+    return real != top and os.path.commonpath([real, top]) == top
+
+
+def read_journal(path: str, root: Optional[str] = None) -> Dict[str, Any]:
     """A commit journal, its shape checked: ``renames`` (pairs of a staged temporary and its
     target in the same folder), ``removals`` (paths) and ``appends`` (pairs of an index path and
-    a mapping); else a ReformError naming the file and the field."""
+    a mapping); else a ReformError naming the file and the field. Every path it names must lie
+    inside ``root`` (default: the journal's folder): a journal acts on the output tree it was
+    found in and nowhere else (a forged one removed folders elsewhere)."""
     journal = parse_json(read_text(path, "commit journal"), path, max_depth=JOURNAL_MAX_DEPTH)
     if not isinstance(journal, dict):
         raise input_error(f"not a commit journal (a JSON {type(journal).__name__}, not a mapping)", file=path)
@@ -228,6 +243,12 @@ def read_journal(path: str) -> Dict[str, Any]:
     removals = journal.get("removals")
     if not isinstance(removals, list) or not all(isinstance(r, str) and os.path.isabs(r) for r in removals):
         raise input_error("not a commit journal (removals is not a list of absolute paths)", file=path)
+    top = root if root is not None else os.path.dirname(os.path.abspath(path))
+    named = [p for pair in journal["renames"] for p in pair] + removals + [i for i, _ in journal["appends"]]
+    for p in named:
+        if not _inside(p, top):
+            raise input_error(f"not a commit journal (it names {p[:200]!r}, outside the output folder "
+                              f"{top})", file=path)
     return journal
 
 

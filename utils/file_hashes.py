@@ -17,8 +17,10 @@ In it, append-only JSONL segments, one per writing process (no locks: safe for r
 concurrent runs), read once per process on first use; a torn, foreign or damaged line (each line
 carries a check sum of its fields) is skipped, and lines that disagree about one file are all
 dropped. The memo is never believed over the file: a hash taken from it is checked when the run
-reads the file's bytes (nothing is sent on its word alone, ``unchanged_digest``), and a file whose
-stat is unchanged but whose bytes disagree has its entry replaced, with a warning; only a file
+reads the file's bytes (nothing is sent on its word alone, ``unchanged_digest``), and before a
+response cache hit is used (``verify_fingerprint``: the file is read once per run then); a file
+whose stat is unchanged but whose bytes disagree has its entry replaced and the run stops (its
+identity and cache keys were made from the wrong hash; the next run is right); only a file
 whose stat or bytes changed since this run read it is "changed during the run". When a
 directory's memo has many segments, those of finished processes are merged into one, keeping
 only entries whose file still has that stat key (a memo never grows without bound).
@@ -289,6 +291,12 @@ class ChangedSinceFingerprint(Exception):
     """A file's bytes are not the content the run fingerprinted (args: then, now)."""
 
 
+class MemoWasWrong(ChangedSinceFingerprint):
+    """The run's fingerprint of a file came from the memo, and the file (unchanged since) holds
+    other bytes: the run's identity and cache keys name the wrong picture. The memo's entry is
+    already corrected when this is raised, so the next run fingerprints the file right."""
+
+
 def read_regular(path: str) -> bytes:
     """The bytes of regular file ``path``, in one open, fstat and read (a worker thread gives up
     the interpreter lock at each system call, so the request path makes few): a FIFO or device
@@ -331,6 +339,16 @@ def unchanged_digest(path: str) -> Optional[str]:
     return _memo.fingerprinted.get(full)
 
 
+def verify_fingerprint(path: str) -> None:
+    """Make sure the run's fingerprint of ``path`` is the file's content and not only the memo's
+    word: a file this run hashed from its bytes (and unchanged since) costs one ``stat``; one
+    fingerprinted from the memo is read once (``bytes_as_fingerprinted``, which raises
+    ``MemoWasWrong`` or ``ChangedSinceFingerprint`` when it disagrees). Used before a response
+    cache hit, which would otherwise never read the file."""
+    if unchanged_digest(path) is None and _identity(path) in _memo.fingerprinted:
+        bytes_as_fingerprinted(path)
+
+
 def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
     """The bytes of ``path`` and their content hash, read once: what a model is given must be
     what the run's identity and cache keys name. A file replaced since the run fingerprinted it
@@ -343,11 +361,12 @@ def bytes_as_fingerprinted(path: str) -> Tuple[bytes, str]:
     if then is not None and then != now:
         if full in _memo.verified or _memo.fingerprint_stat.get(full) != stat_fields(st):
             raise ChangedSinceFingerprint(then, now)  # a real change: new bytes since this run read them
-        # the fingerprint was the memo's word and the file is as it was then: the memo was wrong
+        # the fingerprint was the memo's word and the file is as it was then: the memo was wrong,
+        # and the run's identity, image_sha and cache keys were made from it: corrected, and the
+        # run stops (going on would write a right answer under a wrong identity)
         _memo.correct(full, st, now)
-        _memo.fingerprinted[full] = now
-        logger.warning("%s: the image memo held a wrong content hash for this file (%s, the file holds %s); "
-                       "replaced", path, then[:12], now[:12])
+        raise MemoWasWrong(then, now)
     if then is not None:
         _memo.verified.add(full)
+        _memo.fingerprint_stat[full] = stat_fields(st)  # (these bytes are the fingerprint: read at most once)
     return data, now

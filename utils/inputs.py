@@ -41,6 +41,45 @@ _LONG_NUMBER = re.compile(r"\d{19,}")
 MAX_CSV_FIELD = 1024 * 1024
 
 
+#: the most values (mappings, lists and scalars together) one option value may hold
+MAX_OPTION_ITEMS = 10_000
+
+
+def plain_data_problem(value: Any, json_only: bool = False) -> Optional[str]:
+    """Why ``value`` (a parsed option value) is not plain data, or None: a recursive alias
+    (``&x {a: *x}``, which ended a run as a RecursionError), nesting deeper than MAX_DEPTH or
+    more than MAX_OPTION_ITEMS values. ``json_only``: also only JSON's types, text keys and
+    finite numbers (a NaN or 1e309 is no JSON a server accepts)."""
+    count = 0
+    stack: List[Tuple[Any, int, Tuple[int, ...]]] = [(value, 0, ())]
+    while stack:
+        v, depth, path = stack.pop()
+        count += 1
+        if count > MAX_OPTION_ITEMS:
+            return f"more than {MAX_OPTION_ITEMS} values"
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH}"
+        if isinstance(v, (dict, list, tuple, set, frozenset)):
+            if id(v) in path:
+                return "a recursive alias (a value that contains itself)"
+            inner = path + (id(v),)
+            if isinstance(v, dict):
+                if json_only and not all(isinstance(k, str) for k in v):
+                    return "a key that is not text"
+                items: Any = v.values()
+            elif isinstance(v, (set, frozenset)) and json_only:
+                return "a set (not JSON)"
+            else:
+                items = v
+            stack.extend((x, depth + 1, inner) for x in items)
+        elif json_only:
+            if isinstance(v, float) and not math.isfinite(v):
+                return f"a number that is not finite ({v!r}: not JSON)"
+            if not (v is None or isinstance(v, (str, bool, int, float))):
+                return f"a {type(v).__name__} (not JSON)"
+    return None
+
+
 def max_input_bytes() -> int:
     """The file size limit in force: ``REFORM_MAX_INPUT_BYTES`` or the default."""
     raw = os.environ.get("REFORM_MAX_INPUT_BYTES")

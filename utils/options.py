@@ -6,11 +6,13 @@ from typing import Any, Dict, Optional, Sequence
 import yaml
 
 from reform_eval.utils.errors import ReformError
+from reform_eval.utils.inputs import plain_data_problem
 from reform_eval.utils.secrets import is_secret_key, redact_text
 
 
 def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML); a value that is
+    not plain data (a recursive alias, too deep or too large) is refused here, in one line."""
     out: Dict[str, Any] = {}
     for item in items:
         if "=" not in item:
@@ -23,6 +25,9 @@ def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:
         except (yaml.YAMLError, RecursionError):
             shown = "(a credential, not shown)" if is_secret_key(k) else repr(redact_text(v))
             raise ReformError(f"{flag}: cannot parse the value of {k.strip()} {shown}") from None
+        problem = plain_data_problem(out[k.strip()])
+        if problem:
+            raise ReformError(f"{flag} {k.strip()}: the value holds {problem}; give plain data")
     return out
 
 

@@ -12,16 +12,34 @@ from typing import Any, Optional, Tuple
 from PIL import Image
 
 from reform_eval.utils.errors import input_error
-from reform_eval.utils.file_hashes import ChangedSinceFingerprint, bytes_as_fingerprinted
+from reform_eval.utils.file_hashes import ChangedSinceFingerprint, MemoWasWrong, bytes_as_fingerprinted, \
+    verify_fingerprint
 from reform_eval.utils.images import _where, decode_image, unreadable
 
 
 def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]:
     """The bytes and content hash of image file ``path``, which must be the content the run
     fingerprinted when it started; a file replaced during the run is refused in one line."""
+    return _as_fingerprinted(bytes_as_fingerprinted, path, record)
+
+
+def verify_run_images(images: Any, record: Optional[Any] = None) -> None:
+    """Every image file of a sample checked against the run's fingerprint before its cached
+    answer is used (read once per run where the fingerprint was the image memo's word)."""
+    for image in images or ():
+        if isinstance(image, str):
+            _as_fingerprinted(verify_fingerprint, image, record)
+
+
+def _as_fingerprinted(read: Any, path: str, record: Optional[Any]) -> Any:
+    """``read(path)``, its disagreements with the fingerprint as one line naming the file."""
     where = _where(path, record)
     try:
-        return bytes_as_fingerprinted(path)
+        return read(path)
+    except MemoWasWrong as e:
+        raise input_error(f"the image memo named another content for this file ({e.args[0][:12]}; the file holds "
+                          f"{e.args[1][:12]}), so this run's identity and cache keys were wrong; the memo's entry "
+                          "is corrected: run the command again, which uses the right one", **where) from None
     except ChangedSinceFingerprint as e:
         raise input_error(f"image file changed during the run (content {e.args[0][:12]} when the run started, "
                           f"{e.args[1][:12]} now): an answer about the new picture would be cached under the "

@@ -25,10 +25,13 @@ def _proc_start(pid: int) -> Optional[str]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Is process ``pid`` alive on this host (one we may not signal counts as alive)?"""
+    """Is process ``pid`` alive on this host (one we may not signal counts as alive)? A pid no
+    process can have (read from a file name: negative, zero or past the C int) is not alive."""
+    if not isinstance(pid, int) or pid <= 0 or pid > 2**31 - 1:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
