@@ -33,6 +33,7 @@ from reform_eval.evaluation.reporting.compare import headline_markdown
 from reform_eval.metrics import evaluate
 from reform_eval.metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
 from reform_eval.metrics.single_choice import check_stability
+from reform_eval.utils.answer_text import option_collision
 from reform_eval.utils.commit import Commit, check_names, clean_stale_temps
 from reform_eval.utils.errors import ReformError, input_error
 from reform_eval.utils.inputs import check_name, list_dir, read_json
@@ -106,6 +107,9 @@ def validate_records(records: List[Dict[str, Any]], file: Optional[str] = None) 
         if cands is not None:
             if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int, float)) for c in cands):
                 raise input_error("must be a non-empty list of candidate texts", file=file, record=i, field="candidates")
+            problem = option_collision(cands)
+            if problem:
+                raise input_error(problem, file=file, record=i, field="candidates")
             idx = rec.get("answer_index")
             if idx is not None and (not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(cands)):
                 raise input_error(f"must be a candidate index in 0..{len(cands) - 1}, got {idx!r}", file=file,
