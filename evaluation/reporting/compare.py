@@ -428,6 +428,13 @@ def breakdown_stat(comp: Dict[str, Any], name: str) -> str:
     return "accuracy"
 
 
+def group_n(comp: Dict[str, Any], name: str, group: str) -> str:
+    """The ``n`` of one breakdown group: each run's own, one number where all runs agree, else
+    every run's in order ("12 / 9 / -", "-" for a run without the group)."""
+    ns = [str(m["breakdowns"].get(name, {}).get(group, {}).get("n", "-")) for m in comp["models"]]
+    return ns[0] if len(set(ns)) == 1 else " / ".join(ns)
+
+
 def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]:
     """(title, header, rows) for the headline, every breakdown, and the paired tests."""
     family = comp["family"]
@@ -459,7 +466,7 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
         rows = []
         for g in groups:
             first = next(m for m in comp["models"] if g in m["breakdowns"].get(name, {}))
-            row = [g, str(first["breakdowns"][name][g]["n"])]
+            row = [g, group_n(comp, name, g)]
             if has_chance:
                 ch = first["chance_by"].get(name, {}).get(g)
                 row.append("-" if ch is None else f"{ch:.3f}")
@@ -470,8 +477,7 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
         out.append((f"{stat} by {name}", header, rows))
         if family == "mme" and name == "subtask":
             for extra_stat in ("acc", "acc_plus"):
-                rows2 = [[g, str(next(m for m in comp["models"] if g in m["breakdowns"][name])
-                                  ["breakdowns"][name][g]["n"])]
+                rows2 = [[g, group_n(comp, name, g)]
                          + [fmt_ci((m["breakdowns"][name].get(g) or {}).get(extra_stat)) for m in comp["models"]]
                          for g in groups]
                 out.append((f"{extra_stat} by subtask", ["subtask", "n"] + [m["name"] for m in comp["models"]],
