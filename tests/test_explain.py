@@ -502,3 +502,25 @@ def test_a_comparison_never_tests_or_explains_pairs_that_do_not_exist(tmp_path):
     exp = comp["explain"]
     assert (exp["n_pairs"], exp["refused"], exp["only_a"], exp["only_b"]) == (2, 1, 1, 1)
     assert exp["moved"] == pytest.approx(1 / 4 - 4 / 4) and exp["moved_paired"] == -1.0  # s9 right, in B only
+
+
+def test_pif_followed_changed_at_the_same_pif_is_an_answer_change_not_a_verdict():
+    """Two instructions, one followed in each run (another one): the PIF (0.5) did not change, so
+    no sample "changed its PIF"; the other instruction followed is an answer change."""
+    def recs(prediction):
+        return [{"sample_id": "c0-t01", "benchmark": "MMMT-IF", "formulation": "Generation",
+                 "inference_method": "generation", "question": "Q?", "answer": "R", "prediction": prediction,
+                 "meta": {"chat_id": "c0", "turn": 1, "instructions": ["start_char_S", "number_odd"]}}]
+
+    def pif_run(name, prediction):
+        records = recs(prediction)
+        result = score_metrics(records, "Generation", "generation")
+        result.update(prediction_file=f"/x/{name}.json")
+        return {"name": name, "records": records, "result": result, "info": {}}
+    a, b = pif_run("a", "So I have 8 cats."), pif_run("b", "I have 7 cats.")
+    pa, pb = a["result"]["per_sample"][0], b["result"]["per_sample"][0]
+    assert pa["pif"] == pb["pif"] == 0.5 and pa["followed"] != pb["followed"]
+    exp = explain_runs(a, b)
+    assert exp["flips"] == [] and len(exp["answer_changes"]) == 1
+    assert "0 samples changed their PIF" in exp["summary"]
+    assert exp["summary"].endswith("; 1 more answer changed without changing a verdict")

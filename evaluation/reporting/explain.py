@@ -214,17 +214,20 @@ def _answer(p: Dict[str, Any]) -> Any:
 
 
 def _verdict_changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str) -> bool:
-    """Right in one run and wrong in the other; for MMMT-IF, another per-turn PIF or
-    per-instruction verdicts."""
+    """Right in one run and wrong in the other; for MMMT-IF, another per-turn PIF (the verdict;
+    which instructions were followed alone is an answer change, ``_answer_changed``)."""
     if family == "pif":
-        return pa.get("pif") != pb.get("pif") or pa.get("followed") != pb.get("followed")
+        return pa.get("pif") != pb.get("pif")
     return bool(pa.get("correct")) != bool(pb.get("correct"))
 
 
 def _answer_changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str, generation: bool) -> bool:
     """Another extracted answer under the same verdict (generation: yes read as 'other', a
-    wrong option read as another wrong option); never counted as a verdict change."""
-    return family != "pif" and generation and _answer(pa) != _answer(pb)
+    wrong option read as another wrong option; MMMT-IF: other instructions followed at the same
+    PIF); never counted as a verdict change."""
+    if family == "pif":
+        return pa.get("followed") != pb.get("followed")
+    return generation and _answer(pa) != _answer(pb)
 
 
 def _verdict_text(p: Dict[str, Any], family: str) -> str:
