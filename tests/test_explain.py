@@ -524,3 +524,16 @@ def test_pif_followed_changed_at_the_same_pif_is_an_answer_change_not_a_verdict(
     assert exp["flips"] == [] and len(exp["answer_changes"]) == 1
     assert "0 samples changed their PIF" in exp["summary"]
     assert exp["summary"].endswith("; 1 more answer changed without changing a verdict")
+
+
+def test_a_results_file_against_its_own_prediction_file_is_refused(tmp_path, capsys, monkeypatch):
+    """The results file named relative to the working folder, its prediction file absolutely: one
+    run scored one way, refused however each path was typed."""
+    pred = tmp_path / "a.json"
+    pred.write_text(json.dumps([_rec(0, "A"), _rec(1, "B")]))
+    _write_results(tmp_path / "a.results.json", prediction_file=str(pred), formulation="SingleChoice",
+                   infer_method="generation")
+    monkeypatch.chdir(tmp_path)
+    assert run_loader_eval.main(["--explain", "a.results.json", str(pred)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "the same run scored the same way" in err

@@ -28,6 +28,11 @@ from reform_eval.utils.report import markdown_table, md_text
 _TAGGED = r"\.(?:eval|scored)-[0-9a-f]{8}(?:\.[^/]+)?\.results\.json$"
 
 
+def _real(path: Optional[str]) -> Optional[str]:
+    """A file as one name, however it was typed (relative, absolute, through a link); None stays None."""
+    return os.path.realpath(path) if path else None
+
+
 def _read_object(path: str, what: str) -> Dict[str, Any]:
     value = read_json(path, what)
     if not isinstance(value, dict):
@@ -141,8 +146,8 @@ def explain_files(a: str, b: str, dataset_name: Optional[str] = None, output_dir
         raise ReformError(f"--explain scores each run with the settings its results file records; leave out "
                           f"{', '.join(given)} (re-score a run with them first, then explain its results file)")
     runs: List[Dict[str, Any]] = [load_run(p, dataset_name, formulation, infer_method) for p in (a, b)]
-    if os.path.realpath(runs[0]["result"]["prediction_file"]) == os.path.realpath(runs[1]["result"]["prediction_file"]) \
-            and runs[0]["scored_with"] == runs[1]["scored_with"]:
+    if len({_real(run["result"]["prediction_file"]) for run in runs}) == 1 \
+            and len({_real(run["scored_with"]) for run in runs}) == 1:
         raise ReformError(f"--explain: {a} and {b} are the same run scored the same way; nothing to explain")
     exp = explain_runs(runs[0], runs[1])
     for side, run in zip(("a", "b"), runs):
