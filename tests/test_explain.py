@@ -537,3 +537,20 @@ def test_a_results_file_against_its_own_prediction_file_is_refused(tmp_path, cap
     assert run_loader_eval.main(["--explain", "a.results.json", str(pred)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "the same run scored the same way" in err
+
+
+@pytest.mark.parametrize("flags", [["--formulation", "Generation"], ["--infer_method", "likelihood"]])
+def test_explain_refuses_a_setting_flag_that_contradicts_the_results_file(tmp_path, capsys, flags):
+    """The results file records SingleChoice/generation: a flag saying otherwise is refused in one
+    line, as the scoring path refuses one contradicting the records, never silently overruled."""
+    for name in ("a", "b"):
+        pred = tmp_path / f"{name}.json"
+        pred.write_text(json.dumps([_rec(0, "A"), _rec(1, name.upper())]))
+        _write_results(tmp_path / f"{name}.results.json", prediction_file=str(pred), formulation="SingleChoice",
+                       infer_method="generation")
+    argv = ["--explain", str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert run_loader_eval.main(argv + flags) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"{flags[0]} {flags[1]!r} contradicts" in err and "a.results.json, which records" in err
+    assert run_loader_eval.main(argv + [flags[0], {"--formulation": "singlechoice"}.get(flags[0], "generation")]) == 0

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from reform_eval.evaluation.reporting.explain import (SCORING_FIELDS, explain_runs, explanation_notes, explanation_tables,
                                           format_explanation, recorded_info, run_facts, scoring_of)
-from reform_eval.evaluation.reporting.scoring import expand_prediction_files, load_records, results_paths, run_name, score_records
+from reform_eval.evaluation.reporting.scoring import check_setting_flags, expand_prediction_files, load_records, results_paths, run_name, score_records
 from reform_eval.utils.commit import Commit
 from reform_eval.utils.errors import ReformError, input_error
 from reform_eval.utils.inputs import check_name, list_dir, read_json
@@ -111,7 +111,8 @@ def load_run(path: str, dataset_name: Optional[str] = None, formulation: Optiona
     records = load_records(pred, dataset_name)
     if not records:
         raise ReformError(f"{pred}: holds no prediction records")
-    result = score_records(records, info.get("formulation") or formulation, info.get("infer_method") or infer_method,
+    formulation, infer_method = check_setting_flags(info, formulation, infer_method, source)
+    result = score_records(records, formulation, infer_method,
                            likelihood_reduction=reduction, prediction_file=pred, metric_options=dict(options),
                            write=False, quiet=True)
     if info.get("provenance") is None and info.get("config") is None:  # scored by run_loader_eval, or not at all

@@ -21,7 +21,7 @@ import math
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from reform_eval import build  # noqa: F401  (registers the builders, for dataset-name lookups)
 import reform_eval.metrics  # noqa: F401  (metric modules register readers and exporters)
@@ -225,8 +225,10 @@ def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- scoring
-def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: str) -> str:
-    """The records' formulation or method; a flag may name it but never contradict the records."""
+def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: str, source: str = "the records"
+           ) -> str:
+    """The records' formulation or method; a flag may name it but never contradict the records
+    (nor ``source``, what holds them: a results file's recorded setting)."""
     values = {r.get(key) for r in records if r.get(key)}
     if given:
         valid = ("SingleChoice", "Generation") if key == "formulation" else ("generation", "likelihood")
@@ -234,12 +236,26 @@ def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: 
         if not match:
             raise ReformError(f"{flag} {given!r}: valid values are {', '.join(valid)}")
         if values and values != {match[0]}:
-            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(map(str, values))[0]!r}; "
-                              f"leave {flag} out to read it from the records")
+            raise ReformError(f"{flag} {given!r} contradicts {source}, which {'are' if source == 'the records' else 'records'} "
+                              f"{sorted(map(str, values))[0]!r}; "
+                              f"leave {flag} out to read it from {source}")
         return match[0]
     if len(values) == 1:
         return str(values.pop())
     raise ReformError(f"cannot tell {flag} from the records ({sorted(map(str, values)) or 'none given'}); pass {flag}")
+
+
+def check_setting_flags(recorded: Dict[str, Any], formulation: Optional[str], infer_method: Optional[str],
+                        source: str) -> Tuple[Optional[str], Optional[str]]:
+    """(formulation, infer_method) to score with: the flags where given, else what ``recorded``
+    (a results file's ``formulation``/``infer_method``) says; a flag that contradicts the record is
+    refused as one that contradicts the records is (``score_records`` then checks the records)."""
+    out = []
+    for key, field, given, flag in (("formulation", "formulation", formulation, "--formulation"),
+                                    ("inference_method", "infer_method", infer_method, "--infer_method")):
+        have = recorded.get(field)
+        out.append(_infer([{key: have}], key, given, flag, source) if given else have)
+    return out[0], out[1]
 
 
 def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = None,
