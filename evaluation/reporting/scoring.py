@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from reform_eval import build  # noqa: F401  (registers the builders, for dataset-name lookups)
 import reform_eval.metrics  # noqa: F401  (metric modules register readers and exporters)
-from reform_eval.build.registry import get_builder_class
+from reform_eval.build.registry import canonical_benchmark, get_builder_class
 from reform_eval.evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from reform_eval.evaluation.reporting.image_dependence import ablation_mode
 from reform_eval.evaluation.reporting.report import compare_runs
@@ -421,20 +421,29 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
     ``dataset_name`` picks a benchmark's reader; it may name the records' benchmark, never
     contradict it (``check_dataset``)."""
     records = _read_records(prediction_file, dataset_name)
-    if dataset_name:
-        check_dataset(records, dataset_name, prediction_file)
+    check_dataset(records, dataset_name, prediction_file)
     return records
 
 
-def check_dataset(records: List[Dict[str, Any]], dataset_name: str, prediction_file: str) -> None:
-    """Refuse ``--dataset_name`` that names another benchmark than the records' own (as a
-    contradicting ``--formulation`` is): the records would be scored as theirs, under a title
-    the reader did not ask for."""
+def check_dataset(records: List[Dict[str, Any]], dataset_name: Optional[str], prediction_file: str) -> None:
+    """The records' benchmark, one name for each: every ``benchmark`` a builder registers is
+    written as registered (matched case-insensitively: "mme" is MME, scored by MME's metric);
+    ``--dataset_name`` may name it, never contradict it (as a contradicting ``--formulation`` is
+    refused: the records would be scored as theirs, under a title the reader did not ask for),
+    and records that name no benchmark are the one it names (its metric scores them)."""
+    for r in records:
+        if isinstance(r, dict) and r.get("benchmark"):
+            r["benchmark"] = canonical_benchmark(r["benchmark"]) or r["benchmark"]
+    if not dataset_name:
+        return
     name = get_builder_class(dataset_name).name
     found = sorted({str(r["benchmark"]) for r in records if isinstance(r, dict) and r.get("benchmark")})
     if found and found != [name]:
         raise ReformError(f"{prediction_file}: --dataset_name {dataset_name!r} contradicts the records, which are "
                           f"{', '.join(repr(b) for b in found)}; leave --dataset_name out to read it from the records")
+    for r in records:
+        if isinstance(r, dict) and not r.get("benchmark"):
+            r["benchmark"] = name
 
 
 def _read_records(prediction_file: str, dataset_name: Optional[str]) -> List[Dict[str, Any]]:
