@@ -554,3 +554,21 @@ def test_explain_refuses_a_setting_flag_that_contradicts_the_results_file(tmp_pa
     assert out == "" and len(err.strip().splitlines()) == 1, err
     assert f"{flags[0]} {flags[1]!r} contradicts" in err and "a.results.json, which records" in err
     assert run_loader_eval.main(argv + [flags[0], {"--formulation": "singlechoice"}.get(flags[0], "generation")]) == 0
+
+
+def test_explain_and_the_comparison_pair_alike_and_never_another_question(tmp_path):
+    """Same ids, options, answers and meta, other questions (another custom set): no pair, in the
+    explanation (refused: share no sample) and in the comparison's paired tests alike. The same
+    question with other option marks pairs in both, with the same count."""
+    from reform_eval.evaluation.reporting.explain import NothingToExplain
+    from reform_eval.evaluation.reporting.report import compare_runs
+    a = _run("A", [_rec(i, "A") for i in range(4)], INFO_A)
+    other = [dict(_rec(i, "B"), item_sha=f"o{i}", question=f"How many cats in picture {i}?") for i in range(4)]
+    with pytest.raises(NothingToExplain, match="share no sample: 4 shared ids holding other content"):
+        explain_runs(a, _run("B", other, INFO_A))
+    comp = compare_runs([a, _run("B", other, INFO_A)], str(tmp_path / "other"), n_boot=20, plots=False)
+    assert comp["paired_tests"][0]["n_pairs"] == 0 and "share no sample" in comp["explain"]["refused"]
+    marks = [_rec(i, "b", marks=("a", "b"), item=f"m{i}") for i in range(4)]
+    exp = explain_runs(a, _run("B", marks, INFO_A))
+    comp = compare_runs([a, _run("B", marks, INFO_A)], str(tmp_path / "marks"), n_boot=20, plots=False)
+    assert exp["n_pairs"] == exp["paired_by_question"] == comp["paired_tests"][0]["n_pairs"] == 4

@@ -7,6 +7,7 @@ writes it (``comparison.md``, ``comparison.json``, ``plots/``, ``report.html``).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from itertools import combinations
@@ -131,6 +132,29 @@ def item_keys(run: Dict[str, Any]) -> Dict[Key, str]:
             for p in run["result"].get("per_sample") or [] if p.get("item_key")}
 
 
+def _image_name(image_id: Any) -> str:
+    text = str(image_id)
+    return os.path.basename(text) if ("/" in text or os.sep in text) else text
+
+
+def question_key(rec: Dict[str, Any]) -> str:
+    """What a question is, without how it was asked: the benchmark, the question text, the right
+    answer (as text), the option texts as a set, ``meta`` and the image file names (not their
+    folder or pixels). Two records of one key with other content (``item_sha``) pair when this
+    agrees: the same question with other option marks, or the same images at another
+    resolution; another question under the same id never does."""
+    answer = rec.get("answer_text")
+    if answer is None:
+        opts, ans = rec.get("answer_options"), rec.get("answer")
+        answer = opts[ans] if isinstance(opts, list) and isinstance(ans, int) and 0 <= ans < len(opts) else ans
+    meta = {k: v for k, v in (rec.get("meta") or {}).items() if k != "image_ablation"} \
+        if isinstance(rec.get("meta"), dict) else rec.get("meta")
+    body = {"benchmark": rec.get("benchmark"), "question": rec.get("question"), "answer": answer,
+            "options": sorted(map(str, rec.get("answer_options") or [])), "meta": meta,
+            "images": [_image_name(i) for i in rec.get("image_ids") or []]}
+    return json.dumps(body, sort_keys=True, default=str)
+
+
 def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key]], int]:
     """(pairs of entry keys (a's, b's) made from the same item, the number refused): the one
     pairing of compare, paired tests and ``explain``.
@@ -139,7 +163,9 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
     Then, for the entries left, by (``item_key``, dup_index) where at least one of the two has no
     content hash (``item_sha``/``sample_sha``): a row of another harness's log (lmms-eval,
     VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
-    answered. Two of our runs never pair by item key alone: their hashes decide."""
+    answered. Two of our runs never pair by item key alone: their hashes decide. Last, a key both
+    runs hold and neither rule paired pairs when its records hold the same question asked
+    another way (``question_key``: other option marks, the same images at another resolution)."""
     ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
     kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
     sha_a, sha_b = sample_shas(run_a), sample_shas(run_b)
@@ -159,6 +185,14 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
         pairs.append((k, other))
         done_a.add(k)
         done_b.add(other)
+    rec_a = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_a.get("records") or []}
+    rec_b = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_b.get("records") or []}
+    for k in sorted(set(ka) & set(kb)):
+        if k not in done_a and k not in done_b and k in rec_a and k in rec_b \
+                and question_key(rec_a[k]) == question_key(rec_b[k]):
+            pairs.append((k, k))
+            done_a.add(k)
+            done_b.add(k)
     refused = len([k for k in set(ka) & set(kb) if k not in done_a or k not in done_b])
     return sorted(pairs), refused
 
