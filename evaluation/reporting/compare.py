@@ -165,7 +165,8 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
     VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
     answered. Two of our runs never pair by item key alone: their hashes decide. Last, a key both
     runs hold and neither rule paired pairs when its records hold the same question asked
-    another way (``question_key``: other option marks, the same images at another resolution)."""
+    another way (``question_key``: other option marks, the same images at another resolution;
+    records that do not state their question never pair so)."""
     ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
     kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
     sha_a, sha_b = sample_shas(run_a), sample_shas(run_b)
@@ -188,8 +189,8 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
     rec_a = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_a.get("records") or []}
     rec_b = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_b.get("records") or []}
     for k in sorted(set(ka) & set(kb)):
-        if k not in done_a and k not in done_b and k in rec_a and k in rec_b \
-                and question_key(rec_a[k]) == question_key(rec_b[k]):
+        if k not in done_a and k not in done_b and k in rec_a and k in rec_b and rec_a[k].get("question") \
+                and question_key(rec_a[k]) == question_key(rec_b[k]):  # (a record without its question: never)
             pairs.append((k, k))
             done_a.add(k)
             done_b.add(k)
