@@ -276,7 +276,7 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
                                   file=file, record=i, field="prediction")
             extracted: Optional[str] = rec["candidates"][idx]
             if index is not None:  # a choice item: the pick is right by its index, never by its text
-                norm = normalize_text(extracted)
+                norm = normalize_text(extracted or "")
                 out.append({**record_fields(rec), "extracted": extracted, "chosen_text": norm, "correct": idx == index})
                 continue
         else:

@@ -3,7 +3,7 @@ builders that must refuse options the scorers could not tell apart."""
 from __future__ import annotations
 
 import string
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 _PUNCT_TABLE = str.maketrans("", "", string.punctuation)
 
@@ -17,7 +17,7 @@ def option_collision(options: Sequence[str]) -> Optional[str]:
     """Why these options cannot be scored by their text, or None: one that normalises to nothing
     (``"?"``), or two equal after ``normalize_text`` (``"Yes"`` and ``"yes!"``): a response
     naming one would be scored as naming the other."""
-    seen = {}
+    seen: Dict[str, int] = {}
     for i, opt in enumerate(options):
         norm = normalize_text(opt)
         if not norm:
