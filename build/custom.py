@@ -17,6 +17,7 @@ import os
 from typing import Any, Dict, List, Tuple
 
 from reform_eval.build.registry import FLAG, PATH, Builder, register_builder
+from reform_eval.utils.answer_text import option_collision
 from reform_eval.utils.errors import ReformError, input_error, missing_path
 from reform_eval.utils.inputs import check_name, iter_jsonl
 from reform_eval.utils.images import open_image
@@ -120,6 +121,9 @@ class CustomBuilder(Builder):
             cands = rec["candidates"]
             if not isinstance(cands, list) or not cands or not all(isinstance(c, str) for c in cands):
                 raise input_error("must be a non-empty list of strings", file=path, record=where, field="candidates")
+            problem = option_collision(cands)
+            if problem:
+                raise input_error(problem, file=path, record=where, field="candidates")
             item["candidates"] = list(cands)
             if item["answer"] not in item["candidates"]:
                 raise input_error(f"the answer {item['answer']!r} is not one of the candidates (the sample could "
@@ -138,6 +142,9 @@ class CustomBuilder(Builder):
                               field="answer_options")
         if len({str(o) for o in opts}) != len(opts):
             raise input_error("has the same option twice", file=path, record=where, field="answer_options")
+        problem = option_collision([str(o) for o in opts])
+        if problem:
+            raise input_error(problem, file=path, record=where, field="answer_options")
         ans = rec["answer"]
         if not isinstance(ans, int) or isinstance(ans, bool) or not 0 <= ans < len(opts):
             raise input_error(f"must be an option index in 0..{len(opts) - 1}", file=path, record=where,

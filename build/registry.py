@@ -39,6 +39,13 @@ def get_builder_class(name: str) -> Type["Builder"]:
     raise unknown_name("dataset", name, BUILDERS)
 
 
+def canonical_benchmark(name: Any) -> Optional[str]:
+    """The registered spelling of a benchmark's name, matched case-insensitively ("mme" -> "MME");
+    None for a name no builder registers (another harness's benchmark)."""
+    lowered = {k.lower(): k for k in BUILDERS}
+    return lowered.get(str(name).lower())
+
+
 def shipped_config_dir() -> str:
     """``configs/datasets`` of this installation (package data with ``pip install .``)."""
     return os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), "datasets")

@@ -18,22 +18,16 @@ import hashlib
 import json
 import math
 import re
-import string
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, Optional, Sequence
 
 from reform_eval.metrics import register_metric
+from reform_eval.utils.answer_text import normalize_text
 from reform_eval.utils.errors import ReformError, input_error
 
 UNPARSED = None
-_PUNCT_TABLE = str.maketrans("", "", string.punctuation)
 _MARK_RE = re.compile(r"(?<![A-Za-z0-9])\(?([A-Za-z]|[0-9]+)\)(?![A-Za-z0-9])")
 _LONE_MARK_RE = re.compile(r"\(?([A-Za-z]|[0-9]+)\)?")
-
-
-def normalize_text(text: str) -> str:
-    """Lower-case, drop punctuation, collapse whitespace."""
-    return " ".join(str(text).lower().translate(_PUNCT_TABLE).split())
 
 
 def _strip_lone(response: str) -> str:
@@ -273,6 +267,7 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
     out = []
     for i, rec in enumerate(records):
         check_record(rec, i, ("sample_id", "answer", "prediction"), file)
+        index = rec.get("answer_index")  # a choice item's right candidate (checked by validate_records)
         if infer_method == "likelihood":
             check_record(rec, i, ("candidates",), file)
             idx = likelihood_choice(rec, likelihood_reduction, file or "")
@@ -280,6 +275,10 @@ def score_generation_match(records: List[Dict[str, Any]], infer_method: str, lik
                 raise input_error(f"prediction index {idx} out of range for {len(rec['candidates'])} candidates",
                                   file=file, record=i, field="prediction")
             extracted: Optional[str] = rec["candidates"][idx]
+            if index is not None:  # a choice item: the pick is right by its index, never by its text
+                norm = normalize_text(extracted or "")
+                out.append({**record_fields(rec), "extracted": extracted, "chosen_text": norm, "correct": idx == index})
+                continue
         else:
             if not isinstance(rec["prediction"], str):
                 raise input_error(f"generation prediction must be a string, got {type(rec['prediction']).__name__}",

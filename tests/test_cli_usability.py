@@ -348,3 +348,30 @@ def test_a_dataset_name_that_contradicts_the_records_is_refused(tmp_path, capsys
     assert "contradicts the records, which are 'MME'" in capsys.readouterr().err
     assert run_loader_eval.main(["--dataset_name", "mme", "--prediction_file", files["MME"],
                                  "--output_dir", str(tmp_path / "agrees")]) == 0
+
+
+def test_dataset_name_and_the_records_benchmark_are_one_name_case_insensitive(tmp_path, capsys):
+    """MME records scored as MME whether they name their benchmark as registered ("MME"), in
+    another case ("mme", with or without --dataset_name mme), or not at all under --dataset_name
+    MME: one metric, one total score, never the generic exact match."""
+    import glob
+    import json as _json
+    from reform_eval import run_loader_eval as rle
+    from tests.report_fixtures import mme_records
+    base = mme_records(seed=3)
+    variants = {"as_registered": (base, []),
+                "lower": ([dict(r, benchmark="mme") for r in base], []),
+                "lower_flag": ([dict(r, benchmark="mme") for r in base], ["--dataset_name", "mme"]),
+                "none_flag": ([{k: v for k, v in r.items() if k != "benchmark"} for r in base], ["--dataset_name", "MME"])}
+    seen = {}
+    for name, (recs, flags) in variants.items():
+        pred = tmp_path / f"{name}.json"
+        pred.write_text(_json.dumps(recs))
+        out = tmp_path / f"out_{name}"
+        assert rle.main(["--prediction_file", str(pred), "--output_dir", str(out)] + flags) == 0, capsys.readouterr().err
+        (res,) = glob.glob(str(out / "*.results.json"))
+        result = _json.load(open(res))
+        seen[name] = (result["metric"], result["metrics"]["total_score"])
+    capsys.readouterr()
+    assert seen["as_registered"][0] == "mme"
+    assert set(seen.values()) == {seen["as_registered"]}, seen

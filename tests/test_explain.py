@@ -502,3 +502,73 @@ def test_a_comparison_never_tests_or_explains_pairs_that_do_not_exist(tmp_path):
     exp = comp["explain"]
     assert (exp["n_pairs"], exp["refused"], exp["only_a"], exp["only_b"]) == (2, 1, 1, 1)
     assert exp["moved"] == pytest.approx(1 / 4 - 4 / 4) and exp["moved_paired"] == -1.0  # s9 right, in B only
+
+
+def test_pif_followed_changed_at_the_same_pif_is_an_answer_change_not_a_verdict():
+    """Two instructions, one followed in each run (another one): the PIF (0.5) did not change, so
+    no sample "changed its PIF"; the other instruction followed is an answer change."""
+    def recs(prediction):
+        return [{"sample_id": "c0-t01", "benchmark": "MMMT-IF", "formulation": "Generation",
+                 "inference_method": "generation", "question": "Q?", "answer": "R", "prediction": prediction,
+                 "meta": {"chat_id": "c0", "turn": 1, "instructions": ["start_char_S", "number_odd"]}}]
+
+    def pif_run(name, prediction):
+        records = recs(prediction)
+        result = score_metrics(records, "Generation", "generation")
+        result.update(prediction_file=f"/x/{name}.json")
+        return {"name": name, "records": records, "result": result, "info": {}}
+    a, b = pif_run("a", "So I have 8 cats."), pif_run("b", "I have 7 cats.")
+    pa, pb = a["result"]["per_sample"][0], b["result"]["per_sample"][0]
+    assert pa["pif"] == pb["pif"] == 0.5 and pa["followed"] != pb["followed"]
+    exp = explain_runs(a, b)
+    assert exp["flips"] == [] and len(exp["answer_changes"]) == 1
+    assert "0 samples changed their PIF" in exp["summary"]
+    assert exp["summary"].endswith("; 1 more answer changed without changing a verdict")
+
+
+def test_a_results_file_against_its_own_prediction_file_is_refused(tmp_path, capsys, monkeypatch):
+    """The results file named relative to the working folder, its prediction file absolutely: one
+    run scored one way, refused however each path was typed."""
+    pred = tmp_path / "a.json"
+    pred.write_text(json.dumps([_rec(0, "A"), _rec(1, "B")]))
+    _write_results(tmp_path / "a.results.json", prediction_file=str(pred), formulation="SingleChoice",
+                   infer_method="generation")
+    monkeypatch.chdir(tmp_path)
+    assert run_loader_eval.main(["--explain", "a.results.json", str(pred)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "the same run scored the same way" in err
+
+
+@pytest.mark.parametrize("flags", [["--formulation", "Generation"], ["--infer_method", "likelihood"]])
+def test_explain_refuses_a_setting_flag_that_contradicts_the_results_file(tmp_path, capsys, flags):
+    """The results file records SingleChoice/generation: a flag saying otherwise is refused in one
+    line, as the scoring path refuses one contradicting the records, never silently overruled."""
+    for name in ("a", "b"):
+        pred = tmp_path / f"{name}.json"
+        pred.write_text(json.dumps([_rec(0, "A"), _rec(1, name.upper())]))
+        _write_results(tmp_path / f"{name}.results.json", prediction_file=str(pred), formulation="SingleChoice",
+                       infer_method="generation")
+    argv = ["--explain", str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert run_loader_eval.main(argv + flags) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"{flags[0]} {flags[1]!r} contradicts" in err and "a.results.json, which records" in err
+    assert run_loader_eval.main(argv + [flags[0], {"--formulation": "singlechoice"}.get(flags[0], "generation")]) == 0
+
+
+def test_explain_and_the_comparison_pair_alike_and_never_another_question(tmp_path):
+    """Same ids, options, answers and meta, other questions (another custom set): no pair, in the
+    explanation (refused: share no sample) and in the comparison's paired tests alike. The same
+    question with other option marks pairs in both, with the same count."""
+    from reform_eval.evaluation.reporting.explain import NothingToExplain
+    from reform_eval.evaluation.reporting.report import compare_runs
+    a = _run("A", [_rec(i, "A") for i in range(4)], INFO_A)
+    other = [dict(_rec(i, "B"), item_sha=f"o{i}", question=f"How many cats in picture {i}?") for i in range(4)]
+    with pytest.raises(NothingToExplain, match="share no sample: 4 shared ids holding other content"):
+        explain_runs(a, _run("B", other, INFO_A))
+    comp = compare_runs([a, _run("B", other, INFO_A)], str(tmp_path / "other"), n_boot=20, plots=False)
+    assert comp["paired_tests"][0]["n_pairs"] == 0 and "share no sample" in comp["explain"]["refused"]
+    marks = [_rec(i, "b", marks=("a", "b"), item=f"m{i}") for i in range(4)]
+    exp = explain_runs(a, _run("B", marks, INFO_A))
+    comp = compare_runs([a, _run("B", marks, INFO_A)], str(tmp_path / "marks"), n_boot=20, plots=False)
+    assert exp["n_pairs"] == exp["paired_by_question"] == comp["paired_tests"][0]["n_pairs"] == 4

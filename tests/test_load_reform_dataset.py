@@ -128,3 +128,27 @@ def test_a_number_where_text_is_required_is_refused_in_one_line(tmp_path, capsys
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "items.jsonl" in err[0] and "line 2" in err[0] and said in err[0], err
         assert not out.exists()
+
+
+def test_options_the_scorer_cannot_tell_apart_are_refused(tmp_path, capsys):
+    """Options equal once lower-cased without punctuation ("-1"/"1", "31"/"3.1", "Yes"/"yes!") or
+    empty so ("?") would score a wrong answer right by text: refused in one line naming the file,
+    line and field, under SingleChoice and Generation alike (answer_options and candidates)."""
+    from reform_eval import run_eval
+    first = {"sample_id": "ok", "question": "q", "answer_options": ["red", "green"], "answer": 0}
+    cases = [({"sample_id": "a", "question": "q", "answer_options": ["-1", "1"], "answer": 1}, "answer_options"),
+             ({"sample_id": "a", "question": "q", "answer_options": ["31", "3.1"], "answer": 1}, "answer_options"),
+             ({"sample_id": "a", "question": "q", "answer_options": ["Yes", "yes!"], "answer": 1}, "answer_options"),
+             ({"sample_id": "a", "question": "q", "answer_options": ["no", "?"], "answer": 0}, "answer_options"),
+             ({"sample_id": "a", "question": "q", "answer": "Yes", "candidates": ["Yes", "yes!"]}, "candidates")]
+    for i, (line, field) in enumerate(cases):
+        for formulation in ("SingleChoice", "Generation"):
+            if field == "candidates" and formulation == "SingleChoice":
+                continue
+            cfg = _custom(tmp_path, [first, line])
+            out = tmp_path / f"o{i}{formulation}"
+            assert run_eval.main(["--model", "constant", "--dataset_name", "custom", "--dataset_config", cfg,
+                                  "--formulation", formulation, "--output_dir", str(out), "--do_eval"]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "items.jsonl" in err[0] and "line 2" in err[0] and f"field '{field}'" in err[0], err
+            assert not out.exists()

@@ -216,3 +216,15 @@ def test_entries_without_cluster_fall_back_to_image_and_chat():
         old_ps = [{k: v for k, v in p.items() if k != "cluster"} for p in r["result"]["per_sample"]]
         old = bootstrap(old_ps, r["result"], n_boot=100, seed=2)
         assert old == new and old["num_clusters"] in (18, 5)
+
+
+def test_breakdown_tables_show_each_runs_own_n():
+    """A run scored on fewer items of a subtask shows its own n, never the first run's."""
+    from reform_eval.evaluation.reporting.compare import tables
+    full = mme_records(seed=1, images=6)
+    part = [r for r in mme_records(seed=2, images=6) if not (r["meta"]["subtask"] == "OCR" and r["meta"]["image"] >= "0004")]
+    comp = build_comparison([run("a", full), run("b", part)], n_boot=50)
+    by_title = {title: rows for title, _, rows in tables(comp)}
+    for title in ("score by subtask", "acc by subtask", "acc_plus by subtask"):
+        ns = {row[0]: row[1] for row in by_title[title]}
+        assert ns == {"existence": "12", "OCR": "12 / 8", "code_reasoning": "12"}, (title, ns)

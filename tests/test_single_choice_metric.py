@@ -113,3 +113,22 @@ def test_generation_match_vocabulary_and_likelihood():
     with pytest.raises(ReformError, match="record 0: field 'prediction'"):
         evaluate([dict(lk, candidate_logprobs=None, candidate_num_tokens=None, prediction=5)],
                  "Generation", "likelihood")
+
+
+def test_likelihood_on_a_choice_item_is_scored_by_index_not_text():
+    """A choice item run as Generation carries its right option's index: the likelihood pick is
+    right when it is that index, never because its text normalises like the answer's."""
+    base = {"benchmark": "custom", "formulation": "Generation", "candidates": ["Yes", "yes!"], "answer": "yes!",
+            "answer_index": 1, "candidate_num_tokens": [1, 1], "prediction": 0}
+    recs = [dict(base, sample_id="a", candidate_logprobs=[-0.1, -2.0]),   # picks 0: wrong
+            dict(base, sample_id="b", candidate_logprobs=[-2.0, -0.1])]   # picks 1: right
+    per = evaluate(recs, "Generation", "likelihood")["per_sample"]
+    assert [p["correct"] for p in per] == [False, True]
+
+
+def test_candidates_equal_after_normalisation_are_refused_when_scored():
+    from reform_eval.evaluation.reporting.scoring import score_records
+    rec = {"sample_id": "a", "benchmark": "custom", "formulation": "Generation", "inference_method": "generation",
+           "candidates": ["31", "3.1"], "answer": "3.1", "answer_index": 1, "prediction": "31"}
+    with pytest.raises(ReformError, match="record 0: field 'candidates': options 0 '31' and 1 '3.1' are equal"):
+        score_records([rec], write=False, quiet=True)

@@ -7,6 +7,7 @@ writes it (``comparison.md``, ``comparison.json``, ``plots/``, ``report.html``).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from itertools import combinations
@@ -131,6 +132,29 @@ def item_keys(run: Dict[str, Any]) -> Dict[Key, str]:
             for p in run["result"].get("per_sample") or [] if p.get("item_key")}
 
 
+def _image_name(image_id: Any) -> str:
+    text = str(image_id)
+    return os.path.basename(text) if ("/" in text or os.sep in text) else text
+
+
+def question_key(rec: Dict[str, Any]) -> str:
+    """What a question is, without how it was asked: the benchmark, the question text, the right
+    answer (as text), the option texts as a set, ``meta`` and the image file names (not their
+    folder or pixels). Two records of one key with other content (``item_sha``) pair when this
+    agrees: the same question with other option marks, or the same images at another
+    resolution; another question under the same id never does."""
+    answer = rec.get("answer_text")
+    if answer is None:
+        opts, ans = rec.get("answer_options"), rec.get("answer")
+        answer = opts[ans] if isinstance(opts, list) and isinstance(ans, int) and 0 <= ans < len(opts) else ans
+    meta = {k: v for k, v in (rec.get("meta") or {}).items() if k != "image_ablation"} \
+        if isinstance(rec.get("meta"), dict) else rec.get("meta")
+    body = {"benchmark": rec.get("benchmark"), "question": rec.get("question"), "answer": answer,
+            "options": sorted(map(str, rec.get("answer_options") or [])), "meta": meta,
+            "images": [_image_name(i) for i in rec.get("image_ids") or []]}
+    return json.dumps(body, sort_keys=True, default=str)
+
+
 def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key]], int]:
     """(pairs of entry keys (a's, b's) made from the same item, the number refused): the one
     pairing of compare, paired tests and ``explain``.
@@ -139,7 +163,10 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
     Then, for the entries left, by (``item_key``, dup_index) where at least one of the two has no
     content hash (``item_sha``/``sample_sha``): a row of another harness's log (lmms-eval,
     VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
-    answered. Two of our runs never pair by item key alone: their hashes decide."""
+    answered. Two of our runs never pair by item key alone: their hashes decide. Last, a key both
+    runs hold and neither rule paired pairs when its records hold the same question asked
+    another way (``question_key``: other option marks, the same images at another resolution;
+    records that do not state their question never pair so)."""
     ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
     kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
     sha_a, sha_b = sample_shas(run_a), sample_shas(run_b)
@@ -159,6 +186,14 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
         pairs.append((k, other))
         done_a.add(k)
         done_b.add(other)
+    rec_a = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_a.get("records") or []}
+    rec_b = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_b.get("records") or []}
+    for k in sorted(set(ka) & set(kb)):
+        if k not in done_a and k not in done_b and k in rec_a and k in rec_b and rec_a[k].get("question") \
+                and question_key(rec_a[k]) == question_key(rec_b[k]):  # (a record without its question: never)
+            pairs.append((k, k))
+            done_a.add(k)
+            done_b.add(k)
     refused = len([k for k in set(ka) & set(kb) if k not in done_a or k not in done_b])
     return sorted(pairs), refused
 
@@ -428,6 +463,13 @@ def breakdown_stat(comp: Dict[str, Any], name: str) -> str:
     return "accuracy"
 
 
+def group_n(comp: Dict[str, Any], name: str, group: str) -> str:
+    """The ``n`` of one breakdown group: each run's own, one number where all runs agree, else
+    every run's in order ("12 / 9 / -", "-" for a run without the group)."""
+    ns = [str(m["breakdowns"].get(name, {}).get(group, {}).get("n", "-")) for m in comp["models"]]
+    return ns[0] if len(set(ns)) == 1 else " / ".join(ns)
+
+
 def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]:
     """(title, header, rows) for the headline, every breakdown, and the paired tests."""
     family = comp["family"]
@@ -459,7 +501,7 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
         rows = []
         for g in groups:
             first = next(m for m in comp["models"] if g in m["breakdowns"].get(name, {}))
-            row = [g, str(first["breakdowns"][name][g]["n"])]
+            row = [g, group_n(comp, name, g)]
             if has_chance:
                 ch = first["chance_by"].get(name, {}).get(g)
                 row.append("-" if ch is None else f"{ch:.3f}")
@@ -470,8 +512,7 @@ def tables(comp: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]
         out.append((f"{stat} by {name}", header, rows))
         if family == "mme" and name == "subtask":
             for extra_stat in ("acc", "acc_plus"):
-                rows2 = [[g, str(next(m for m in comp["models"] if g in m["breakdowns"][name])
-                                  ["breakdowns"][name][g]["n"])]
+                rows2 = [[g, group_n(comp, name, g)]
                          + [fmt_ci((m["breakdowns"][name].get(g) or {}).get(extra_stat)) for m in comp["models"]]
                          for g in groups]
                 out.append((f"{extra_stat} by subtask", ["subtask", "n"] + [m["name"] for m in comp["models"]],

@@ -11,9 +11,9 @@ builds it from our files):
 * ``name``: a label.
 * ``records``: prediction records. Pairing needs ``sample_id`` and ``dup_index``, and where known
   ``item_sha`` / ``sample_sha`` (``compare.sample_shas``); a record without either pairs by the
-  question (``question_key``: the benchmark, the right answer, the option texts, ``meta`` and the
-  image file names). Each sample's attribution reads ``trace`` (``prompt_sha``: sha256[:16] of
-  the exact text or messages JSON the model or server got; ``prompt_tokens``; ``bos``;
+  question (``compare.question_key``: the benchmark, the question text, the right answer, the
+  option texts, ``meta`` and the image file names). Each sample's attribution reads ``trace``
+  (``prompt_sha``: sha256[:16] of the exact text or messages JSON the model or server got; ``prompt_tokens``; ``bos``;
   ``pixel_sha``; ``image_sizes``: [width, height] per image as given to the processor), else
   the record's ``prompt_sha`` (the preprocessor's output); a foreign record with neither reads
   as unknown, never as equal.
@@ -29,7 +29,7 @@ builds it from our files):
 
 The explanation pairs the runs by item (``compare.pair_runs``, which also matches another
 harness's rows by the benchmark's item key; then the same question asked another way, e.g. with
-other option marks or the same images at another resolution, by ``question_key``; never by
+other option marks or the same images at another resolution, by ``compare.question_key``; never by
 position), lists every difference of the run-level records (named as
 a researcher knows them: ``explain_factors.FACTORS``; paths, run ids, timings and output folders are left out,
 ``IGNORED``), and for each sample whose verdict changed (right in one run, wrong in the other; for PIF a changed
@@ -44,7 +44,6 @@ changes and, where pairing was partial, what the paired part moved and what was 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -59,7 +58,7 @@ from reform_eval.utils.inputs import read_json
 # -- how one item was asked --------------------------------------------------------------------------
 
 #: the fields of a sample (docs: the unified sample) that say how one question was asked; with the
-#: fields ``question_key`` holds equal, what else can differ in an item is its images' content
+#: fields ``compare.question_key`` holds equal, what else can differ in an item is its images' content
 ITEM_FIELDS: Tuple[Tuple[str, str, str], ...] = (
     ("option_marks", "option marks", PROMPT), ("answer_options", "option order", PROMPT),
     ("question", "question text", PROMPT), ("instruct", "instruction", PROMPT), ("history", "history turns", PROMPT),
@@ -72,50 +71,15 @@ def _key(r: Dict[str, Any]) -> Key:
     return (str(r.get("sample_id")), int(r.get("dup_index", 0) or 0))
 
 
-def _image_name(image_id: Any) -> str:
-    text = str(image_id)
-    return os.path.basename(text) if ("/" in text or os.sep in text) else text
-
-
-def question_key(rec: Dict[str, Any]) -> str:
-    """What a question is, without how it was asked: the benchmark, the right answer (as text),
-    the option texts as a set, ``meta`` and the image file names (not their folder or pixels).
-    Two records of one key with other content (``item_sha``) pair when this agrees: the same
-    question with other option marks, or the same images at another resolution."""
-    answer = rec.get("answer_text")
-    if answer is None:
-        opts, ans = rec.get("answer_options"), rec.get("answer")
-        answer = opts[ans] if isinstance(opts, list) and isinstance(ans, int) and 0 <= ans < len(opts) else ans
-    meta = {k: v for k, v in (rec.get("meta") or {}).items() if k != "image_ablation"} \
-        if isinstance(rec.get("meta"), dict) else rec.get("meta")
-    body = {"benchmark": rec.get("benchmark"), "answer": answer,
-            "options": sorted(map(str, rec.get("answer_options") or [])), "meta": meta,
-            "images": [_image_name(i) for i in rec.get("image_ids") or []]}
-    return json.dumps(body, sort_keys=True, default=str)
-
-
-def pair_records(a: Dict[str, Any], b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key, str]], List[Key]]:
-    """([(a's key, b's key, how)], shared keys refused): first ``compare.pair_runs`` (the one
-    pairing of compare and the paired tests), whose pairs are ``item`` (the same item content
-    under one key) or ``item key`` (a row of another harness's log matched to our item by the
-    benchmark's item key); then, among the keys both runs hold and that rule left, ``question``:
-    the same question asked another way (``question_key``). A shared key whose question differs
-    is refused."""
-    ra = {_key(r): r for r in a["records"]}
-    rb = {_key(r): r for r in b["records"]}
+def pair_records(a: Dict[str, Any], b: Dict[str, Any]) -> List[Tuple[Key, Key, str]]:
+    """[(a's key, b's key, how)]: ``compare.pair_runs``' pairs (the one pairing of compare, the
+    paired tests and this explanation), each named by the rule that made it: ``item`` (the same
+    item content under one key), ``item key`` (a row of another harness's log matched to our
+    item by the benchmark's item key) or ``question`` (the same question asked another way:
+    ``compare.question_key``)."""
     sa, sb = sample_shas(a), sample_shas(b)
-    first, _ = pair_runs(a, b)
-    pairs = [(ka, kb, "item" if ka == kb and same_content(sa.get(ka), sb.get(kb)) else "item key") for ka, kb in first]
-    done_a, done_b = {ka for ka, _ in first}, {kb for _, kb in first}
-    refused = []
-    for k in sorted(set(ra) & set(rb)):
-        if k in done_a or k in done_b:
-            continue
-        if question_key(ra[k]) == question_key(rb[k]):
-            pairs.append((k, k, "question"))
-        else:
-            refused.append(k)
-    return pairs, refused
+    return [(ka, kb, "item key" if ka != kb else "item" if same_content(sa.get(ka), sb.get(kb)) else "question")
+            for ka, kb in pair_runs(a, b)[0]]
 
 
 # -- one pair of samples --------------------------------------------------------------------------------
@@ -214,17 +178,20 @@ def _answer(p: Dict[str, Any]) -> Any:
 
 
 def _verdict_changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str) -> bool:
-    """Right in one run and wrong in the other; for MMMT-IF, another per-turn PIF or
-    per-instruction verdicts."""
+    """Right in one run and wrong in the other; for MMMT-IF, another per-turn PIF (the verdict;
+    which instructions were followed alone is an answer change, ``_answer_changed``)."""
     if family == "pif":
-        return pa.get("pif") != pb.get("pif") or pa.get("followed") != pb.get("followed")
+        return pa.get("pif") != pb.get("pif")
     return bool(pa.get("correct")) != bool(pb.get("correct"))
 
 
 def _answer_changed(pa: Dict[str, Any], pb: Dict[str, Any], family: str, generation: bool) -> bool:
     """Another extracted answer under the same verdict (generation: yes read as 'other', a
-    wrong option read as another wrong option); never counted as a verdict change."""
-    return family != "pif" and generation and _answer(pa) != _answer(pb)
+    wrong option read as another wrong option; MMMT-IF: other instructions followed at the same
+    PIF); never counted as a verdict change."""
+    if family == "pif":
+        return pa.get("followed") != pb.get("followed")
+    return generation and _answer(pa) != _answer(pb)
 
 
 def _verdict_text(p: Dict[str, Any], family: str) -> str:
@@ -274,7 +241,7 @@ def explain_runs(a: Dict[str, Any], b: Dict[str, Any], info_a: Optional[Dict[str
     family = family_of(metric_a)
     ra, rb = {_key(r): r for r in a["records"]}, {_key(r): r for r in b["records"]}
     va, vb = _verdicts(a["result"]), _verdicts(b["result"])
-    pairs = [(ka, kb, how) for ka, kb, how in pair_records(a, b)[0]
+    pairs = [(ka, kb, how) for ka, kb, how in pair_records(a, b)
              if ka in va and kb in vb and ka in ra and kb in rb]
     left = unpaired(list(va), list(vb), [(ka, kb) for ka, kb, _ in pairs])
     if not pairs:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from reform_eval.evaluation.reporting.explain import (SCORING_FIELDS, explain_runs, explanation_notes, explanation_tables,
                                           format_explanation, recorded_info, run_facts, scoring_of)
-from reform_eval.evaluation.reporting.scoring import expand_prediction_files, load_records, results_paths, run_name, score_records
+from reform_eval.evaluation.reporting.scoring import check_setting_flags, expand_prediction_files, load_records, results_paths, run_name, score_records
 from reform_eval.utils.commit import Commit
 from reform_eval.utils.errors import ReformError, input_error
 from reform_eval.utils.inputs import check_name, list_dir, read_json
@@ -26,6 +26,11 @@ from reform_eval.utils.report import markdown_table, md_text
 
 #: a tagged results file of a prediction file's stem: run_eval's ``eval-`` or run_loader_eval's ``scored-``
 _TAGGED = r"\.(?:eval|scored)-[0-9a-f]{8}(?:\.[^/]+)?\.results\.json$"
+
+
+def _real(path: Optional[str]) -> Optional[str]:
+    """A file as one name, however it was typed (relative, absolute, through a link); None stays None."""
+    return os.path.realpath(path) if path else None
 
 
 def _read_object(path: str, what: str) -> Dict[str, Any]:
@@ -106,7 +111,8 @@ def load_run(path: str, dataset_name: Optional[str] = None, formulation: Optiona
     records = load_records(pred, dataset_name)
     if not records:
         raise ReformError(f"{pred}: holds no prediction records")
-    result = score_records(records, info.get("formulation") or formulation, info.get("infer_method") or infer_method,
+    formulation, infer_method = check_setting_flags(info, formulation, infer_method, source)
+    result = score_records(records, formulation, infer_method,
                            likelihood_reduction=reduction, prediction_file=pred, metric_options=dict(options),
                            write=False, quiet=True)
     if info.get("provenance") is None and info.get("config") is None:  # scored by run_loader_eval, or not at all
@@ -141,8 +147,8 @@ def explain_files(a: str, b: str, dataset_name: Optional[str] = None, output_dir
         raise ReformError(f"--explain scores each run with the settings its results file records; leave out "
                           f"{', '.join(given)} (re-score a run with them first, then explain its results file)")
     runs: List[Dict[str, Any]] = [load_run(p, dataset_name, formulation, infer_method) for p in (a, b)]
-    if os.path.realpath(runs[0]["result"]["prediction_file"]) == os.path.realpath(runs[1]["result"]["prediction_file"]) \
-            and runs[0]["scored_with"] == runs[1]["scored_with"]:
+    if len({_real(run["result"]["prediction_file"]) for run in runs}) == 1 \
+            and len({_real(run["scored_with"]) for run in runs}) == 1:
         raise ReformError(f"--explain: {a} and {b} are the same run scored the same way; nothing to explain")
     exp = explain_runs(runs[0], runs[1])
     for side, run in zip(("a", "b"), runs):

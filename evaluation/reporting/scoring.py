@@ -21,11 +21,11 @@ import math
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from reform_eval import build  # noqa: F401  (registers the builders, for dataset-name lookups)
 import reform_eval.metrics  # noqa: F401  (metric modules register readers and exporters)
-from reform_eval.build.registry import get_builder_class
+from reform_eval.build.registry import canonical_benchmark, get_builder_class
 from reform_eval.evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
 from reform_eval.evaluation.reporting.image_dependence import ablation_mode
 from reform_eval.evaluation.reporting.report import compare_runs
@@ -33,6 +33,7 @@ from reform_eval.evaluation.reporting.compare import headline_markdown
 from reform_eval.metrics import evaluate
 from reform_eval.metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
 from reform_eval.metrics.single_choice import check_stability
+from reform_eval.utils.answer_text import option_collision
 from reform_eval.utils.commit import Commit, check_names, clean_stale_temps
 from reform_eval.utils.errors import ReformError, input_error
 from reform_eval.utils.inputs import check_name, list_dir, read_json
@@ -107,6 +108,9 @@ def validate_records(records: List[Dict[str, Any]], file: Optional[str] = None) 
         if cands is not None:
             if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int, float)) for c in cands):
                 raise input_error("must be a non-empty list of candidate texts", file=file, record=i, field="candidates")
+            problem = option_collision(cands)
+            if problem:
+                raise input_error(problem, file=file, record=i, field="candidates")
             idx = rec.get("answer_index")
             if idx is not None and (not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(cands)):
                 raise input_error(f"must be a candidate index in 0..{len(cands) - 1}, got {idx!r}", file=file,
@@ -222,8 +226,10 @@ def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- scoring
-def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: str) -> str:
-    """The records' formulation or method; a flag may name it but never contradict the records."""
+def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: str, source: str = "the records"
+           ) -> str:
+    """The records' formulation or method; a flag may name it but never contradict the records
+    (nor ``source``, what holds them: a results file's recorded setting)."""
     values = {r.get(key) for r in records if r.get(key)}
     if given:
         valid = ("SingleChoice", "Generation") if key == "formulation" else ("generation", "likelihood")
@@ -231,12 +237,26 @@ def _infer(records: List[Dict[str, Any]], key: str, given: Optional[str], flag: 
         if not match:
             raise ReformError(f"{flag} {given!r}: valid values are {', '.join(valid)}")
         if values and values != {match[0]}:
-            raise ReformError(f"{flag} {given!r} contradicts the records, which are {sorted(map(str, values))[0]!r}; "
-                              f"leave {flag} out to read it from the records")
+            raise ReformError(f"{flag} {given!r} contradicts {source}, which {'are' if source == 'the records' else 'records'} "
+                              f"{sorted(map(str, values))[0]!r}; "
+                              f"leave {flag} out to read it from {source}")
         return match[0]
     if len(values) == 1:
         return str(values.pop())
     raise ReformError(f"cannot tell {flag} from the records ({sorted(map(str, values)) or 'none given'}); pass {flag}")
+
+
+def check_setting_flags(recorded: Dict[str, Any], formulation: Optional[str], infer_method: Optional[str],
+                        source: str) -> Tuple[Optional[str], Optional[str]]:
+    """(formulation, infer_method) to score with: the flags where given, else what ``recorded``
+    (a results file's ``formulation``/``infer_method``) says; a flag that contradicts the record is
+    refused as one that contradicts the records is (``score_records`` then checks the records)."""
+    out = []
+    for key, field, given, flag in (("formulation", "formulation", formulation, "--formulation"),
+                                    ("inference_method", "infer_method", infer_method, "--infer_method")):
+        have = recorded.get(field)
+        out.append(_infer([{key: have}], key, given, flag, source) if given else have)
+    return out[0], out[1]
 
 
 def score_records(records: List[Dict[str, Any]], formulation: Optional[str] = None,
@@ -404,20 +424,29 @@ def load_records(prediction_file: str, dataset_name: Optional[str] = None) -> Li
     ``dataset_name`` picks a benchmark's reader; it may name the records' benchmark, never
     contradict it (``check_dataset``)."""
     records = _read_records(prediction_file, dataset_name)
-    if dataset_name:
-        check_dataset(records, dataset_name, prediction_file)
+    check_dataset(records, dataset_name, prediction_file)
     return records
 
 
-def check_dataset(records: List[Dict[str, Any]], dataset_name: str, prediction_file: str) -> None:
-    """Refuse ``--dataset_name`` that names another benchmark than the records' own (as a
-    contradicting ``--formulation`` is): the records would be scored as theirs, under a title
-    the reader did not ask for."""
+def check_dataset(records: List[Dict[str, Any]], dataset_name: Optional[str], prediction_file: str) -> None:
+    """The records' benchmark, one name for each: every ``benchmark`` a builder registers is
+    written as registered (matched case-insensitively: "mme" is MME, scored by MME's metric);
+    ``--dataset_name`` may name it, never contradict it (as a contradicting ``--formulation`` is
+    refused: the records would be scored as theirs, under a title the reader did not ask for),
+    and records that name no benchmark are the one it names (its metric scores them)."""
+    for r in records:
+        if isinstance(r, dict) and r.get("benchmark"):
+            r["benchmark"] = canonical_benchmark(r["benchmark"]) or r["benchmark"]
+    if not dataset_name:
+        return
     name = get_builder_class(dataset_name).name
     found = sorted({str(r["benchmark"]) for r in records if isinstance(r, dict) and r.get("benchmark")})
     if found and found != [name]:
         raise ReformError(f"{prediction_file}: --dataset_name {dataset_name!r} contradicts the records, which are "
                           f"{', '.join(repr(b) for b in found)}; leave --dataset_name out to read it from the records")
+    for r in records:
+        if isinstance(r, dict) and not r.get("benchmark"):
+            r["benchmark"] = name
 
 
 def _read_records(prediction_file: str, dataset_name: Optional[str]) -> List[Dict[str, Any]]:
