@@ -448,6 +448,51 @@ def test_xlsx_whose_sheet_inflates_past_the_limit_is_refused(tmp_path, monkeypat
     assert len(load_records(path)) == 80  # under a limit it fits, it is read
 
 
+def _declare_size(path, member, size):
+    """Rewrite the uncompressed size the zip at ``path`` declares for ``member`` (local header and
+    central directory): a 1 GB sheet without writing 1 GB."""
+    import struct
+    data = bytearray(open(path, "rb").read())
+    name = member.encode()
+    for sig, size_at, name_len_at, name_at in ((b"PK\x03\x04", 22, 26, 30), (b"PK\x01\x02", 24, 28, 46)):
+        at = data.find(sig)
+        while at >= 0:
+            n = struct.unpack_from("<H", data, at + name_len_at)[0]
+            if bytes(data[at + name_at: at + name_at + n]) == name:
+                struct.pack_into("<I", data, at + size_at, size)
+            at = data.find(sig, at + 4)
+    open(path, "wb").write(bytes(data))
+
+
+def test_xlsx_whose_sheet_inflates_a_thousandfold_is_refused_under_the_size_limit(tmp_path, monkeypatch):
+    """The size limit (4 GiB by default) let a 1 MB .xlsx whose sheet inflates to 1 GB through:
+    a member inflating past 64 MiB and over 100 times its compressed size is refused."""
+    import zipfile
+    from reform_eval.utils import inputs
+    path = str(tmp_path / "bomb_MME.xlsx")
+    write_xlsx(path, vlmevalkit_rows())
+    _declare_size(path, "xl/worksheets/sheet1.xml", 1_000_000_000)
+    packed = zipfile.ZipFile(path).getinfo("xl/worksheets/sheet1.xml").compress_size
+    with pytest.raises(ReformError) as e:
+        load_records(path)
+    assert str(e.value) == (f"{path}: VLMEvalKit prediction file (.xlsx) member 'xl/worksheets/sheet1.xml' inflates "
+                            f"from {packed} to 1000000000 bytes, over 100 times (a zip bomb?); raise it with "
+                            "REFORM_MAX_ZIP_RATIO=<n> if the file is trusted")
+    # a real member that inflates this much, under a floor lowered to 1 MiB; read once trusted
+    rows = [dict(r, prediction="Yes. " + "a" * 30000) for r in vlmevalkit_rows()]
+    real = str(tmp_path / "deflated_MME.xlsx")
+    write_xlsx(real, rows)
+    monkeypatch.setattr(inputs, "ZIP_RATIO_FLOOR", 1024 ** 2)
+    with pytest.raises(ReformError, match=r"member 'xl/worksheets/sheet1\.xml' inflates from \d+ to \d+ bytes, "
+                                          r"over 100 times \(a zip bomb\?\)"):
+        load_records(real)
+    monkeypatch.setenv("REFORM_MAX_ZIP_RATIO", "100000")
+    assert len(load_records(real)) == 80
+    monkeypatch.setenv("REFORM_MAX_ZIP_RATIO", "0.5")
+    with pytest.raises(ReformError, match=r"^field 'REFORM_MAX_ZIP_RATIO': must be a number of at least 1, got '0.5'$"):
+        load_records(real)
+
+
 def _rewrite_sheet(src, dst, edit):
     """Copy the .xlsx ``src`` to ``dst`` with its first sheet's XML passed through ``edit``."""
     import zipfile
