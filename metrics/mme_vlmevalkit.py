@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 from reform_eval.build.mme import canonical_subtask, normalize_gt
 from reform_eval.metrics.mme import check_unique_items, foreign_record
@@ -149,11 +149,12 @@ def _text(row: Dict[str, Any], column: str, path: str, no: int, required: bool =
 def read_vlmevalkit_predictions(path: str) -> ForeignRecords:
     """VLMEvalKit's MME prediction file -> prediction records (one per row) with the run's
     provenance (what the file tells: the model name in its file name, the answer rule)."""
+    sheet: ContextManager[Tuple[List[str], Iterator[Tuple[int, Dict[str, Any]]]]]
     if path.lower().endswith(".xlsx"):
         sheet = _xlsx_rows(path)
     else:
-        header, rows = read_csv(path, "VLMEvalKit prediction file", delimiter="\t")
-        sheet = contextlib.nullcontext((header, enumerate(rows, start=2)))
+        names, table = read_csv(path, "VLMEvalKit prediction file", delimiter="\t")
+        sheet = contextlib.nullcontext((names, iter(enumerate(table, start=2))))
     with sheet as (header, rows):
         missing = [c for c in COLUMNS if c not in header]
         if missing:
