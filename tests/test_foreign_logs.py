@@ -13,9 +13,11 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -444,6 +446,95 @@ def test_xlsx_whose_sheet_inflates_past_the_limit_is_refused(tmp_path, monkeypat
     assert f"over the limit of {limit} (a zip bomb?)" in msg
     monkeypatch.setenv("REFORM_MAX_INPUT_BYTES", str(10 * 1024 ** 2))
     assert len(load_records(path)) == 80  # under a limit it fits, it is read
+
+
+def _declare_size(path, member, size):
+    """Rewrite the uncompressed size the zip at ``path`` declares for ``member`` (local header and
+    central directory): a 1 GB sheet without writing 1 GB."""
+    import struct
+    data = bytearray(open(path, "rb").read())
+    name = member.encode()
+    for sig, size_at, name_len_at, name_at in ((b"PK\x03\x04", 22, 26, 30), (b"PK\x01\x02", 24, 28, 46)):
+        at = data.find(sig)
+        while at >= 0:
+            n = struct.unpack_from("<H", data, at + name_len_at)[0]
+            if bytes(data[at + name_at: at + name_at + n]) == name:
+                struct.pack_into("<I", data, at + size_at, size)
+            at = data.find(sig, at + 4)
+    open(path, "wb").write(bytes(data))
+
+
+def test_xlsx_whose_sheet_inflates_a_thousandfold_is_refused_under_the_size_limit(tmp_path, monkeypatch):
+    """The size limit (4 GiB by default) let a 1 MB .xlsx whose sheet inflates to 1 GB through:
+    a member inflating past 64 MiB and over 100 times its compressed size is refused."""
+    import zipfile
+    from reform_eval.utils import inputs
+    path = str(tmp_path / "bomb_MME.xlsx")
+    write_xlsx(path, vlmevalkit_rows())
+    _declare_size(path, "xl/worksheets/sheet1.xml", 1_000_000_000)
+    packed = zipfile.ZipFile(path).getinfo("xl/worksheets/sheet1.xml").compress_size
+    with pytest.raises(ReformError) as e:
+        load_records(path)
+    assert str(e.value) == (f"{path}: VLMEvalKit prediction file (.xlsx) member 'xl/worksheets/sheet1.xml' inflates "
+                            f"from {packed} to 1000000000 bytes, over 100 times (a zip bomb?); raise it with "
+                            "REFORM_MAX_ZIP_RATIO=<n> if the file is trusted")
+    # a real member that inflates this much, under a floor lowered to 1 MiB; read once trusted
+    rows = [dict(r, prediction="Yes. " + "a" * 30000) for r in vlmevalkit_rows()]
+    real = str(tmp_path / "deflated_MME.xlsx")
+    write_xlsx(real, rows)
+    monkeypatch.setattr(inputs, "ZIP_RATIO_FLOOR", 1024 ** 2)
+    with pytest.raises(ReformError, match=r"member 'xl/worksheets/sheet1\.xml' inflates from \d+ to \d+ bytes, "
+                                          r"over 100 times \(a zip bomb\?\)"):
+        load_records(real)
+    monkeypatch.setenv("REFORM_MAX_ZIP_RATIO", "100000")
+    assert len(load_records(real)) == 80
+    monkeypatch.setenv("REFORM_MAX_ZIP_RATIO", "0.5")
+    with pytest.raises(ReformError, match=r"^field 'REFORM_MAX_ZIP_RATIO': must be a number of at least 1, got '0.5'$"):
+        load_records(real)
+
+
+def _rewrite_sheet(src, dst, edit):
+    """Copy the .xlsx ``src`` to ``dst`` with its first sheet's XML passed through ``edit``."""
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename == "xl/worksheets/sheet1.xml":
+                data = edit(data.decode("utf-8")).encode("utf-8")
+            zout.writestr(info.filename, data)
+
+
+def test_xlsx_whose_dimension_understates_the_sheet_is_read_whole(tmp_path):
+    """openpyxl's read-only mode believes the sheet's ``<dimension>``; pandas (VLMEvalKit) does not:
+    a sheet declaring A1:F10 but holding 18 rows gives 18 records, not 9."""
+    plain = str(tmp_path / "plain.xlsx")
+    write_xlsx(plain, vlmevalkit_rows()[:18])
+    path = str(tmp_path / "under_MME.xlsx")
+    _rewrite_sheet(plain, path, lambda x: re.sub(r'<dimension ref="[^"]*"\s*/>', '<dimension ref="A1:F10"/>', x))
+    records = load_records(path)
+    assert len(records) == 18
+    assert [r["meta"]["vlmevalkit_index"] for r in records] == [str(i) for i in range(18)]
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ('<c r="XFD{n}" t="n"><v>1</v></c>', "holds a value in column XFD, right of the header's last column F"),
+    ('<c r="XFD{n}" s="0"/>', "reaches column XFD, over 1024 columns (not a VLMEvalKit prediction sheet)"),
+])
+def test_xlsx_with_a_far_cell_is_refused_at_its_row_cheaply(tmp_path, cell, expected):
+    """A cell in column XFD made openpyxl pad every row to 16,384 values, and every row was read
+    before any was checked: 8,000 such rows (47 KB) cost 20 s of CPU. Now the first is refused."""
+    plain = str(tmp_path / "plain.xlsx")
+    write_xlsx(plain, vlmevalkit_rows()[:18])
+    path = str(tmp_path / "wide_MME.xlsx")
+    far = "".join(f'<row r="{n}">' + cell.format(n=n) + "</row>" for n in range(20, 4020))
+    _rewrite_sheet(plain, path, lambda x: re.sub(r'<dimension ref="[^"]*"\s*/>', '<dimension ref="A1:XFD4019"/>',
+                                                   x.replace("</sheetData>", far + "</sheetData>")))
+    cpu = time.process_time()
+    with pytest.raises(ReformError) as e:
+        load_records(path)
+    msg = str(e.value)
+    assert msg == f"{path}: record row 20: {expected}"
+    assert time.process_time() - cpu < 5  # ~0.1 s now; over 10 s when every row was padded to XFD
 
 
 def test_xlsx_member_compressed_without_a_bound_is_refused(tmp_path):

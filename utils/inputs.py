@@ -6,7 +6,8 @@ tried. Here, whatever the benchmark, a file is read once and checked once for
 * its name: a path or directory entry that is not UTF-8, a dangling symbolic link, two entries
   of one folder whose names differ only in case;
 * its kind and size: a regular file (a FIFO would block), at most ``REFORM_MAX_INPUT_BYTES``,
-  and for a zip archive (an ``.xlsx``) what its members inflate to as well (``check_zip``);
+  and for a zip archive (an ``.xlsx``) what its members inflate to as well, in total and as a
+  ratio (``check_zip``, ``REFORM_MAX_ZIP_RATIO``);
 * its text: UTF-8 with or without a BOM, else the byte offset and line of the first bad byte;
 * its structure: JSON nested at most ``MAX_DEPTH`` levels (so no later ``deepcopy`` or
   recursive walk can overflow the stack), integers that fit 64 bits, finite numbers, strings
@@ -31,6 +32,12 @@ from reform_eval.utils.errors import input_error
 
 #: default size limit of one input file (bytes); REFORM_MAX_INPUT_BYTES changes it
 DEFAULT_MAX_INPUT_BYTES = 4 * 1024 ** 3
+#: most a zip member (an .xlsx sheet) may inflate, times its compressed size, once it inflates
+#: past ZIP_RATIO_FLOOR; REFORM_MAX_ZIP_RATIO changes it. Spreadsheet XML deflates ~5-30x; a
+#: 1 MB file inflating to 1 GB (1000x) is a bomb, however far under the size limit
+DEFAULT_MAX_ZIP_RATIO = 100
+#: a member inflating to at most this many bytes is never refused for its ratio
+ZIP_RATIO_FLOOR = 64 * 1024 ** 2
 #: deepest nesting of JSON/YAML values accepted (records need < 10)
 MAX_DEPTH = 64
 #: largest integer magnitude accepted (a 64-bit signed integer)
@@ -87,6 +94,18 @@ def max_input_bytes() -> int:
         return int(raw) if raw else DEFAULT_MAX_INPUT_BYTES
     except ValueError:
         raise input_error(f"must be a whole number of bytes, got {raw!r}", field="REFORM_MAX_INPUT_BYTES") from None
+
+
+def max_zip_ratio() -> float:
+    """The inflation ratio limit in force: ``REFORM_MAX_ZIP_RATIO`` or the default."""
+    raw = os.environ.get("REFORM_MAX_ZIP_RATIO")
+    try:
+        value = float(raw) if raw else float(DEFAULT_MAX_ZIP_RATIO)
+    except ValueError:
+        value = math.nan
+    if not value >= 1:  # NaN too
+        raise input_error(f"must be a number of at least 1, got {raw!r}", field="REFORM_MAX_ZIP_RATIO")
+    return value
 
 
 # --------------------------------------------------------------------------- names
@@ -177,7 +196,9 @@ def read_bytes(path: str, what: str = "file") -> bytes:
 
 def check_zip(path: str, what: str = "zip file") -> None:
     """Refuse, in one line, a zip archive (an ``.xlsx`` is one) whose members would inflate past
-    ``max_input_bytes()`` together, or are compressed otherwise than stored or deflated.
+    ``max_input_bytes()`` together, a member inflating past ``ZIP_RATIO_FLOOR`` and more than
+    ``max_zip_ratio()`` times its compressed size (the size limit alone let a 1 MB file inflate
+    to 1 GB), or members compressed otherwise than stored or deflated.
 
     Why the declared sizes suffice: Python's ``zipfile`` yields at most a member's declared size
     (deflate is inflated in bounded steps, then cut there; a member that holds more fails its
@@ -194,6 +215,12 @@ def check_zip(path: str, what: str = "zip file") -> None:
     if total > limit:
         raise input_error(f"{what} inflates to {total} bytes, over the limit of {limit} (a zip bomb?); raise it with "
                           "REFORM_MAX_INPUT_BYTES=<bytes> if the file is trusted", file=path)
+    ratio = max_zip_ratio()
+    bomb = next((i for i in infos if i.file_size > ZIP_RATIO_FLOOR and i.file_size > ratio * i.compress_size), None)
+    if bomb is not None:
+        raise input_error(f"{what} member {bomb.filename!r} inflates from {bomb.compress_size} to {bomb.file_size} "
+                          f"bytes, over {ratio:g} times (a zip bomb?); raise it with REFORM_MAX_ZIP_RATIO=<n> if "
+                          "the file is trusted", file=path)
     odd = next((i for i in infos if i.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)), None)
     if odd is not None:
         raise input_error(f"{what} member {odd.filename!r} uses zip compression method {odd.compress_type}; only "
