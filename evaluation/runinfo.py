@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import Any, Dict, Optional, Tuple
 
 from reform_eval.utils.errors import ReformError
-from reform_eval.utils.run_log import CONSOLE_MARK, FILE_MARK, log_file_handler  # noqa: F401 (re-exported)
+from reform_eval.utils.run_log import CONSOLE_MARK, FILE_MARK, VERBOSE_MARK, log_file_handler  # noqa: F401 (re-exported)
 from reform_eval.utils.secrets import redact_text
 
 #: what describes how predictions were made (kept when a later command only re-scores them)
@@ -132,6 +132,7 @@ def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None
             for f in [f for f in h.filters if isinstance(f, _ConsoleFilter)]:
                 h.removeFilter(f)
             h.addFilter(_ConsoleFilter(verbose))
+            setattr(h, VERBOSE_MARK, verbose)
         if not any(isinstance(f, RedactFilter) for f in h.filters):
             h.addFilter(RedactFilter())
     for h in [h for h in root.handlers if getattr(h, FILE_MARK, False)]:

@@ -90,7 +90,7 @@ def test_placement_options_are_validated():
         get_model("llava", {"model_name": "tiny", "max_memory": "{cpu: 1GiB}"})
     with pytest.raises(ReformError, match="tp_plan=auto needs torchrun"):
         get_model("llava", {"model_name": "tiny", "tp_plan": "auto"})
-    with pytest.raises(ReformError, match="gpus_per_rank must be an integer >= 1"):
+    with pytest.raises(ReformError, match="gpus_per_rank: must be a whole number >= 1 and <= 4096, got 0"):
         get_model("llava", {"model_name": "tiny", "gpus_per_rank": 0})
 
 

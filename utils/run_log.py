@@ -20,6 +20,9 @@ from typing import Any, Iterator, Optional
 #: the marks ``setup_logging`` puts on its handlers
 CONSOLE_MARK = "_reform_console"
 FILE_MARK = "_reform_log"
+#: on the console handler: does it show INFO (``-v``)? (its level stays INFO for the notices a quiet
+#: console shows, such as "resumed: ...": a filter decides, evaluation.runinfo)
+VERBOSE_MARK = "_reform_verbose"
 
 
 def _handler(mark: str) -> Any:
@@ -38,7 +41,7 @@ def console_verbose() -> bool:
     """Does the console show INFO (``-v``)? Without the run's console handler (a library caller
     that set up no logging) the answer is yes: nothing is hidden from a caller who did not ask."""
     console = _handler(CONSOLE_MARK)
-    return console is None or console.level <= logging.INFO
+    return console is None or bool(getattr(console, VERBOSE_MARK, console.level <= logging.INFO))
 
 
 def library_log_to_run(name: str, level: int = logging.INFO) -> None:
