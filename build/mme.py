@@ -419,7 +419,10 @@ class MMEBuilder(Builder):
                 for k, (_line, question, gt) in enumerate(e["rows"]):
                     meta = {"subtask": sub, "category": category_of(sub), "image": e["name"],
                             "image_key": [sub, e["name"]], "question_index": k,
-                            "official_question": question, "gt": gt, "source_file": e["file"]}
+                            "official_question": question, "gt": gt,
+                            # where the row came from, without the folder the data lies in (a
+                            # sample is its content: the same set elsewhere is the same run)
+                            "source_file": "/".join(str(e["file"]).replace(os.sep, "/").split("/")[-2:])}
                     item: Dict[str, Any] = {"sample_id": f"{sub}/{e['name']}/{k}", "images": [e["image"]],
                                             "meta": meta}
                     if formulation == "SingleChoice":

@@ -143,6 +143,17 @@ def caller_paths_absolute(cls: Any, options: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def options_by_content(cls: Any, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The options as a run's identity sees them: a path option's value is where the data lies,
+    not what it is (its samples and images are in the data fingerprint), so the same data in
+    another folder is the same run."""
+    out = dict(options)
+    for key in options:
+        if cls.option_specs.get(key, (None, ""))[0] in (is_path, is_paths):
+            out[key] = "<path: by content>"
+    return out
+
+
 def one_of(*values: Any) -> Tuple[Any, str]:
     return (lambda v: v in values), "one of " + ", ".join(map(str, values))
 

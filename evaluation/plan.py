@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from reform_eval.build import build_dataset
-from reform_eval.build.registry import Builder
+from reform_eval.build.registry import Builder, get_builder_class, options_by_content
 from reform_eval.build.registry import read_dataset_config as read_config_file
 from reform_eval.models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
 from reform_eval.models.tiny import sha256_file
@@ -116,7 +116,8 @@ def identity(cfg: RunConfig, config_content: Dict[str, Any], data_fingerprint: s
         "model": m.family, "model_name": m.name, "model_type": m.type, "half_evaluation": m.half_evaluation,
         "model_option": cfg.model_options_for_identity(), "model_env": identity_env(m.family),
         "checkpoint": checkpoint_fingerprint(m),
-        "dataset_name": d.name, "formulation": d.formulation, "dataset_option": d.options,
+        "dataset_name": d.name, "formulation": d.formulation,
+        "dataset_option": options_by_content(get_builder_class(d.name), d.options),  # (paths: by content)
         "dataset_duplication": d.duplication, "in_context_sample": d.in_context_sample,
         "random_instruct": d.random_instruct, "shuffle_options": d.shuffle_options, "option_mark": d.option_mark,
         "history": d.history, "save_images": d.save_images,  # (--dataset_subsample: data_fingerprint)

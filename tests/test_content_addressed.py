@@ -86,6 +86,47 @@ def test_the_run_identity_ignores_where_the_data_lies(tmp_path):
     assert plan_of(str(moved / "custom.yaml")).fingerprint != a.fingerprint
 
 
+def test_a_path_given_as_a_dataset_option_is_where_the_data_lies_not_what_it_is(tmp_path):
+    """``--dataset_option data_file=...`` (or MME's ``root=...``) names a folder; the same data in
+    another folder is the same run (the docs' blocks run in a new scratch folder each time and
+    showed another run id each time)."""
+    from reform_eval.evaluation.config import RunConfig, build_parser
+    from reform_eval.evaluation.plan import make_plan, read_dataset_config
+
+    def plan_of(data_file: str):
+        config = RunConfig.from_namespace(build_parser().parse_args(
+            ["--model", "random", "--dataset_name", "custom", "--formulation", "Generation", "--dataset_config", cfg,
+             "--dataset_option", f"data_file={data_file}", "--output_dir", str(tmp_path / "o")])).validated()
+        path, content = read_dataset_config(config)
+        return make_plan(config, path, content)
+    cfg = dataset(tmp_path, 5)
+    a = plan_of(str(tmp_path / "data" / "items.jsonl"))
+    moved = tmp_path / "copy"
+    shutil.copytree(tmp_path / "data", moved)
+    b = plan_of(str(moved / "items.jsonl"))
+    assert a.fingerprint == b.fingerprint and a.run_id == b.run_id
+    (moved / "items.jsonl").write_text((moved / "items.jsonl").read_text().replace("colour", "color", 1))
+    assert plan_of(str(moved / "items.jsonl")).run_id != a.run_id
+
+
+def test_an_mme_release_in_another_folder_is_the_same_run(tmp_path):
+    """MME samples named their question file by its absolute path (meta.source_file), so the same
+    release in another folder was another run (and every docs block another run id)."""
+    from reform_eval.build.mme_synthetic import write_yesno_release
+    from reform_eval.evaluation.config import RunConfig, build_parser
+    from reform_eval.evaluation.plan import make_plan, read_dataset_config
+
+    def plan_of(root: str):
+        config = RunConfig.from_namespace(build_parser().parse_args(
+            ["--model", "random", "--dataset_name", "MME", "--dataset_config", "mme_synthetic",
+             "--dataset_option", f"root={root}", "--output_dir", str(tmp_path / "o")])).validated()
+        path, content = read_dataset_config(config)
+        return make_plan(config, path, content)
+    write_yesno_release(str(tmp_path / "a"), n_images=2)
+    write_yesno_release(str(tmp_path / "b"), n_images=2)
+    assert plan_of(str(tmp_path / "a")).run_id == plan_of(str(tmp_path / "b")).run_id
+
+
 def test_each_file_is_read_once_per_stat_key(tmp_path):
     f = tmp_path / "x.bin"
     f.write_bytes(b"abc" * 1000)
