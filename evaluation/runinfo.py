@@ -2,6 +2,7 @@
 predictions) and where its log goes (console quiet by default, everything in log.txt)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -133,6 +134,11 @@ def setup_logging(output_dir: str, is_main: bool, verbose: bool = False) -> None
                 h.removeFilter(f)
             h.addFilter(_ConsoleFilter(verbose))
             setattr(h, VERBOSE_MARK, verbose)
+            if isinstance(h, logging.StreamHandler) and h.stream is not sys.stderr:
+                # a handler made by an earlier run: the console it wrote to may be gone (closed:
+                # no flush of it, as setStream would)
+                with h.lock or contextlib.nullcontext():
+                    h.stream = sys.stderr
         if not any(isinstance(f, RedactFilter) for f in h.filters):
             h.addFilter(RedactFilter())
     for h in [h for h in root.handlers if getattr(h, FILE_MARK, False)]:

@@ -30,7 +30,10 @@ def _with_sha(records, tag):
 
 def test_same_ids_other_content_are_not_paired():
     a = run("a", _with_sha(iwisdm_records(30, 0.8, seed=1), "seed1"))
-    b = run("b", _with_sha(iwisdm_records(30, 0.3, seed=2), "seed2"))
+    # another build: other content under the same ids (here its question text says so; a record
+    # whose every field is the same is the same question asked another way, and pairs)
+    b = run("b", _with_sha([dict(r, question=r["question"] + " (rebuilt)") for r in iwisdm_records(30, 0.3, seed=2)],
+                           "seed2"))
     (t,) = paired_tests([a, b], "accuracy")
     assert (t["n_pairs"], t["n_refused"], t["test"], t["p_value"]) == (0, 30, None, None)
     # ten trials rebuilt with the same content pair again
@@ -119,3 +122,20 @@ def test_release_rows_pair_only_with_turns_asked_as_the_release_asked_them():
     assert (ref["item_sha"], ref["sample_sha"]) == ("i", "s")
     (ref,) = reference_records_from([at_end])
     assert "item_sha" not in ref and "sample_sha" not in ref
+
+
+def test_in_memory_frames_pair_by_content_never_by_their_names():
+    """An iWISDM frame's id is ``<sample id>#<n>`` whatever it shows: two trials under one id,
+    with the same question text and other frames, are not the same question asked another way
+    (the trace's image_sha, the frames' content, decides)."""
+    from reform_eval.evaluation.reporting.compare import question_key
+    rec = {"benchmark": "iWISDM", "question": "Is the object a car?", "answer_options": ["true", "false"],
+           "answer": 0, "meta": {"complexity": "low"}, "image_ids": ["t0#0", "t0#1"],
+           "trace": {"image_sha": "aaaa"}}
+    other_frames = dict(rec, trace={"image_sha": "bbbb"})
+    other_marks = dict(rec, option_marks="ab")
+    assert question_key(rec) != question_key(other_frames)
+    assert question_key(rec) == question_key(other_marks)
+    files = dict(rec, image_ids=["/data/a/img.png"], trace={"image_sha": "aaaa"})
+    elsewhere = dict(files, image_ids=["/other/img.png"], trace={"image_sha": "cccc"})
+    assert question_key(files) == question_key(elsewhere)  # (a file: the same name at another resolution)

@@ -29,6 +29,7 @@ import zipfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from reform_eval.utils.errors import input_error
+from reform_eval.utils.secrets import Secret
 
 #: default size limit of one input file (bytes); REFORM_MAX_INPUT_BYTES changes it
 DEFAULT_MAX_INPUT_BYTES = 4 * 1024 ** 3
@@ -82,7 +83,7 @@ def plain_data_problem(value: Any, json_only: bool = False) -> Optional[str]:
         elif json_only:
             if isinstance(v, float) and not math.isfinite(v):
                 return f"a number that is not finite ({v!r}: not JSON)"
-            if not (v is None or isinstance(v, (str, bool, int, float))):
+            if not (v is None or isinstance(v, (str, bool, int, float, Secret))):  # (a Secret: text sent)
                 return f"a {type(v).__name__} (not JSON)"
     return None
 

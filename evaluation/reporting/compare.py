@@ -140,7 +140,7 @@ def _image_name(image_id: Any) -> str:
 def question_key(rec: Dict[str, Any]) -> str:
     """What a question is, without how it was asked: the benchmark, the question text, the right
     answer (as text), the option texts as a set, ``meta`` and the image file names (not their
-    folder or pixels). Two records of one key with other content (``item_sha``) pair when this
+    folder or pixels; an in-memory picture by its content). Two records of one key with other content (``item_sha``) pair when this
     agrees: the same question with other option marks, or the same images at another
     resolution; another question under the same id never does."""
     answer = rec.get("answer_text")
@@ -149,13 +149,21 @@ def question_key(rec: Dict[str, Any]) -> str:
         answer = opts[ans] if isinstance(opts, list) and isinstance(ans, int) and 0 <= ans < len(opts) else ans
     meta = {k: v for k, v in (rec.get("meta") or {}).items() if k != "image_ablation"} \
         if isinstance(rec.get("meta"), dict) else rec.get("meta")
+    ids = [str(i) for i in rec.get("image_ids") or []]
+    images: Any = [_image_name(i) for i in ids]
+    if any("/" not in i and os.sep not in i for i in ids):
+        # an in-memory picture (an iWISDM frame, ``<sample id>#<n>``) has no name that says what
+        # it shows: its content does (the trace's image_sha), else the sample's own hash, so that
+        # two trials under one id with other frames never pair
+        trace: Dict[str, Any] = rec["trace"] if isinstance(rec.get("trace"), dict) else {}
+        images = {"names": images, "content": trace.get("image_sha") or rec.get("sample_sha") or rec.get("item_sha")}
     body = {"benchmark": rec.get("benchmark"), "question": rec.get("question"), "answer": answer,
-            "options": sorted(map(str, rec.get("answer_options") or [])), "meta": meta,
-            "images": [_image_name(i) for i in rec.get("image_ids") or []]}
+            "options": sorted(map(str, rec.get("answer_options") or [])), "meta": meta, "images": images}
     return json.dumps(body, sort_keys=True, default=str)
 
 
-def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key]], int]:
+def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any],
+              asked_another_way: bool = True) -> Tuple[List[Tuple[Key, Key]], int]:
     """(pairs of entry keys (a's, b's) made from the same item, the number refused): the one
     pairing of compare, paired tests and ``explain``.
 
@@ -163,9 +171,10 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
     Then, for the entries left, by (``item_key``, dup_index) where at least one of the two has no
     content hash (``item_sha``/``sample_sha``): a row of another harness's log (lmms-eval,
     VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
-    answered. Two of our runs never pair by item key alone: their hashes decide. Last, a key both
-    runs hold and neither rule paired pairs when its records hold the same question asked
-    another way (``question_key``: other option marks, the same images at another resolution;
+    answered. Two of our runs never pair by item key alone: their hashes decide. Last, with
+    ``asked_another_way`` (explain and its flips, never a paired test or the image-dependence
+    table, which compare equal content only), a key both runs hold and neither rule paired pairs
+    when its records hold the same question asked another way (``question_key``: other option marks, the same images at another resolution;
     records that do not state their question never pair so)."""
     ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
     kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
@@ -188,7 +197,7 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[
         done_b.add(other)
     rec_a = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_a.get("records") or []}
     rec_b = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_b.get("records") or []}
-    for k in sorted(set(ka) & set(kb)):
+    for k in sorted(set(ka) & set(kb)) if asked_another_way else []:
         if k not in done_a and k not in done_b and k in rec_a and k in rec_b and rec_a[k].get("question") \
                 and question_key(rec_a[k]) == question_key(rec_b[k]):  # (a record without its question: never)
             pairs.append((k, k))
@@ -219,7 +228,7 @@ def flips(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Dict[str, Any]:
     """What changed between two runs on the items both answered (``pair_runs``): ``flips``, the
     pairs whose verdict differs, and ``answer_changes``, those whose parsed answer differs
     (MME's yes/no/other, else the extracted answer), each as (a's key, b's key)."""
-    pairs, refused = pair_runs(run_a, run_b)
+    pairs, refused = pair_runs(run_a, run_b, asked_another_way=True)
     ea = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_a["result"]["per_sample"]}
     eb = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_b["result"]["per_sample"]}
 
