@@ -603,10 +603,29 @@ register_tiny_builder("llava", _build, version=VERSION, size="trained")
 SHIPPED_NAME = "llava-tiny-trained"
 
 
-def build_platform() -> Dict[str, str]:
+#: the CPU's instruction-set extensions that torch's and oneDNN's kernels dispatch on beyond
+#: ``cpu_capability`` (two AVX512 machines, one with AMX or AVX512-FP16, retrained the vision
+#: stage to other weights: the capability alone did not tell them apart)
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_isa() -> List[str]:
+    """The ``ISA_FLAGS`` this CPU reports (``/proc/cpuinfo``); [] where unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in ISA_FLAGS if flag in flags]
+
+
+def build_platform() -> Dict[str, Any]:
     """What bit-for-bit reproduction depends on: the torch version and the CPU kernels it picks
-    (one thread and deterministic algorithms remove every other source of variation)."""
-    return {"torch": torch.__version__.split("+")[0], "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    (one thread and deterministic algorithms remove every other source of variation): its
+    capability level and the instruction-set extensions the kernels may use."""
+    return {"torch": torch.__version__.split("+")[0], "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa": cpu_isa()}
 
 
 def ship(out_dir: str, stages: Sequence[StageRecord]) -> Dict[str, Any]:

@@ -118,7 +118,8 @@ def test_wrong_uses_of_the_name_are_one_clear_line():
 
 @pytest.mark.slow
 @pytest.mark.skipif(BUILT_WITH != build_platform(),
-                    reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH}; this is {build_platform()}")
+                    reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH} (a manifest without 'isa' "
+                           f"does not say which CPU extensions made it); this is {build_platform()}")
 @pytest.mark.background(sys.executable, "-m", "reform_eval.evaluation.train_known_skill", "--check")
 def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(request):
     """The suite's reproducibility check (about 2 CPU minutes, in the background after collection):
@@ -136,7 +137,8 @@ def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(reque
 @pytest.mark.skipif(not os.environ.get("REFORM_FULL_RETRAIN"),
                     reason="the full retraining (about 7 CPU minutes) runs with REFORM_FULL_RETRAIN=1")
 @pytest.mark.skipif(BUILT_WITH != build_platform(),
-                    reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH}; this is {build_platform()}")
+                    reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH} (a manifest without 'isa' "
+                           f"does not say which CPU extensions made it); this is {build_platform()}")
 @pytest.mark.background(sys.executable, "-m", "reform_eval.evaluation.train_known_skill", "--out", "{tmp}/rebuilt")
 def test_training_rebuilds_the_shipped_checkpoint_file_for_file(request):
     """The shipped weights are what ``python -m reform_eval.evaluation.train_known_skill`` produces (deterministic)."""
