@@ -90,7 +90,11 @@ def parse_vlmevalkit(response: str) -> str:
     text = str(response).lower()
     delete = _DIGIT_COMMA.search(text) is not None
     table = {ord(m): "" if delete or f"{m} " in text or f" {m}" in text else " " for m in _VLMEVALKIT_MARKS}
-    words = _LONE_PERIOD.sub("", text.translate(table), count=_VLMEVALKIT_PERIODS).split()
+    return _yes_or_no(_LONE_PERIOD.sub("", text.translate(table), count=_VLMEVALKIT_PERIODS).split())
+
+
+def _yes_or_no(words: Any) -> str:
+    """yes without no -> yes, no without yes -> no, else other (both rules' last step)."""
     has_yes, has_no = "yes" in words, "no" in words
     if has_yes and not has_no:
         return "yes"
@@ -101,13 +105,7 @@ def parse_vlmevalkit(response: str) -> str:
 
 def parse_word(response: str) -> str:
     """Word-level: yes without no -> yes, no without yes -> no, else other."""
-    words = set(_WORD_RE.findall(str(response).lower()))
-    has_yes, has_no = "yes" in words, "no" in words
-    if has_yes and not has_no:
-        return "yes"
-    if has_no and not has_yes:
-        return "no"
-    return "other"
+    return _yes_or_no(set(_WORD_RE.findall(str(response).lower())))
 
 
 PARSERS: Dict[str, Callable[[str], str]] = {"official": parse_official, "stripped": parse_stripped,
