@@ -475,7 +475,7 @@ def test_11_strict_options_fail_before_anything(custom_cfg, tmp_path, extra, nee
 @pytest.mark.parametrize("model,option,needle", [
     ("llava", "dtype=float64", "a dtype name"), ("llava", "candidate_batch_size=0", ">= 1"),
     ("llava", "trust_remote_code=maybe", "true or false"), ("openai_api", "max_concurrency=many", ">= 1"),
-    ("openai_api", "timeout=-5", "> 0"), ("openai_api", "base_url=localhost:8000", "http"),
+    ("openai_api", "timeout=-5", ">= 0.001"), ("openai_api", "base_url=localhost:8000", "http"),
     ("llava", "max_new_tokens=-3", ">= 1"), ("llava", "inference_method=likelihood", "set by run_eval"),
     ("llava", "batch_size=0", "set by run_eval"),
 ])
