@@ -162,8 +162,7 @@ def question_key(rec: Dict[str, Any]) -> str:
     return json.dumps(body, sort_keys=True, default=str)
 
 
-def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any],
-              asked_another_way: bool = True) -> Tuple[List[Tuple[Key, Key]], int]:
+def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Tuple[List[Tuple[Key, Key]], int]:
     """(pairs of entry keys (a's, b's) made from the same item, the number refused): the one
     pairing of compare, paired tests and ``explain``.
 
@@ -171,10 +170,9 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any],
     Then, for the entries left, by (``item_key``, dup_index) where at least one of the two has no
     content hash (``item_sha``/``sample_sha``): a row of another harness's log (lmms-eval,
     VLMEvalKit) cannot share our hashes, and its item key says which question of which image it
-    answered. Two of our runs never pair by item key alone: their hashes decide. Last, with
-    ``asked_another_way`` (explain and its flips, never a paired test or the image-dependence
-    table, which compare equal content only), a key both runs hold and neither rule paired pairs
-    when its records hold the same question asked another way (``question_key``: other option marks, the same images at another resolution;
+    answered. Two of our runs never pair by item key alone: their hashes decide. Last, a key both
+    runs hold and neither rule paired pairs when its records hold the same question asked
+    another way (``question_key``: other option marks, the same images at another resolution;
     records that do not state their question never pair so)."""
     ka = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_a["result"]["per_sample"]]
     kb = [(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)) for p in run_b["result"]["per_sample"]]
@@ -197,7 +195,7 @@ def pair_runs(run_a: Dict[str, Any], run_b: Dict[str, Any],
         done_b.add(other)
     rec_a = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_a.get("records") or []}
     rec_b = {(str(r.get("sample_id")), int(r.get("dup_index", 0) or 0)): r for r in run_b.get("records") or []}
-    for k in sorted(set(ka) & set(kb)) if asked_another_way else []:
+    for k in sorted(set(ka) & set(kb)):
         if k not in done_a and k not in done_b and k in rec_a and k in rec_b and rec_a[k].get("question") \
                 and question_key(rec_a[k]) == question_key(rec_b[k]):  # (a record without its question: never)
             pairs.append((k, k))
@@ -228,7 +226,7 @@ def flips(run_a: Dict[str, Any], run_b: Dict[str, Any]) -> Dict[str, Any]:
     """What changed between two runs on the items both answered (``pair_runs``): ``flips``, the
     pairs whose verdict differs, and ``answer_changes``, those whose parsed answer differs
     (MME's yes/no/other, else the extracted answer), each as (a's key, b's key)."""
-    pairs, refused = pair_runs(run_a, run_b, asked_another_way=True)
+    pairs, refused = pair_runs(run_a, run_b)
     ea = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_a["result"]["per_sample"]}
     eb = {(str(p.get("sample_id")), int(p.get("dup_index", 0) or 0)): p for p in run_b["result"]["per_sample"]}
 

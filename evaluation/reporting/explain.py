@@ -79,7 +79,7 @@ def pair_records(a: Dict[str, Any], b: Dict[str, Any]) -> List[Tuple[Key, Key, s
     ``compare.question_key``)."""
     sa, sb = sample_shas(a), sample_shas(b)
     return [(ka, kb, "item key" if ka != kb else "item" if same_content(sa.get(ka), sb.get(kb)) else "question")
-            for ka, kb in pair_runs(a, b, asked_another_way=True)[0]]
+            for ka, kb in pair_runs(a, b)[0]]
 
 
 # -- one pair of samples --------------------------------------------------------------------------------
