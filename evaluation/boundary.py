@@ -94,6 +94,25 @@ def _log_traceback(e: BaseException, tool: str) -> Any:
     return handler
 
 
+# How long a rank other than 0 waits for the launcher to stop it, after an input error that every
+# rank meets: rank 0's report normally ends the wait within a second (torchrun stops the peers of
+# a failed rank); the bound only matters when no launcher stops this rank.
+PEER_REPORT_WAIT_S = 120.0
+
+
+def _leave_the_report_to_rank_0() -> None:
+    """Wait (bounded) to be stopped by the launcher once rank 0 has reported and failed.
+
+    Why: a rank that exited first with the error status made torchrun stop rank 0 before it
+    printed the line, and the run ended without its one error line (once in CI). Waiting makes
+    rank 0 the first rank to fail, so its line is printed and torchrun's summary names it; the
+    launcher's SIGTERM ends this rank (no handler is installed under torchrun)."""
+    parent = os.getppid()
+    deadline = time.monotonic() + PEER_REPORT_WAIT_S
+    while time.monotonic() < deadline and os.getppid() == parent:
+        time.sleep(0.1)
+
+
 def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False) -> int:
     """The error once, as the last line on stderr (the log file gets it too); the exit status."""
     message = redact_text(" ".join(str(e).split()))
@@ -103,7 +122,8 @@ def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False)
     code = code or e.exit_code
     rank = os.environ.get("RANK")
     if getattr(e, "every_rank", False) and rank not in (None, "0"):
-        return code  # every rank met this input error: rank 0 reports it, once
+        _leave_the_report_to_rank_0()  # every rank met this input error: rank 0 reports it, once
+        return code
     prefix = f"error (rank {rank}): " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "error: "
     sys.stderr.flush()
     print(prefix + message, file=sys.stderr, flush=True)

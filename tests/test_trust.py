@@ -619,6 +619,48 @@ def test_13_input_error_under_torchrun_is_printed_once(custom_cfg, tmp_path):
     assert len(ours) == 1 and "data_fil" in ours[0], proc.stderr[-3000:]
 
 
+def test_13_a_peer_rank_waits_for_rank_0_to_report_an_input_error(monkeypatch, capsys):
+    """A rank other than 0 that meets an every-rank input error neither prints it nor exits before
+    rank 0 has failed: it waits to be stopped by the launcher (once in CI, rank 1 exited first and
+    torchrun stopped rank 0 before its line was printed). Decided by counting the waits, no clock."""
+    from reform_eval.evaluation import boundary
+    waits = []
+    monkeypatch.setattr(boundary, "PEER_REPORT_WAIT_S", 0.0)
+    monkeypatch.setattr(boundary, "_leave_the_report_to_rank_0",
+                        lambda: waits.append(os.environ["RANK"]))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = ReformError("unknown option data_fil")
+    err.every_rank = True
+    monkeypatch.setenv("RANK", "1")
+    assert boundary.report_error(err, "run_eval") == 2
+    assert waits == ["1"] and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert boundary.report_error(err, "run_eval") == 2
+    assert waits == ["1"] and capsys.readouterr().err.strip() == "error (rank 0): unknown option data_fil"
+
+
+def test_13_the_peer_wait_ends_when_its_launcher_is_gone(tmp_path):
+    """The wait is bounded by its launcher's life: once the parent is gone, the rank ends (no clock:
+    the parent leaves when the rank's first wait has begun)."""
+    waiting, done = tmp_path / "waiting", tmp_path / "code"
+    child = ("import sys, time; from reform_eval.evaluation import boundary as b\n"
+             "from reform_eval.utils.errors import ReformError as E\n"
+             "real = time.sleep\n"
+             "def sleep(s):\n    open(sys.argv[1], 'a').close(); real(s)\n"
+             "b.time.sleep = sleep; b.PEER_REPORT_WAIT_S = 1e9\n"
+             "e = E('x'); e.every_rank = True\n"
+             "open(sys.argv[2], 'w').write(str(b.report_error(e, 't')))\n")
+    launcher = (f'"$0" -c "$1" "$2" "$3" & while [ ! -e "$2" ]; do sleep 0.1; done')
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PYTHONPATH=ROOT)
+    subprocess.run(["sh", "-c", launcher, sys.executable, child, str(waiting), str(done)], env=env, timeout=120,
+                   cwd=ROOT)
+    for _ in range(1200):
+        if done.exists() and done.read_text():
+            break
+        time.sleep(0.1)
+    assert done.read_text() == "2"
+
+
 def test_11_iwisdm_trial_seed_as_dataset_option(tmp_path):
     base = ["--model", "random", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low", "--dataset_subsample",
             "4", "--formulation", "SingleChoice"]
