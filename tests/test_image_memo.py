@@ -262,3 +262,30 @@ def test_a_real_change_during_the_run_is_still_refused(tmp_path, monkeypatch):
     with pytest.raises(ReformError, match="changed during the run"):
         read_run_image(path, "s1")
     fh.forget_fingerprints()
+
+
+def test_a_regular_read_is_whole_when_the_file_grew_after_its_stat(tmp_path, monkeypatch):
+    """The request path reads a file in one ``read`` of its stat size plus one byte (a file
+    object cost six more system calls, each a hand-over of the interpreter lock); a file that
+    grew between the stat and the read is still read to its end, and a FIFO is refused."""
+    import reform_eval.utils.file_hashes as fh
+    path = tmp_path / "g.bin"
+    data = bytes(range(256)) * 8000  # 2 MB: more than one read of the rest
+    path.write_bytes(data)
+    assert fh.read_regular(str(path)) == data
+    real = os.fstat
+
+    class Shrunk:  # the stat as it was before the file grew to its present size
+        def __init__(self, st):
+            self._st = st
+            self.st_size = 10
+
+        def __getattr__(self, name):
+            return getattr(self._st, name)
+    monkeypatch.setattr(fh.os, "fstat", lambda fd: Shrunk(real(fd)))
+    assert fh.read_regular(str(path)) == data
+    monkeypatch.undo()
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        fh.read_regular(str(fifo))
