@@ -13,16 +13,16 @@ import importlib
 import logging
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from reform_eval.build.ablation import IMAGE_ABLATIONS, ablate_images
-from reform_eval.build.reformulation import Reformulator
-from reform_eval.build.registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
+from .ablation import IMAGE_ABLATIONS, ablate_images
+from .reformulation import Reformulator
+from .registry import (BUILDERS, Builder, caller_paths_absolute, get_builder_class, load_config,
                             register_builder, resolve_config)
-from reform_eval.utils.errors import ReformError, unknown_name
-from reform_eval.utils.images import SyntheticImage
-from reform_eval.utils.run_images import open_run_image
-from reform_eval.utils.predictions import image_ids
-from reform_eval.utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
-from reform_eval.utils.seeding import rng_for
+from ..utils.errors import ReformError, unknown_name
+from ..utils.images import SyntheticImage
+from ..utils.run_images import open_run_image
+from ..utils.predictions import image_ids
+from ..utils.schema import FORMULATIONS, IMAGE_TOKEN, Sample
+from ..utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
 

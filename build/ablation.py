@@ -28,11 +28,11 @@ import logging
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.utils.errors import ReformError, unknown_name
-from reform_eval.utils.fingerprint import image_token, sample_digests
-from reform_eval.utils.images import SyntheticImage, image_size
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.utils.seeding import derive_seed, rng_for
+from ..utils.errors import ReformError, unknown_name
+from ..utils.fingerprint import image_token, sample_digests
+from ..utils.images import SyntheticImage, image_size
+from ..utils.schema import IMAGE_TOKEN
+from ..utils.seeding import derive_seed, rng_for
 
 logger = logging.getLogger(__name__)
 

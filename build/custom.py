@@ -16,11 +16,11 @@ import json
 import os
 from typing import Any, Dict, List, Tuple
 
-from reform_eval.build.registry import FLAG, PATH, Builder, register_builder
-from reform_eval.utils.answer_text import option_collision
-from reform_eval.utils.errors import ReformError, input_error, missing_path
-from reform_eval.utils.inputs import check_name, iter_jsonl
-from reform_eval.utils.images import open_image
+from .registry import FLAG, PATH, Builder, register_builder
+from ..utils.answer_text import option_collision
+from ..utils.errors import ReformError, input_error, missing_path
+from ..utils.inputs import check_name, iter_jsonl
+from ..utils.images import open_image
 
 
 @register_builder("custom")

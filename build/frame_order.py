@@ -20,7 +20,7 @@ import os
 import random
 from typing import Optional
 
-from reform_eval.build.iwisdm.stimuli import LOCATIONS, StimulusSet, procedural_set
+from .iwisdm.stimuli import LOCATIONS, StimulusSet, procedural_set
 
 QUESTION = "First frame: <image>\nSecond frame: <image>\nWhat is the category of the object in the second frame?"
 

@@ -26,12 +26,12 @@ import re
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from reform_eval import configs
-from reform_eval.build.registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
-from reform_eval.utils.errors import ReformError, input_error, missing_path
-from reform_eval.utils.images import check_image
-from reform_eval.utils.inputs import list_dir, read_bytes, read_text
-from reform_eval.utils.paths import cache_root
+from .. import configs
+from .registry import FLAG, PATH, Builder, is_paths, one_of, register_builder
+from ..utils.errors import ReformError, input_error, missing_path
+from ..utils.images import check_image
+from ..utils.inputs import list_dir, read_bytes, read_text
+from ..utils.paths import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import List, Optional
 
-from reform_eval.build.mme import write_placeholder_parquet, write_placeholder_release
-from reform_eval.utils.errors import ReformError
+from .mme import write_placeholder_parquet, write_placeholder_release
+from ..utils.errors import ReformError
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from PIL import Image, ImageDraw
 
-from reform_eval.utils.errors import ReformError
+from ..utils.errors import ReformError
 
 #: colour words and their RGB values (saturated, far apart)
 COLOURS: Tuple[Tuple[str, Tuple[int, int, int]], ...] = (

@@ -23,14 +23,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
+from .registry import COUNT, FLAG, PATH, Builder, one_of, register_builder
+from ..utils.schema import IMAGE_TOKEN
+from .mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_TEXTS, split_instruction_list,
                                         split_instruction_prefix)
-from reform_eval.utils.errors import ReformError, input_error, missing_path
-from reform_eval.utils.images import check_image
-from reform_eval.utils.inputs import read_csv, read_json
-from reform_eval.utils.seeding import rng_for
+from ..utils.errors import ReformError, input_error, missing_path
+from ..utils.images import check_image
+from ..utils.inputs import read_csv, read_json
+from ..utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
 

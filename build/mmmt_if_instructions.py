@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError
+from ..utils.errors import ReformError
 
 #: category -> instruction ids in that category (6 categories, 13 instructions)
 CATEGORIES: Dict[str, Tuple[str, ...]] = {

@@ -11,9 +11,9 @@ import copy
 import string
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval.utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
-from reform_eval.utils.errors import ReformError, unknown_name
-from reform_eval.utils.seeding import rng_for
+from ..utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
+from ..utils.errors import ReformError, unknown_name
+from ..utils.seeding import rng_for
 
 #: Generic instruction pools, keyed by (formulation, inference_method). Builders may supply
 #: their own pool; ``random_instruct`` picks one phrasing per duplicate, else the first.

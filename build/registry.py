@@ -10,10 +10,10 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 
 import yaml
 
-from reform_eval.utils.schema import FORMULATIONS
-from reform_eval.utils.errors import ReformError, did_you_mean, input_error, missing_path, unknown_name
-from reform_eval.utils.inputs import MAX_DEPTH, check_name, check_value, read_text
-from reform_eval import configs
+from ..utils.schema import FORMULATIONS
+from ..utils.errors import ReformError, did_you_mean, input_error, missing_path, unknown_name
+from ..utils.inputs import MAX_DEPTH, check_name, check_value, read_text
+from .. import configs
 
 BUILDERS: Dict[str, Type["Builder"]] = {}
 

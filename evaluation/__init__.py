@@ -9,10 +9,10 @@ Layers, lowest first (an import never goes up): ``utils`` -> ``build`` / ``model
 if not __name__.startswith("reform_eval."):  # this folder reached under its short name: one copy only
     from reform_eval import refuse_short_name
     refuse_short_name(__name__)
-from reform_eval.evaluation.config import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,
+from .config import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig,
                                ScoringConfig)
-from reform_eval.evaluation.engine import RunResult, ScoreResult, evaluate, score
-from reform_eval.models.tiny import SHIPPED_VERSIONS, register_tiny_builder
+from .engine import RunResult, ScoreResult, evaluate, score
+from ..models.tiny import SHIPPED_VERSIONS, register_tiny_builder
 
 # the known-skill checkpoint's trainer, registered by name: torch and transformers load only when
 # a shipped copy is unusable and it must be trained (evaluation.training registers the same)

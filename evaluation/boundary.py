@@ -20,10 +20,10 @@ import time
 import traceback
 from typing import Any, Callable
 
-from reform_eval.evaluation.runinfo import log_file_handler
-from reform_eval.utils import world
-from reform_eval.utils.errors import ReformError, current_stage
-from reform_eval.utils.secrets import redact_text
+from .runinfo import log_file_handler
+from ..utils import world
+from ..utils.errors import ReformError, current_stage
+from ..utils.secrets import redact_text
 
 logger = logging.getLogger("reform_eval.evaluation.boundary")
 

@@ -28,7 +28,7 @@ import socket
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.utils.paths import cache_root
+from ..utils.paths import cache_root
 
 logger = logging.getLogger("reform_eval.evaluation.cache")
 

@@ -13,17 +13,17 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.evaluation.cache import ResponseCache, call_key
-from reform_eval.evaluation.context import fit_sample
-from reform_eval.evaluation.plan import Key, RunPlan
-from reform_eval.metrics.single_choice import argmax, reduce_scores
-from reform_eval.models.interfaces.base_interface import CandidateScore
-from reform_eval.models.outputs import GenText, checked_outputs, generation_stats, model_label
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.fingerprint import pixel_digest
-from reform_eval.utils.predictions import make_record, temp_prefix
-from reform_eval.utils.run_images import verify_run_images
-from reform_eval.utils.seeding import derive_seed
+from .cache import ResponseCache, call_key
+from .context import fit_sample
+from .plan import Key, RunPlan
+from ..metrics.single_choice import argmax, reduce_scores
+from ..models.interfaces.base_interface import CandidateScore
+from ..models.outputs import GenText, checked_outputs, generation_stats, model_label
+from ..utils.errors import ReformError
+from ..utils.fingerprint import pixel_digest
+from ..utils.predictions import make_record, temp_prefix
+from ..utils.run_images import verify_run_images
+from ..utils.seeding import derive_seed
 
 #: the trace fields a record keeps (``prompt_text`` goes to the run's provenance, once)
 TRACE_FIELDS = ("prompt_sha", "prompt_tokens", "bos", "pixel_sha", "image_sizes")

@@ -21,24 +21,24 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval import build  # noqa: F401  (registers the builders)
+from .. import build  # noqa: F401  (registers the builders)
 import yaml
-from reform_eval.build import IMAGE_ABLATIONS, LOAD_DEFAULTS
-from reform_eval.build.registry import (BUILDERS, caller_paths_absolute, get_builder_class, read_dataset_config,
+from ..build import IMAGE_ABLATIONS, LOAD_DEFAULTS
+from ..build.registry import (BUILDERS, caller_paths_absolute, get_builder_class, read_dataset_config,
                                         shipped_configs)
-from reform_eval.metrics import check_metric_options, metric_for
-from reform_eval.models import (available_models, check_checkpoint_name, check_installed, check_model_options,
+from ..metrics import check_metric_options, metric_for
+from ..models import (available_models, check_checkpoint_name, check_installed, check_model_options,
                                 check_run_flags)
-from reform_eval.utils.errors import ReformError, unknown_name
-from reform_eval.utils.options import metric_options as parse_metric_options
-from reform_eval.utils.options import parse_kv
-from reform_eval.utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
-from reform_eval.evaluation.cache import default_cache_dir
-from reform_eval.evaluation.trackers import BACKENDS as TRACKERS
-from reform_eval.evaluation.trackers import check_installed as check_tracker_installed
-from reform_eval.evaluation.trackers import check_store as check_tracker_store
-from reform_eval.utils.secrets import REDACTED, Secret, secret_options
-from reform_eval.utils.world import name_setting, probe_folder
+from ..utils.errors import ReformError, unknown_name
+from ..utils.options import metric_options as parse_metric_options
+from ..utils.options import parse_kv
+from ..utils.schema import FORMULATIONS, INFER_METHODS, OPTION_MARKS
+from .cache import default_cache_dir
+from .trackers import BACKENDS as TRACKERS
+from .trackers import check_installed as check_tracker_installed
+from .trackers import check_store as check_tracker_store
+from ..utils.secrets import REDACTED, Secret, secret_options
+from ..utils.world import name_setting, probe_folder
 
 #: model options that decide where and how fast a model runs, never what it outputs: left out of
 #: the run identity, so moving a run to other devices (or a faster endpoint) resumes it

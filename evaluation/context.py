@@ -24,10 +24,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.mmmt_if_instructions import split_instruction_prefix
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.predictions import make_record
+from ..build.mmmt_if_instructions import split_instruction_prefix
+from ..utils.schema import IMAGE_TOKEN
+from ..utils.errors import ReformError
+from ..utils.predictions import make_record
 
 CONTEXT_POLICIES = ("error", "truncate_history", "skip")
 

@@ -18,26 +18,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval.evaluation.config import RunConfig, check_writable_dir
-from reform_eval.evaluation.execute import run_rank
-from reform_eval.evaluation.merge import (SHARD_FIX, check_existing, finish_merge, merge_shards, record_checker,
+from .config import RunConfig, check_writable_dir
+from .execute import run_rank
+from .merge import (SHARD_FIX, check_existing, finish_merge, merge_shards, record_checker,
                               remove_prediction_and_results)
-from reform_eval.evaluation.plan import Key, RunPlan, make_plan, read_dataset_config
-from reform_eval.evaluation.reporting.report import write_run_report
-from reform_eval.evaluation.reporting.scoring import (RUN_INDEX, check_export, evaluate_files, export_results, index_entry,
+from .plan import Key, RunPlan, make_plan, read_dataset_config
+from .reporting.report import write_run_report
+from .reporting.scoring import (RUN_INDEX, check_export, evaluate_files, export_results, index_entry,
                                           results_paths, run_eval_tag, run_name, score_records)
-from reform_eval.evaluation.runinfo import environment_info, keep_original_run_info, setup_logging
-from reform_eval.utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
-from reform_eval.utils.errors import ReformError, stage
-from reform_eval.utils.file_hashes import forget_fingerprints
-from reform_eval.evaluation.trackers import log_run
-from reform_eval.utils.commit import Commit, clean_stale_temps, discard
-from reform_eval.utils.usage import usage_totals
-from reform_eval.utils.invocation import command_for
-from reform_eval.utils.predictions import ensure_writable_dir, remove_stale_temps
-from reform_eval.utils.report import scalar_table
-from reform_eval.utils.secrets import redact
-from reform_eval.utils.runlock import RunLock
+from .runinfo import environment_info, keep_original_run_info, setup_logging
+from ..utils.distributed import DistInfo, all_gather_objects, barrier, init_distributed, shutdown
+from ..utils.errors import ReformError, stage
+from ..utils.file_hashes import forget_fingerprints
+from .trackers import log_run
+from ..utils.commit import Commit, clean_stale_temps, discard
+from ..utils.usage import usage_totals
+from ..utils.invocation import command_for
+from ..utils.predictions import ensure_writable_dir, remove_stale_temps
+from ..utils.report import scalar_table
+from ..utils.secrets import redact
+from ..utils.runlock import RunLock
 
 logger = logging.getLogger("reform_eval.evaluation.engine")
 

@@ -15,19 +15,19 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from tqdm import tqdm
 
-from reform_eval.build import ReformDataset
-from reform_eval.evaluation.cache import ResponseCache
-from reform_eval.evaluation.calls import Runner, save_sample_images  # noqa: F401  (save_sample_images: re-exported)
-from reform_eval.evaluation.plan import Key, RunPlan, dependencies, directory_fingerprint, model_identity, plan_batches, rank_groups
-from reform_eval.evaluation.window import run_window
-from reform_eval.evaluation.runinfo import NOTICE
-from reform_eval.models import get_model, runs_on_device
-from reform_eval.utils.cpu_threads import configure_cpu_threads
-from reform_eval.utils.distributed import DistInfo, barrier, default_device, sample_sharding
-from reform_eval.utils.errors import Interrupted, ReformError
-from reform_eval.utils.lifetime import die_with_parent
-from reform_eval.utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
-from reform_eval.utils.world import interrupt_of, interrupts_held
+from ..build import ReformDataset
+from .cache import ResponseCache
+from .calls import Runner, save_sample_images  # noqa: F401  (save_sample_images: re-exported)
+from .plan import Key, RunPlan, dependencies, directory_fingerprint, model_identity, plan_batches, rank_groups
+from .window import run_window
+from .runinfo import NOTICE
+from ..models import get_model, runs_on_device
+from ..utils.cpu_threads import configure_cpu_threads
+from ..utils.distributed import DistInfo, barrier, default_device, sample_sharding
+from ..utils.errors import Interrupted, ReformError
+from ..utils.lifetime import die_with_parent
+from ..utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
+from ..utils.world import interrupt_of, interrupts_held
 
 logger = logging.getLogger("reform_eval.evaluation.execute")
 

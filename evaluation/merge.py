@@ -12,11 +12,11 @@ import glob
 import os
 from typing import Any, Callable, Dict, List, Tuple
 
-from reform_eval.evaluation.plan import Key, RunPlan
-from reform_eval.evaluation.reporting.scoring import results_paths
-from reform_eval.utils.commit import discard
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.predictions import read_predictions, read_shard_dir, record_key, write_json_atomic
+from .plan import Key, RunPlan
+from .reporting.scoring import results_paths
+from ..utils.commit import discard
+from ..utils.errors import ReformError
+from ..utils.predictions import read_predictions, read_shard_dir, record_key, write_json_atomic
 
 SHARD_FIX = "delete that shard file (or pass --overwrite) and re-run"
 FILE_FIX = "pass --overwrite to discard it and run again, or use another --output_dir to keep it"

@@ -11,16 +11,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build import build_dataset
-from reform_eval.build.registry import Builder, get_builder_class, options_by_content
-from reform_eval.build.registry import read_dataset_config as read_config_file
-from reform_eval.models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
-from reform_eval.models.tiny import sha256_file
-from reform_eval.evaluation.config import ModelConfig, RunConfig
-from reform_eval.utils.commit import NAME_MAX
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.fingerprint import samples_fingerprint
-from reform_eval.utils.secrets import drop_secrets, json_default
+from ..build import build_dataset
+from ..build.registry import Builder, get_builder_class, options_by_content
+from ..build.registry import read_dataset_config as read_config_file
+from ..models import builtin_checkpoint_dir, checkpoint_source, identity_env, needs_image
+from ..models.tiny import sha256_file
+from .config import ModelConfig, RunConfig
+from ..utils.commit import NAME_MAX
+from ..utils.errors import ReformError
+from ..utils.fingerprint import samples_fingerprint
+from ..utils.secrets import drop_secrets, json_default
 
 Key = Tuple[str, int]
 

@@ -14,9 +14,9 @@ import warnings
 from importlib import metadata
 from typing import Any, Dict, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.run_log import CONSOLE_MARK, FILE_MARK, VERBOSE_MARK, log_file_handler  # noqa: F401 (re-exported)
-from reform_eval.utils.secrets import redact_text
+from ..utils.errors import ReformError
+from ..utils.run_log import CONSOLE_MARK, FILE_MARK, VERBOSE_MARK, log_file_handler  # noqa: F401 (re-exported)
+from ..utils.secrets import redact_text
 
 #: what describes how predictions were made (kept when a later command only re-scores them)
 RUN_INFO_KEYS = ("config", "command", "timing", "world_size", "versions", "git_revision", "git_dirty", "build_log",

@@ -25,8 +25,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.iwisdm.stimuli import LOCATIONS
-from reform_eval.build.mme_synthetic import COLOURS, SHAPES
+from ..build.iwisdm.stimuli import LOCATIONS
+from ..build.mme_synthetic import COLOURS, SHAPES
 
 #: the procedural iWISDM categories, in a fixed order (probe and frame classes)
 CATEGORIES: Tuple[str, ...] = ("benches", "boats", "cars", "chairs", "couches", "lighting", "planes", "tables")

@@ -26,11 +26,11 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.evaluation.reporting.scoring import headline
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.invocation import command_for
-from reform_eval.utils.secrets import json_default, redact
-from reform_eval.utils.world import probe_folder
+from .reporting.scoring import headline
+from ..utils.errors import ReformError
+from ..utils.invocation import command_for
+from ..utils.secrets import json_default, redact
+from ..utils.world import probe_folder
 
 BACKENDS = ("mlflow", "wandb")
 #: one tracker table cell at most this long (a model's reply can be megabytes)

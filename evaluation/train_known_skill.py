@@ -23,9 +23,9 @@ import tempfile
 import time
 from typing import List, Optional
 
-from reform_eval.evaluation.training import SHIPPED_NAME, build_trained_llava, ship
-from reform_eval.models.tiny import SHIPPED_DIR, SHIPPED_MANIFEST, read_shipped_manifest, shipped_checkpoint
-from reform_eval.utils.errors import ReformError
+from .training import SHIPPED_NAME, build_trained_llava, ship
+from ..models.tiny import SHIPPED_DIR, SHIPPED_MANIFEST, read_shipped_manifest, shipped_checkpoint
+from ..utils.errors import ReformError
 
 
 def main(argv: Optional[List[str]] = None) -> int:

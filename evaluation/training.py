@@ -53,16 +53,16 @@ import torch
 import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration
 
-from reform_eval.build import load_reform_dataset
-from reform_eval.build.frame_order import write_frame_order_set
-from reform_eval.build.mme_synthetic import write_yesno_release
-from reform_eval.build.mme_synthetic import SHAPES
-from reform_eval.evaluation.skill_targets import (CATEGORIES, CLAUSE_PROBES, COLOUR_NAMES, LOCATION_NAMES, MATCH_PROBES, PROBES,
+from ..build import load_reform_dataset
+from ..build.frame_order import write_frame_order_set
+from ..build.mme_synthetic import write_yesno_release
+from ..build.mme_synthetic import SHAPES
+from .skill_targets import (CATEGORIES, CLAUSE_PROBES, COLOUR_NAMES, LOCATION_NAMES, MATCH_PROBES, PROBES,
                                       drawn_truth, frame_labels, probe_targets)
-from reform_eval.models import get_model
-from reform_eval.models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, SHIPPED_VERSIONS, TINY_CORPUS, llava_parts,
+from ..models import get_model
+from ..models.tiny import (LLAVA_SIZES, SHIPPED_DIR, SHIPPED_MANIFEST, SHIPPED_VERSIONS, TINY_CORPUS, llava_parts,
                          register_tiny_builder, sha256_file, train_tiny_tokenizer)
-from reform_eval.models.tiny_zoo import save_checkpoint, seeded_model
+from ..models.tiny_zoo import save_checkpoint, seeded_model
 
 logger = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
-from reform_eval.evaluation.calls import Runner
-from reform_eval.evaluation.plan import Key
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.world import interrupts_held
+from .calls import Runner
+from .plan import Key
+from ..utils.errors import ReformError
+from ..utils.world import interrupts_held
 
 
 #: how long the writer gathers finished records into one write (bounds what kill -9 can lose

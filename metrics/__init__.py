@@ -15,9 +15,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.metrics.reasoning import strip_reasoning_records
-from reform_eval.utils.errors import ReformError, unknown_name
-from reform_eval.utils.report import markdown_table
+from .reasoning import strip_reasoning_records
+from ..utils.errors import ReformError, unknown_name
+from ..utils.report import markdown_table
 
 METRICS: Dict[str, Callable[..., Dict[str, Any]]] = {}
 

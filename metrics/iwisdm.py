@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.build.iwisdm.presets import PRESETS
-from reform_eval.metrics import ReportSpec, register_metric, register_report
-from reform_eval.metrics.single_choice import accuracy_summary, score_generation_match, score_single_choice
-from reform_eval.utils.report import markdown_table
+from ..build.iwisdm.presets import PRESETS
+from . import ReportSpec, register_metric, register_report
+from .single_choice import accuracy_summary, score_generation_match, score_single_choice
+from ..utils.report import markdown_table
 
 #: meta keys copied into every per_sample entry (the breakdowns and the trial's structure)
 SAMPLE_FIELDS = ("complexity", "feature_group", "response_type", "n_and", "n_or", "n_is_same", "n_not_same",

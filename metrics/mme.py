@@ -29,15 +29,15 @@ import re
 from collections import OrderedDict, defaultdict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from reform_eval.build.mme import (COGNITION, LMMS_EVAL_SUFFIX, OFFICIAL_COUNTS, OFFICIAL_SUFFIX, PERCEPTION, SUBTASKS,
+from ..build.mme import (COGNITION, LMMS_EVAL_SUFFIX, OFFICIAL_COUNTS, OFFICIAL_SUFFIX, PERCEPTION, SUBTASKS,
                        canonical_subtask, category_of, normalize_gt)
-from reform_eval.metrics import ReportSpec, coverage_note, register_metric, register_option_choices, register_report
-from reform_eval.metrics.single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
+from . import ReportSpec, coverage_note, register_metric, register_option_choices, register_report
+from .single_choice import (check_record, check_stability, instability, likelihood_choice, record_fields,
                                    score_single_choice)
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import list_dir, read_text
-from reform_eval.utils.predictions import register_prediction_dir_reader, register_results_exporter
-from reform_eval.utils.report import markdown_table
+from ..utils.errors import ReformError, input_error
+from ..utils.inputs import list_dir, read_text
+from ..utils.predictions import register_prediction_dir_reader, register_results_exporter
+from ..utils.report import markdown_table
 
 logger = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.mme import canonical_subtask, normalize_gt
-from reform_eval.metrics.mme import check_unique_items, foreign_record
-from reform_eval.utils.errors import input_error
-from reform_eval.utils.inputs import first_line, iter_jsonl, read_json
-from reform_eval.utils.predictions import ForeignRecords, register_foreign_companion, register_foreign_reader
-from reform_eval.utils.templates import render_templates
+from ..build.mme import canonical_subtask, normalize_gt
+from .mme import check_unique_items, foreign_record
+from ..utils.errors import input_error
+from ..utils.inputs import first_line, iter_jsonl, read_json
+from ..utils.predictions import ForeignRecords, register_foreign_companion, register_foreign_reader
+from ..utils.templates import render_templates
 
 HARNESS = "lmms-eval"
 METRIC_KEYS = ("mme_perception_score", "mme_cognition_score")

@@ -27,11 +27,11 @@ import math
 import os
 from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple
 
-from reform_eval.build.mme import canonical_subtask, normalize_gt
-from reform_eval.metrics.mme import check_unique_items, foreign_record
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import check_zip, first_line, read_csv
-from reform_eval.utils.predictions import ForeignRecords, register_foreign_reader
+from ..build.mme import canonical_subtask, normalize_gt
+from .mme import check_unique_items, foreign_record
+from ..utils.errors import ReformError, input_error
+from ..utils.inputs import check_zip, first_line, read_csv
+from ..utils.predictions import ForeignRecords, register_foreign_reader
 
 HARNESS = "VLMEvalKit"
 COLUMNS = ("index", "category", "image_path", "question", "answer", "prediction")

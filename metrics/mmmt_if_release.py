@@ -15,12 +15,12 @@ from collections import OrderedDict, defaultdict
 from itertools import combinations
 from typing import Any, Dict, List, Sequence, Tuple
 
-from reform_eval.build.mmmt_if import load_release
-from reform_eval.metrics.pif_scores import _fmt, pif_metric
-from reform_eval.utils.bootstrap import cluster_interval
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.predictions import register_prediction_file_reader
-from reform_eval.utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
+from ..build.mmmt_if import load_release
+from .pif_scores import _fmt, pif_metric
+from ..utils.bootstrap import cluster_interval
+from ..utils.errors import ReformError
+from ..utils.predictions import register_prediction_file_reader
+from ..utils.predictions import ensure_writable_dir, write_json_atomic, write_text_atomic
 
 #: release CSV column suffix -> model name used in records and tables
 RELEASE_MODEL_NAMES: "OrderedDict[str, str]" = OrderedDict(

@@ -16,21 +16,21 @@ working, and importing it registers the metric and the release CSV reader.
 """
 from __future__ import annotations
 
-from reform_eval.build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_IDS, INSTRUCTION_TEXTS,
+from ..build.mmmt_if_instructions import (CATEGORIES, CATEGORY_OF, INSTRUCTION_IDS, INSTRUCTION_TEXTS,
                                         instruction_id, split_instruction_list, split_instruction_prefix)
-from reform_eval.metrics import mmmt_if_release  # noqa: F401  (registers the release CSV reader)
-from reform_eval.metrics.pif_checkers import (CHECKERS, ParsedResponse, check_end_char_exclamation,
+from . import mmmt_if_release  # noqa: F401  (registers the release CSV reader)
+from .pif_checkers import (CHECKERS, ParsedResponse, check_end_char_exclamation,
                                   check_end_char_question, check_favourite_word_itself,
                                   check_favourite_word_like, check_favourite_word_per_se, check_instruction,
                                   check_instructions, check_number_even, check_number_odd,
                                   check_response_length_long, check_response_length_short,
                                   check_sentence_length_long, check_sentence_length_short, check_start_char_B,
                                   check_start_char_S, explain_instruction, pif, verdicts)
-from reform_eval.metrics.pif_scores import (IQR_METHOD, bernoulli_ci, ecdf, iqr, pif_metric, pif_n_k, sample_fields,
+from .pif_scores import (IQR_METHOD, bernoulli_ci, ecdf, iqr, pif_metric, pif_n_k, sample_fields,
                                 summarize)
-from reform_eval.metrics.pif_sentences import (MAYBE_END, NEVER_END, SENTENCE_STARTERS, TITLES, first_alnum, last_mark,
+from .pif_sentences import (MAYBE_END, NEVER_END, SENTENCE_STARTERS, TITLES, first_alnum, last_mark,
                                    split_sentences)
-from reform_eval.metrics.pif_words import count_words, find_integers
+from .pif_words import count_words, find_integers
 
 __all__ = [
     "CATEGORIES", "CATEGORY_OF", "INSTRUCTION_IDS", "INSTRUCTION_TEXTS", "instruction_id",

@@ -11,9 +11,9 @@ import re
 import unicodedata
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from reform_eval.build.mmmt_if_instructions import INSTRUCTION_IDS, INSTRUCTION_TEXTS, instruction_id
-from reform_eval.metrics.pif_sentences import first_alnum, iter_sentences, last_mark
-from reform_eval.metrics.pif_words import ITSELF_RE, LIKE_RE, PER_SE_RE, count_words, find_integers, has_dash
+from ..build.mmmt_if_instructions import INSTRUCTION_IDS, INSTRUCTION_TEXTS, instruction_id
+from .pif_sentences import first_alnum, iter_sentences, last_mark
+from .pif_words import ITSELF_RE, LIKE_RE, PER_SE_RE, count_words, find_integers, has_dash
 
 
 class ParsedResponse:

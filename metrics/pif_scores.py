@@ -14,10 +14,10 @@ from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from reform_eval.build.mmmt_if_instructions import CATEGORY_OF, INSTRUCTION_IDS, instruction_id
-from reform_eval.metrics import ReportSpec, register_metric, register_report
-from reform_eval.metrics.pif_checkers import check_instructions, verdicts
-from reform_eval.utils.errors import ReformError, input_error
+from ..build.mmmt_if_instructions import CATEGORY_OF, INSTRUCTION_IDS, instruction_id
+from . import ReportSpec, register_metric, register_report
+from .pif_checkers import check_instructions, verdicts
+from ..utils.errors import ReformError, input_error
 
 logger = logging.getLogger(__name__)
 

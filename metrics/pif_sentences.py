@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, List, Tuple
 
-from reform_eval.metrics.pif_lines import (CLOSERS, END_CHARS, HAS_ALNUM_RE, MARKER_ONLY_RE, MARKER_START, START_MARKER_RE,
+from .pif_lines import (CLOSERS, END_CHARS, HAS_ALNUM_RE, MARKER_ONLY_RE, MARKER_START, START_MARKER_RE,
                                blocks, list_cuts, strip_marker)
 
 # ---------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval.metrics import register_metric
-from reform_eval.utils.answer_text import normalize_text
-from reform_eval.utils.errors import ReformError, input_error
+from . import register_metric
+from ..utils.answer_text import normalize_text
+from ..utils.errors import ReformError, input_error
 
 UNPARSED = None
 _MARK_RE = re.compile(r"(?<![A-Za-z0-9])\(?([A-Za-z]|[0-9]+)\)(?![A-Za-z0-9])")

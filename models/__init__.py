@@ -18,13 +18,13 @@ import math
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from reform_eval.models.hub_cache import HubSnapshot, hub_cache_dir, hub_snapshot, in_hub_cache, is_path_like
-from reform_eval.models.registry_sources import family_modules, tiny_builder_modules
-from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint
-from reform_eval.utils.errors import ReformError, did_you_mean, missing_path, unknown_name
-from reform_eval.utils.inputs import plain_data_problem
-from reform_eval.utils.invocation import command_for
-from reform_eval.utils.secrets import split_url_secrets
+from .hub_cache import HubSnapshot, hub_cache_dir, hub_snapshot, in_hub_cache, is_path_like
+from .registry_sources import family_modules, tiny_builder_modules
+from .tiny import TRAINED_NAME, builtin_checkpoint
+from ..utils.errors import ReformError, did_you_mean, missing_path, unknown_name
+from ..utils.inputs import plain_data_problem
+from ..utils.invocation import command_for
+from ..utils.secrets import split_url_secrets
 
 MODELS: Dict[str, Callable[[Dict[str, Any]], Tuple[Any, Callable]]] = {}
 
@@ -38,7 +38,7 @@ _loaded = False
 
 #: secrets never leave memory: ``redact(config)`` before a config reaches a file, a log or
 #: the run identity (imported here, apart from the imports above, as the package's public API)
-from reform_eval.utils.secrets import redact, redact_text, register_secret  # noqa: E402,F401
+from ..utils.secrets import redact, redact_text, register_secret  # noqa: E402,F401
 
 
 def register_model(name: str):

@@ -13,7 +13,7 @@ import os
 import struct
 from typing import Dict, List
 
-from reform_eval.utils.errors import ReformError
+from ..utils.errors import ReformError
 
 #: a safetensors header is small; anything larger is not a safetensors file
 _MAX_HEADER = 100 * 1024 * 1024

@@ -27,15 +27,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from reform_eval.models.hf_compat import allow_video_processors_without_torchvision
-from reform_eval.models.hf_generation import GEN_KEYS, HFGenerationMixin
-from reform_eval.models.hf_inputs import HFInputsMixin
-from reform_eval.models.hf_likelihood import HFLikelihoodMixin
-from reform_eval.models.hf_provenance import HFProvenanceMixin
-from reform_eval.models.hf_loading import (_DTYPES, DEVICE_MAP_STRATEGIES, HFLoadingMixin, _device_name, _is_path_like,
+from .hf_compat import allow_video_processors_without_torchvision
+from .hf_generation import GEN_KEYS, HFGenerationMixin
+from .hf_inputs import HFInputsMixin
+from .hf_likelihood import HFLikelihoodMixin
+from .hf_provenance import HFProvenanceMixin
+from .hf_loading import (_DTYPES, DEVICE_MAP_STRATEGIES, HFLoadingMixin, _device_name, _is_path_like,
                                _one_line, _parse_mapping, gpu_group)
-from reform_eval.models.interfaces.base_interface import BaseInterface
-from reform_eval.utils.errors import ReformError
+from .interfaces.base_interface import BaseInterface
+from ..utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

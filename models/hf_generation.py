@@ -12,10 +12,10 @@ from typing import Any, Dict, List, Sequence
 import torch
 from PIL import Image
 
-from reform_eval.models.hf_state import HFState
-from reform_eval.models.outputs import GenText, finish_text
-from reform_eval.models.sampling import SeededGumbelSampler
-from reform_eval.utils.errors import ReformError
+from .hf_state import HFState
+from .outputs import GenText, finish_text
+from .sampling import SeededGumbelSampler
+from ..utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

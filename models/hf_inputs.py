@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from reform_eval.models.hf_loading import _one_line
-from reform_eval.models.hf_state import HFState
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.run_images import open_run_image
-from reform_eval.utils.schema import IMAGE_TOKEN
+from .hf_loading import _one_line
+from .hf_state import HFState
+from ..utils.errors import ReformError
+from ..utils.run_images import open_run_image
+from ..utils.schema import IMAGE_TOKEN
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from PIL import Image
 
-from reform_eval.models.hf_state import HFState
-from reform_eval.models.interfaces.base_interface import CandidateScore
-from reform_eval.utils.errors import ReformError
+from .hf_state import HFState
+from .interfaces.base_interface import CandidateScore
+from ..utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

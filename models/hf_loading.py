@@ -16,13 +16,13 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from reform_eval.models.checkpoint_files import check_checkpoint_dir
-from reform_eval.models.hf_compat import allow_video_processors_without_torchvision
-from reform_eval.models.hf_state import HFState
-from reform_eval.models.hub_cache import HubSnapshot, hub_snapshot, is_path_like
-from reform_eval.models import check_checkpoint_name
-from reform_eval.models.tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
-from reform_eval.utils.errors import ReformError
+from .checkpoint_files import check_checkpoint_dir
+from .hf_compat import allow_video_processors_without_torchvision
+from .hf_state import HFState
+from .hub_cache import HubSnapshot, hub_snapshot, is_path_like
+from . import check_checkpoint_name
+from .tiny import TRAINED_NAME, builtin_checkpoint  # noqa: F401  (TRAINED_NAME: re-exported)
+from ..utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

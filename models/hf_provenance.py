@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from reform_eval.models.hf_state import HFState
+from .hf_state import HFState
 
 
 def text_sha(text: str) -> str:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
 
-    from reform_eval.models.hub_cache import HubSnapshot
-    from reform_eval.models.interfaces.base_interface import BaseInterface as _Interface
+    from .hub_cache import HubSnapshot
+    from .interfaces.base_interface import BaseInterface as _Interface
 else:
     _Interface = object
 

@@ -26,8 +26,8 @@ import os
 import urllib.parse
 from typing import List, NamedTuple, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.secrets import Secret, basic_credentials, misplaced_userinfo
+from ..utils.errors import ReformError
+from ..utils.secrets import Secret, basic_credentials, misplaced_userinfo
 
 #: the variables read, in the order of precedence for one name (lower case first)
 PROXY_NAMES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")

@@ -37,9 +37,9 @@ import time
 import urllib.parse
 from typing import Any, Callable, Dict, NamedTuple, Optional, Set
 
-from reform_eval.models.http_proxy import Proxy, proxy_for
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.secrets import excerpt
+from .http_proxy import Proxy, proxy_for
+from ..utils.errors import ReformError
+from ..utils.secrets import excerpt
 
 logger = logging.getLogger(__name__)
 

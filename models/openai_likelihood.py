@@ -43,9 +43,9 @@ import threading
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from reform_eval.models.interfaces.base_interface import CandidateScore
-from reform_eval.models.openai_messages import to_openai_messages
-from reform_eval.utils.errors import BudgetExhausted, ReformError
+from .interfaces.base_interface import CandidateScore
+from .openai_messages import to_openai_messages
+from ..utils.errors import BudgetExhausted, ReformError
 
 #: the vLLM extension fields every likelihood request carries
 LIKELIHOOD_FIELDS = {"prompt_logprobs": 0, "max_tokens": 1, "temperature": 0.0}

@@ -16,12 +16,12 @@ from typing import Any, Dict, List, Union
 
 from PIL import Image
 
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.file_hashes import unchanged_digest
-from reform_eval.utils.fingerprint import pixel_digest
-from reform_eval.utils.images import decode_image
-from reform_eval.utils.run_images import open_run_image, read_run_image
-from reform_eval.utils.schema import IMAGE_TOKEN
+from ..utils.errors import ReformError
+from ..utils.file_hashes import unchanged_digest
+from ..utils.fingerprint import pixel_digest
+from ..utils.images import decode_image
+from ..utils.run_images import open_run_image, read_run_image
+from ..utils.schema import IMAGE_TOKEN
 
 #: ``image_format`` names (case-insensitive) -> PIL format names
 IMAGE_FORMATS = {"PNG": "PNG", "JPEG": "JPEG", "JPG": "JPEG", "WEBP": "WEBP"}

@@ -11,8 +11,8 @@ import math
 import numbers
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.surrogates import replace_surrogates
+from ..utils.errors import ReformError
+from ..utils.surrogates import replace_surrogates
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-import reform_eval.models.interfaces as interfaces_package
-from reform_eval.utils.errors import ReformError
+from . import interfaces as interfaces_package
+from ..utils.errors import ReformError
 
 #: the registering calls and the keyword of their name argument
 _CALLS = {"register_model": "name", "register_tiny_builder": "family"}

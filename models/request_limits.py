@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any, Dict, Iterable, Optional, Sequence
 
-from reform_eval.models.http_transport import log_clamp_once
-from reform_eval.utils.errors import BudgetExhausted
+from .http_transport import log_clamp_once
+from ..utils.errors import BudgetExhausted
 
 #: the largest token count a server may report for one request (a larger one is refused)
 MAX_REPORTED_TOKENS = 10 ** 9

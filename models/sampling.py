@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from reform_eval.utils.seeding import derive_seed
+from ..utils.seeding import derive_seed
 
 
 def gumbel_noise(row_seed: int, step: int, width: int, device: Any = "cpu") -> torch.Tensor:

@@ -39,12 +39,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
-from reform_eval.models.checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
-from reform_eval.models.registry_sources import tiny_builder_modules
-from reform_eval.models.tiny_zoo import save_checkpoint, seeded_model
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.paths import cache_root  # noqa: F401  (re-exported)
-from reform_eval.utils.runlock import FileLock
+from .checkpoint_files import check_checkpoint_dir, check_safetensors, file_manifest, weight_files
+from .registry_sources import tiny_builder_modules
+from .tiny_zoo import save_checkpoint, seeded_model
+from ..utils.errors import ReformError
+from ..utils.paths import cache_root  # noqa: F401  (re-exported)
+from ..utils.runlock import FileLock
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict
 
-from reform_eval.models.hf_compat import allow_video_processors_without_torchvision
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.preprocessors import ChatTemplateProcessor
+from .hf_compat import allow_video_processors_without_torchvision
+from ..utils.errors import ReformError
+from ..utils.preprocessors import ChatTemplateProcessor
 
 logger = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from reform_eval.models.checkpoint_files import check_safetensors
-from reform_eval.models.hf_loading import builtin_checkpoint
-from reform_eval.models.tiny import cache_root, sha256_file
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.runlock import FileLock
+from .checkpoint_files import check_safetensors
+from .hf_loading import builtin_checkpoint
+from .tiny import cache_root, sha256_file
+from ..utils.errors import ReformError
+from ..utils.runlock import FileLock
 
 #: vision towers vLLM builds with a ``vision_model`` level (vllm/model_executor/models/clip.py, siglip.py)
 WRAPPED_TOWERS = ("clip_vision_model", "siglip_vision_model")

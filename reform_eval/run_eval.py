@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from reform_eval.evaluation.boundary import run_cli
-from reform_eval.evaluation.config import RunConfig, build_parser  # noqa: F401  (build_parser: for --help tests)
-from reform_eval.evaluation.engine import evaluate
-from reform_eval.utils.distributed import end_process, process_ends_after_run
-from reform_eval.utils.lifetime import die_with_parent  # noqa: F401  (used by DataLoader workers and tests)
+from .evaluation.boundary import run_cli
+from .evaluation.config import RunConfig, build_parser  # noqa: F401  (build_parser: for --help tests)
+from .evaluation.engine import evaluate
+from .utils.distributed import end_process, process_ends_after_run
+from .utils.lifetime import die_with_parent  # noqa: F401  (used by DataLoader workers and tests)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -23,14 +23,14 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from reform_eval.evaluation.boundary import run_cli
-from reform_eval.evaluation.config import MAX_N_BOOT, HelpFormatter, OneLineParser, add_scoring_flags
-from reform_eval.evaluation.engine import score
-from reform_eval.evaluation.reporting.explain_files import explain_files
-from reform_eval.evaluation.trackers import check_store as check_tracker_store
-from reform_eval.evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.options import metric_options
+from .evaluation.boundary import run_cli
+from .evaluation.config import MAX_N_BOOT, HelpFormatter, OneLineParser, add_scoring_flags
+from .evaluation.engine import score
+from .evaluation.reporting.explain_files import explain_files
+from .evaluation.trackers import check_store as check_tracker_store
+from .evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
+from .utils.errors import ReformError
+from .utils.options import metric_options
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -650,7 +650,7 @@ def test_13_the_peer_wait_ends_when_its_launcher_is_gone(tmp_path):
              "b.time.sleep = sleep; b.PEER_REPORT_WAIT_S = 1e9\n"
              "e = E('x'); e.every_rank = True\n"
              "open(sys.argv[2], 'w').write(str(b.report_error(e, 't')))\n")
-    launcher = (f'"$0" -c "$1" "$2" "$3" & while [ ! -e "$2" ]; do sleep 0.1; done')
+    launcher = ('"$0" -c "$1" "$2" "$3" & while [ ! -e "$2" ]; do sleep 0.1; done')
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", PYTHONPATH=ROOT)
     subprocess.run(["sh", "-c", launcher, sys.executable, child, str(waiting), str(done)], env=env, timeout=120,
                    cwd=ROOT)

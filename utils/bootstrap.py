@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from reform_eval.utils.seeding import np_rng_for
+from .seeding import np_rng_for
 
 
 #: resamples drawn (and summed) per block: memory is a block's draws, never all of them at once

@@ -34,9 +34,9 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import MAX_DEPTH, parse_json, read_text
-from reform_eval.utils.runlock import pid_alive
+from .errors import ReformError, input_error
+from .inputs import MAX_DEPTH, parse_json, read_text
+from .runlock import pid_alive
 
 logger = logging.getLogger(__name__)
 

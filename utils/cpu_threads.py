@@ -13,7 +13,7 @@ import re
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from reform_eval.utils.errors import ReformError
+from .errors import ReformError
 
 #: how long the idle cores are measured (once per rank, before the model loads)
 WINDOW_S = 0.25

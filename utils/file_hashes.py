@@ -37,9 +37,9 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
-from reform_eval.utils.images import check_image, max_image_pixels
-from reform_eval.utils.paths import cache_root
-from reform_eval.utils.runlock import pid_alive
+from .images import check_image, max_image_pixels
+from .paths import cache_root
+from .runlock import pid_alive
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import hashlib
 import json
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from reform_eval.utils.errors import input_error
-from reform_eval.utils.file_hashes import file_digest
-from reform_eval.utils.images import unreadable
+from .errors import input_error
+from .file_hashes import file_digest
+from .images import unreadable
 
 
 def image_token(image: Any, cache: Dict[int, str], record: Any = None) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from reform_eval.utils.errors import input_error
+from .errors import input_error
 
 #: default pixel limit (PIL's own default, about 89 megapixels); REFORM_MAX_IMAGE_PIXELS raises it
 DEFAULT_MAX_PIXELS = 89_478_485

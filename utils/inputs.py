@@ -28,8 +28,8 @@ import stat
 import zipfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from reform_eval.utils.errors import input_error
-from reform_eval.utils.secrets import Secret
+from .errors import input_error
+from .secrets import Secret
 
 #: default size limit of one input file (bytes); REFORM_MAX_INPUT_BYTES changes it
 DEFAULT_MAX_INPUT_BYTES = 4 * 1024 ** 3

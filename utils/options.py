@@ -5,9 +5,9 @@ from typing import Any, Dict, Optional, Sequence
 
 import yaml
 
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.inputs import plain_data_problem
-from reform_eval.utils.secrets import is_secret_key, redact_text
+from .errors import ReformError
+from .inputs import plain_data_problem
+from .secrets import is_secret_key, redact_text
 
 
 def parse_kv(items: Sequence[str], flag: str) -> Dict[str, Any]:

@@ -16,12 +16,12 @@ import os
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from reform_eval.utils.commit import TMP_PREFIX, Commit, owner_prefix
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import check_name, check_record, read_records
-from reform_eval.utils.schema import HEAVY_KEYS
-from reform_eval.utils.surrogates import clean_surrogates
-from reform_eval.utils.world import WORLD_ERRNOS, os_error_line
+from .commit import TMP_PREFIX, Commit, owner_prefix
+from .errors import ReformError, input_error
+from .inputs import check_name, check_record, read_records
+from .schema import HEAVY_KEYS
+from .surrogates import clean_surrogates
+from .world import WORLD_ERRNOS, os_error_line
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.utils.errors import ReformError
+from .schema import IMAGE_TOKEN
+from .errors import ReformError
 
 SEP_STYLES = ("one", "two", "plain")
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from reform_eval.utils.errors import input_error
+from .errors import input_error
 
 DATA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                          "reference_results.yaml")

@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Tuple
 
-from reform_eval.utils.errors import Stopped
+from .errors import Stopped
 
 _Job = Optional[Tuple[Future, Callable[..., Any], tuple, dict]]
 

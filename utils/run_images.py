@@ -11,10 +11,10 @@ from typing import Any, Optional, Tuple
 
 from PIL import Image
 
-from reform_eval.utils.errors import input_error
-from reform_eval.utils.file_hashes import ChangedSinceFingerprint, MemoWasWrong, bytes_as_fingerprinted, \
+from .errors import input_error
+from .file_hashes import ChangedSinceFingerprint, MemoWasWrong, bytes_as_fingerprinted, \
     verify_fingerprint
-from reform_eval.utils.images import _where, decode_image, unreadable
+from .images import _where, decode_image, unreadable
 
 
 def read_run_image(path: str, record: Optional[Any] = None) -> Tuple[bytes, str]:

@@ -12,7 +12,7 @@ import socket
 import time
 from typing import Any, Dict, Optional
 
-from reform_eval.utils.errors import ReformError
+from .errors import ReformError
 
 
 def _proc_start(pid: int) -> Optional[str]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval.utils.errors import input_error
+from .errors import input_error
 
 #: CPU seconds one child may use for all its renderings (a chat prompt takes milliseconds)
 MAX_CPU_SECONDS = 3

@@ -20,8 +20,8 @@ import signal
 import threading
 from typing import Dict, Iterator, List, Optional
 
-from reform_eval.utils.commit import temp_name
-from reform_eval.utils.errors import ReformError
+from .commit import temp_name
+from .errors import ReformError
 
 #: errno -> what the condition is and the way out (the samples saved so far are always kept)
 _FULL = ("the disk (or your quota) is full: free space there, or point the setting named here at another "

@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, cast
 
-from reform_eval.build.iwisdm.io import generate_trials, read_trials
-from reform_eval.build.iwisdm.instructions import InstructionError, InstructionParser
-from reform_eval.build.iwisdm.presets import GETTER_OF, PRESETS, answer_vocabulary, example_trials, get_preset, resolve_shape
-from reform_eval.build.iwisdm.stimuli import LOCATIONS, StimulusSet, load_stimuli
-from reform_eval.build.iwisdm.trial import Trial
-from reform_eval.build.registry import Builder, register_builder
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.utils.errors import input_error
+from .io import generate_trials, read_trials
+from .instructions import InstructionError, InstructionParser
+from .presets import GETTER_OF, PRESETS, answer_vocabulary, example_trials, get_preset, resolve_shape
+from .stimuli import LOCATIONS, StimulusSet, load_stimuli
+from .trial import Trial
+from ..registry import Builder, register_builder
+from ...utils.schema import IMAGE_TOKEN
+from ...utils.errors import input_error
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import networkx as nx
 
-from reform_eval.build.iwisdm.operators import (CONNECTIVITY, CONST, CONST_ATTRS, OPERATORS, Get, GetCategory, GetIdentity,
+from .operators import (CONNECTIVITY, CONST, CONST_ATTRS, OPERATORS, Get, GetCategory, GetIdentity,
                                     GetLocation, IsSame, NotSame, Operator, Select, Switch, min_depths, walk)
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import check_value, parse_json, read_json
+from ...utils.errors import ReformError, input_error
+from ...utils.inputs import check_value, parse_json, read_json
 
 logger = logging.getLogger(__name__)
 

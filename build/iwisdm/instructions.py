@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.iwisdm.stimuli import DEFAULT_CATEGORIES, LOCATIONS
-from reform_eval.utils.errors import ReformError
+from .stimuli import DEFAULT_CATEGORIES, LOCATIONS
+from ...utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.iwisdm.graph import Task
-from reform_eval.build.iwisdm.presets import PresetSampler, get_preset, restrict_features
-from reform_eval.build.iwisdm.stimuli import LOCATIONS, StimulusSet, load_stimuli
-from reform_eval.build.iwisdm.trial import Trial
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import check_name, list_dir, read_json
-from reform_eval.utils.seeding import rng_for
+from .graph import Task
+from .presets import PresetSampler, get_preset, restrict_features
+from .stimuli import LOCATIONS, StimulusSet, load_stimuli
+from .trial import Trial
+from ...utils.errors import ReformError, input_error
+from ...utils.inputs import check_name, list_dir, read_json
+from ...utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ import random
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.build.iwisdm.graph import AutoTask, Task, TaskSpace, dms
-from reform_eval.build.iwisdm.operators import BOOL
-from reform_eval.build.iwisdm.stimuli import StimulusSet
-from reform_eval.build.iwisdm.trial import DELAY_WORDINGS, DelayProcess, Trial, TrialGenerator
-from reform_eval.utils.errors import ReformError, input_error, unknown_name
-from reform_eval.utils.seeding import rng_for
+from .graph import AutoTask, Task, TaskSpace, dms
+from .operators import BOOL
+from .stimuli import StimulusSet
+from .trial import DELAY_WORDINGS, DelayProcess, Trial, TrialGenerator
+from ...utils.errors import ReformError, input_error, unknown_name
+from ...utils.seeding import rng_for
 
 logger = logging.getLogger(__name__)
 

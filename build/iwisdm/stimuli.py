@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from PIL import Image, ImageDraw
 
-from reform_eval.utils.errors import input_error
-from reform_eval.utils.inputs import check_name, list_dir, read_bytes, read_csv, read_json
-from reform_eval.utils.images import open_image
+from ...utils.errors import input_error
+from ...utils.inputs import check_name, list_dir, read_bytes, read_csv, read_json
+from ...utils.images import open_image
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from PIL import Image
 
-from reform_eval.build.iwisdm.graph import Task
-from reform_eval.build.iwisdm.operators import (BOOL, Compare, Context, Exist, Get, Switch, answer_word, unwrap_target, walk)
-from reform_eval.build.iwisdm.stimuli import LOCATIONS, StimulusSet
-from reform_eval.utils.errors import ReformError
+from .graph import Task
+from .operators import (BOOL, Compare, Context, Exist, Get, Switch, answer_word, unwrap_target, walk)
+from .stimuli import LOCATIONS, StimulusSet
+from ...utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from reform_eval.metrics import ReportSpec, coverage_note, report_spec
-from reform_eval.metrics.single_choice import format_hit_rate
-from reform_eval.utils.bootstrap import MIN_CLUSTERS, Resamples, cluster_weights, interval, wmean
-from reform_eval.utils.report import markdown_table
+from ...metrics import ReportSpec, coverage_note, report_spec
+from ...metrics.single_choice import format_hit_rate
+from ...utils.bootstrap import MIN_CLUSTERS, Resamples, cluster_weights, interval, wmean
+from ...utils.report import markdown_table
 
 #: resamples per interval on every surface (results.md, comparison, report)
 N_BOOT = 1000

@@ -15,12 +15,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from reform_eval.metrics.single_choice import instability
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.references import beside, describe, load_references, match
-from reform_eval.utils.report import markdown_table, md_text
-from reform_eval.evaluation.reporting.bootstrap import bootstrap, family_of
-from reform_eval.evaluation.reporting.image_dependence import dependence_notes, dependence_table, image_dependence
+from ...metrics.single_choice import instability
+from ...utils.errors import ReformError
+from ...utils.references import beside, describe, load_references, match
+from ...utils.report import markdown_table, md_text
+from .bootstrap import bootstrap, family_of
+from .image_dependence import dependence_notes, dependence_table, image_dependence
 
 #: headline metrics shown per family, in order, with their labels
 HEADLINE_LABELS: Dict[str, Sequence[Tuple[str, str]]] = {

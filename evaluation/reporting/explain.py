@@ -48,12 +48,12 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.evaluation.reporting.bootstrap import family_of
-from reform_eval.evaluation.reporting.compare import Key, pair_runs, same_content, sample_shas, unpaired, unpaired_text
-from reform_eval.evaluation.reporting.explain_factors import (ALSO_PROMPT, PIXELS, PROMPT, SETTINGS, run_differences, run_facts,
+from .bootstrap import family_of
+from .compare import Key, pair_runs, same_content, sample_shas, unpaired, unpaired_text
+from .explain_factors import (ALSO_PROMPT, PIXELS, PROMPT, SETTINGS, run_differences, run_facts,
                                                   shown_value)
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import read_json
+from ...utils.errors import ReformError, input_error
+from ...utils.inputs import read_json
 
 # -- how one item was asked --------------------------------------------------------------------------
 

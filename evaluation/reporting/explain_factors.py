@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.utils.errors import input_error
+from ...utils.errors import input_error
 
 # -- what the recorded keys are called ------------------------------------------------------------
 

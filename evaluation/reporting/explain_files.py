@@ -15,14 +15,14 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from reform_eval.evaluation.reporting.explain import (SCORING_FIELDS, explain_runs, explanation_notes, explanation_tables,
+from .explain import (SCORING_FIELDS, explain_runs, explanation_notes, explanation_tables,
                                           format_explanation, recorded_info, run_facts, scoring_of)
-from reform_eval.evaluation.reporting.scoring import check_setting_flags, expand_prediction_files, load_records, results_paths, run_name, score_records
-from reform_eval.utils.commit import Commit
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import check_name, list_dir, read_json
-from reform_eval.utils.predictions import ensure_writable_dir
-from reform_eval.utils.report import markdown_table, md_text
+from .scoring import check_setting_flags, expand_prediction_files, load_records, results_paths, run_name, score_records
+from ...utils.commit import Commit
+from ...utils.errors import ReformError, input_error
+from ...utils.inputs import check_name, list_dir, read_json
+from ...utils.predictions import ensure_writable_dir
+from ...utils.report import markdown_table, md_text
 
 #: a tagged results file of a prediction file's stem: run_eval's ``eval-`` or run_loader_eval's ``scored-``
 _TAGGED = r"\.(?:eval|scored)-[0-9a-f]{8}(?:\.[^/]+)?\.results\.json$"

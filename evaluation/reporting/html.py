@@ -15,10 +15,10 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.evaluation.reporting.compare import card_key, pairing_notes, sample_shas, tables
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.images import thumbnail_jpeg
-from reform_eval.utils.predictions import write_text_atomic
+from .compare import card_key, pairing_notes, sample_shas, tables
+from ...utils.errors import ReformError
+from ...utils.images import thumbnail_jpeg
+from ...utils.predictions import write_text_atomic
 
 #: per family: the per_sample fields offered as filters (field, label)
 GROUP_FIELDS: Dict[str, Tuple[Tuple[str, str], ...]] = {

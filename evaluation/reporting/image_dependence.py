@@ -16,9 +16,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from reform_eval.build.ablation import IMAGE_ABLATIONS
-from reform_eval.evaluation.reporting.bootstrap import cluster_of, groups_of, paired_difference
-from reform_eval.metrics import report_spec
+from ...build.ablation import IMAGE_ABLATIONS
+from .bootstrap import cluster_of, groups_of, paired_difference
+from ...metrics import report_spec
 
 Key = Tuple[str, int]
 #: (run with images, ablated run) -> (the keys paired by item, the shared keys refused): ``compare``'s rule

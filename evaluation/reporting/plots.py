@@ -12,9 +12,9 @@ import textwrap
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval.metrics import report_spec
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.predictions import temp_prefix
+from ...metrics import report_spec
+from ...utils.errors import ReformError
+from ...utils.predictions import temp_prefix
 
 #: every text we draw is plain text: model and group names come from users, and a ``$`` in one
 #: must be drawn as written, never parsed as mathtext or LaTeX (``$\\frac{1}{$`` would crash)

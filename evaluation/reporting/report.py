@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from reform_eval.evaluation.reporting.compare import _json_safe, build_comparison, markdown
-from reform_eval.evaluation.reporting.explain import NothingToExplain, explain_runs, explanation_notes, explanation_tables
-from reform_eval.evaluation.reporting.html import render
-from reform_eval.evaluation.reporting.plots import make_plots
-from reform_eval.utils.commit import Commit, clean_stale_temps
-from reform_eval.utils.predictions import ensure_writable_dir
+from .compare import _json_safe, build_comparison, markdown
+from .explain import NothingToExplain, explain_runs, explanation_notes, explanation_tables
+from .html import render
+from .plots import make_plots
+from ...utils.commit import Commit, clean_stale_temps
+from ...utils.predictions import ensure_writable_dir
 
 
 def compare_runs(runs: Sequence[Dict[str, Any]], output_dir: str, seed: int = 0, n_boot: int = 1000,

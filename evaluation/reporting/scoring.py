@@ -23,26 +23,26 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from reform_eval import build  # noqa: F401  (registers the builders, for dataset-name lookups)
-import reform_eval.metrics  # noqa: F401  (metric modules register readers and exporters)
-from reform_eval.build.registry import canonical_benchmark, get_builder_class
-from reform_eval.evaluation.reporting.bootstrap import N_BOOT, interval_table, interval_title
-from reform_eval.evaluation.reporting.image_dependence import ablation_mode
-from reform_eval.evaluation.reporting.report import compare_runs
-from reform_eval.evaluation.reporting.compare import headline_markdown
-from reform_eval.metrics import evaluate
-from reform_eval.metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
-from reform_eval.metrics.single_choice import check_stability
-from reform_eval.utils.answer_text import option_collision
-from reform_eval.utils.commit import Commit, check_names, clean_stale_temps
-from reform_eval.utils.errors import ReformError, input_error
-from reform_eval.utils.inputs import check_name, list_dir, read_json
-from reform_eval.utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
+from ... import build  # noqa: F401  (registers the builders, for dataset-name lookups)
+from ... import metrics as _metrics  # noqa: F401  (metric modules register readers and exporters)
+from ...build.registry import canonical_benchmark, get_builder_class
+from .bootstrap import N_BOOT, interval_table, interval_title
+from .image_dependence import ablation_mode
+from .report import compare_runs
+from .compare import headline_markdown
+from ...metrics import evaluate
+from ...metrics.mmmt_if_release import in_release_setting, print_release_report, reference_records_from
+from ...metrics.single_choice import check_stability
+from ...utils.answer_text import option_collision
+from ...utils.commit import Commit, check_names, clean_stale_temps
+from ...utils.errors import ReformError, input_error
+from ...utils.inputs import check_name, list_dir, read_json
+from ...utils.predictions import (PREDICTION_DIR_READERS, PREDICTION_FILE_READERS, RESULTS_EXPORTERS,
                                ensure_writable_dir, foreign_reader, is_foreign_companion, read_predictions,
                                record_key)
-from reform_eval.utils.report import headline_report, markdown_table, metrics_report
-from reform_eval.utils.secrets import redact
-from reform_eval.utils.usage import usage_totals
+from ...utils.report import headline_report, markdown_table, metrics_report
+from ...utils.secrets import redact
+from ...utils.usage import usage_totals
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
-from reform_eval.models import check_option_values
-from reform_eval.utils.errors import ReformError
+from .. import check_option_values
+from ...utils.errors import ReformError
 
 
 class CandidateScore(NamedTuple):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
-from reform_eval.models import register_model
-from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.preprocessors import ConvProcessor
-from reform_eval.utils.seeding import rng_for
+from .. import register_model
+from .base_interface import BaseInterface, CandidateScore
+from ...utils.errors import ReformError
+from ...utils.preprocessors import ConvProcessor
+from ...utils.seeding import rng_for
 
 
 #: a weight-free baseline reads neither a checkpoint nor a prompt

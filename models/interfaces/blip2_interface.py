@@ -29,15 +29,15 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from PIL import Image
 
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.models import register_model
-from reform_eval.models.hf_base import HFBaseInterface
-from reform_eval.models.interfaces.base_interface import CandidateScore
-from reform_eval.models.outputs import GenText
-from reform_eval.models.tiny import register_tiny_builder, train_tiny_tokenizer
-from reform_eval.models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.preprocessors import ConvProcessor, parse_roles
+from ...utils.schema import IMAGE_TOKEN
+from .. import register_model
+from ..hf_base import HFBaseInterface
+from .base_interface import CandidateScore
+from ..outputs import GenText
+from ..tiny import register_tiny_builder, train_tiny_tokenizer
+from ..tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
+from ...utils.errors import ReformError
+from ...utils.preprocessors import ConvProcessor, parse_roles
 
 logger = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from reform_eval.models import register_model
-from reform_eval.models.interfaces.blip2_interface import (Blip2Interface, blip_image_processor, blip_text_config,
+from .. import register_model
+from .blip2_interface import (Blip2Interface, blip_image_processor, blip_text_config,
                                                blip_vision_qformer)
-from reform_eval.models.tiny import register_tiny_builder, train_tiny_tokenizer
-from reform_eval.models.tiny_zoo import TEXT_SIZES, save_checkpoint, seeded_model
+from ..tiny import register_tiny_builder, train_tiny_tokenizer
+from ..tiny_zoo import TEXT_SIZES, save_checkpoint, seeded_model
 
 logger = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Union
 
-from reform_eval.models import register_model
-from reform_eval.models.hf_base import HFBaseInterface
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.preprocessors import ChatTemplateProcessor, ConvProcessor
+from .. import register_model
+from ..hf_base import HFBaseInterface
+from ...utils.errors import ReformError
+from ...utils.preprocessors import ChatTemplateProcessor, ConvProcessor
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from reform_eval.models import register_model
-from reform_eval.models.interfaces.llava_interface import LlavaInterface
-from reform_eval.models.tiny import LLAVA_CHAT_TEMPLATE, register_tiny_builder, train_tiny_tokenizer
-from reform_eval.models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model, tiny_text_config
+from .. import register_model
+from .llava_interface import LlavaInterface
+from ..tiny import LLAVA_CHAT_TEMPLATE, register_tiny_builder, train_tiny_tokenizer
+from ..tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model, tiny_text_config
 
 logger = logging.getLogger(__name__)
 

@@ -73,20 +73,20 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from PIL import Image
 
-from reform_eval.models import register_model
-from reform_eval.models.http_transport import Endpoint, Retryable, log_clamp_once, public_url
-from reform_eval.models.http_transport import retry_after as parse_retry_after
-from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
-from reform_eval.models.openai_messages import (IMAGE_FORMATS, EncodedImages, encode_image, image_format,  # noqa: F401
+from .. import register_model
+from ..http_transport import Endpoint, Retryable, log_clamp_once, public_url
+from ..http_transport import retry_after as parse_retry_after
+from .base_interface import BaseInterface, CandidateScore
+from ..openai_messages import (IMAGE_FORMATS, EncodedImages, encode_image, image_format,  # noqa: F401
                                     to_openai_messages)
-from reform_eval.models.openai_likelihood import score_candidates
-from reform_eval.models.outputs import GenText, finish_text
-from reform_eval.models.request_limits import (AdaptiveLimit, RetryGate, TokenBudget, clean_usage,  # noqa: F401
+from ..openai_likelihood import score_candidates
+from ..outputs import GenText, finish_text
+from ..request_limits import (AdaptiveLimit, RetryGate, TokenBudget, clean_usage,  # noqa: F401
                                                image_tokens_upper, spent_usage)
-from reform_eval.utils.errors import ReformError, Stopped
-from reform_eval.utils.preprocessors import ChatTemplateProcessor
-from reform_eval.utils.request_pool import RequestPool
-from reform_eval.utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, excerpt,
+from ...utils.errors import ReformError, Stopped
+from ...utils.preprocessors import ChatTemplateProcessor
+from ...utils.request_pool import RequestPool
+from ...utils.secrets import (REDACTED, Secret, SecretURL, basic_credentials, join_url_secrets, excerpt,
                                        misplaced_userinfo, reveal_deep, secret_forms, secret_options)
 
 logger = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Optional
 
-from reform_eval.utils.schema import IMAGE_TOKEN
-from reform_eval.models import register_model
-from reform_eval.models.hf_base import HFBaseInterface
-from reform_eval.models.tiny import register_tiny_builder, train_tiny_tokenizer
-from reform_eval.models.tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
-from reform_eval.utils.preprocessors import ConvProcessor, compose_query, parse_roles
+from ...utils.schema import IMAGE_TOKEN
+from .. import register_model
+from ..hf_base import HFBaseInterface
+from ..tiny import register_tiny_builder, train_tiny_tokenizer
+from ..tiny_zoo import TEXT_SIZES, VISION_SIZES, save_checkpoint, seeded_model
+from ...utils.preprocessors import ConvProcessor, compose_query, parse_roles
 
 logger = logging.getLogger(__name__)
 

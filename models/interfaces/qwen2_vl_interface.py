@@ -22,10 +22,10 @@ from typing import Any, Dict
 
 import torch
 
-from reform_eval.models import register_model
-from reform_eval.models.hf_base import HFBaseInterface
-from reform_eval.models.tiny import register_tiny_builder, train_tiny_tokenizer
-from reform_eval.models.tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, image_only_video_processor,
+from .. import register_model
+from ..hf_base import HFBaseInterface
+from ..tiny import register_tiny_builder, train_tiny_tokenizer
+from ..tiny_zoo import (TEXT_SIZES, VISION_SIZES, chat_template_preprocessor, image_only_video_processor,
                              save_checkpoint, seeded_model)
 
 logger = logging.getLogger(__name__)

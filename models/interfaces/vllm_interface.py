@@ -61,15 +61,15 @@ import os
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from reform_eval.models import MODELS, check_checkpoint_name, load_all, register_model
-from reform_eval.models.hf_provenance import image_processor_info
-from reform_eval.models.hf_base import HFBaseInterface
-from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
-from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
-from reform_eval.models.outputs import finish_text
-from reform_eval.models.vllm_checkpoint import vllm_checkpoint
-from reform_eval.utils.errors import ReformError
-from reform_eval.utils.run_log import library_log_to_run, output_to_log
+from .. import MODELS, check_checkpoint_name, load_all, register_model
+from ..hf_provenance import image_processor_info
+from ..hf_base import HFBaseInterface
+from ..hf_loading import _one_line, builtin_checkpoint
+from .base_interface import BaseInterface, CandidateScore
+from ..outputs import finish_text
+from ..vllm_checkpoint import vllm_checkpoint
+from ...utils.errors import ReformError
+from ...utils.run_log import library_log_to_run, output_to_log
 
 logger = logging.getLogger(__name__)
 
