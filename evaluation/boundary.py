@@ -96,7 +96,7 @@ def _log_traceback(e: BaseException, tool: str) -> Any:
 
 # How long a rank other than 0 waits for the launcher to stop it, after an input error that every
 # rank meets: rank 0's report normally ends the wait within a second (torchrun stops the peers of
-# a failed rank); the bound only matters when no launcher stops this rank.
+# a failed rank); a rank still running after it prints the line itself.
 PEER_REPORT_WAIT_S = 120.0
 
 
@@ -106,7 +106,8 @@ def _leave_the_report_to_rank_0() -> None:
     Why: a rank that exited first with the error status made torchrun stop rank 0 before it
     printed the line, and the run ended without its one error line (once in CI). Waiting makes
     rank 0 the first rank to fail, so its line is printed and torchrun's summary names it; the
-    launcher's SIGTERM ends this rank (no handler is installed under torchrun)."""
+    launcher's SIGTERM ends this rank (no handler is installed under torchrun). The wait ends
+    early when the launcher is gone."""
     parent = os.getppid()
     deadline = time.monotonic() + PEER_REPORT_WAIT_S
     while time.monotonic() < deadline and os.getppid() == parent:
@@ -122,8 +123,9 @@ def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False)
     code = code or e.exit_code
     rank = os.environ.get("RANK")
     if getattr(e, "every_rank", False) and rank not in (None, "0"):
-        _leave_the_report_to_rank_0()  # every rank met this input error: rank 0 reports it, once
-        return code
+        # every rank met this input error: rank 0 reports it, once; a rank that outlives the wait
+        # (no launcher stopped it: rank 0 did not fail alike) reports it itself
+        _leave_the_report_to_rank_0()
     prefix = f"error (rank {rank}): " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "error: "
     sys.stderr.flush()
     print(prefix + message, file=sys.stderr, flush=True)
