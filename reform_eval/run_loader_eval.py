@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Optional, Sequence
 
 from reform_eval.evaluation.boundary import run_cli
@@ -29,6 +28,7 @@ from reform_eval.evaluation.engine import score
 from reform_eval.evaluation.reporting.explain_files import explain_files
 from reform_eval.evaluation.trackers import check_store as check_tracker_store
 from reform_eval.evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
+from reform_eval.utils.distributed import end_process
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.options import metric_options
 
@@ -86,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def cli() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    end_process(main())
 
 
 if __name__ == "__main__":
