@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Optional, Sequence
 
 from .evaluation.boundary import run_cli
@@ -29,6 +28,7 @@ from .evaluation.engine import score
 from .evaluation.reporting.explain_files import explain_files
 from .evaluation.trackers import check_store as check_tracker_store
 from .evaluation.reporting.scoring import loader_eval  # noqa: F401  (the Python API, re-exported)
+from .utils.distributed import end_process
 from .utils.errors import ReformError
 from .utils.options import metric_options
 
@@ -86,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def cli() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    end_process(main())
 
 
 if __name__ == "__main__":
