@@ -285,6 +285,11 @@ def test_a_regular_read_is_whole_when_the_file_grew_after_its_stat(tmp_path, mon
     monkeypatch.setattr(fh.os, "fstat", lambda fd: Shrunk(real(fd)))
     assert fh.read_regular(str(path)) == data
     monkeypatch.undo()
+    stats = iter([Shrunk])  # grown after the first stat only: the stat given is the one after the read
+    monkeypatch.setattr(fh.os, "fstat", lambda fd: next(stats, lambda st: st)(real(fd)))
+    got, st = fh._read_regular_stat(str(path))
+    assert (got, st.st_size) == (data, len(data))
+    monkeypatch.undo()
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
