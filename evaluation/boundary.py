@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .runinfo import log_file_handler
 from ..utils import world
+from ..utils.distributed import process_ends_after_this_run
 from ..utils.errors import ReformError, current_stage
 from ..utils.secrets import redact_text
 
@@ -107,11 +108,26 @@ def _leave_the_report_to_rank_0() -> None:
     printed the line, and the run ended without its one error line (once in CI). Waiting makes
     rank 0 the first rank to fail, so its line is printed and torchrun's summary names it; the
     launcher's SIGTERM ends this rank (no handler is installed under torchrun). The wait ends
-    early when the launcher is gone."""
+    early when the launcher is gone, or at Ctrl-C (the terminal interrupts every rank: the rank
+    then prints its line, where the interrupt had escaped the boundary as a traceback)."""
     parent = os.getppid()
     deadline = time.monotonic() + PEER_REPORT_WAIT_S
-    while time.monotonic() < deadline and os.getppid() == parent:
-        time.sleep(0.1)
+    try:
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+
+
+def _a_launcher_stops_this_rank(e: ReformError) -> bool:
+    """Whether rank 0's failure of ``e`` will make the launcher stop this rank: an input error every
+    rank meets, in a rank other than 0 of a world of several, started by torchrun (a torchelastic
+    agent sets TORCHELASTIC_RUN_ID; srun and other launchers let the other tasks run on) in a
+    command line's process (it exits next; a library caller's rank 0 returns and goes on, so no
+    launcher stops its peers)."""
+    return (bool(getattr(e, "every_rank", False)) and os.environ.get("RANK") not in (None, "0")
+            and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1")
+            and "TORCHELASTIC_RUN_ID" in os.environ and process_ends_after_this_run())
 
 
 def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False) -> int:
@@ -122,7 +138,7 @@ def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False)
         handler.emit(logging.LogRecord(tool, logging.ERROR, __file__, 0, message, None, None))
     code = code or e.exit_code
     rank = os.environ.get("RANK")
-    if getattr(e, "every_rank", False) and rank not in (None, "0"):
+    if _a_launcher_stops_this_rank(e):
         # every rank met this input error: rank 0 reports it, once; a rank that outlives the wait
         # (no launcher stopped it: rank 0 did not fail alike) reports it itself
         _leave_the_report_to_rank_0()

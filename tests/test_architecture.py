@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import os
 from collections import defaultdict
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("utils", "build", "models", "metrics", "evaluation", "configs")
@@ -40,13 +40,16 @@ def _resolve(name: str, mods: Dict[str, str]) -> str:
     return name
 
 
-def graph() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, int]]]:
-    """(module -> imported project modules, [(module, import, line) of function-level imports])."""
+def graph(probes: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, int]]]:
+    """(module -> imported project modules, [(module, import, line) of function-level imports]);
+    ``probes``: extra modules (name -> source text) that test the graph itself."""
     mods = modules()
+    probes = probes or {}
+    mods.update({name: f"<probe {name}>.py" for name in probes})
     edges: Dict[str, Set[str]] = defaultdict(set)
     inner: List[Tuple[str, str, int]] = []
     for mod, path in mods.items():
-        tree = ast.parse(open(path, encoding="utf-8").read())
+        tree = ast.parse(probes[mod] if mod in probes else open(path, encoding="utf-8").read())
         pkg = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
         funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         nested = {id(sub) for f in funcs for sub in ast.walk(f)}
@@ -61,8 +64,10 @@ def graph() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, int]]]:
                     base = ".".join([p for p in parts if p] + ([base] if base else []))
                 elif base.startswith(PACKAGE):
                     base = base[len(PACKAGE):]
+                elif base == PACKAGE[:-1]:  # ``from reform_eval import evaluation``
+                    base = ""
                 else:
-                    continue  # a third-party import, or the package's own root (``reform_eval``)
+                    continue  # a third-party import
                 names = [f"{base}.{a.name}" if base else a.name for a in node.names] + [base]
             for n in names:
                 target = _resolve(n, mods)
@@ -81,6 +86,19 @@ def test_the_graph_sees_the_imports_in_both_spellings():
     assert "utils.errors" in edges["build.registry"] and "configs" in edges["build.registry"]
     assert "evaluation.boundary" in edges["run_eval"]
     assert sum(len(t) for t in edges.values()) > 300
+
+
+def test_the_graph_sees_an_upward_import_in_every_spelling():
+    """Each way of writing an import of ``evaluation`` from ``utils`` is an edge, so
+    ``test_no_upward_imports`` refuses it (``from reform_eval import evaluation`` was no edge: only
+    the spelling rule below caught it)."""
+    for line in ("from ..evaluation import engine", "from .. import evaluation", "from ..evaluation.engine import x",
+                 "from reform_eval.evaluation import engine", "from reform_eval import evaluation",
+                 "import reform_eval.evaluation.engine", "def f():\n    from reform_eval import evaluation"):
+        edges, _ = graph({"utils._probe": line})
+        assert {t.split(".")[0] for t in edges["utils._probe"]} == {"evaluation"}, line
+    edges, _ = graph({"utils._probe": "from reform_eval import refuse_short_name\nimport os"})
+    assert not edges["utils._probe"]
 
 
 def test_package_modules_import_each_other_relatively():

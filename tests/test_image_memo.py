@@ -285,7 +285,44 @@ def test_a_regular_read_is_whole_when_the_file_grew_after_its_stat(tmp_path, mon
     monkeypatch.setattr(fh.os, "fstat", lambda fd: Shrunk(real(fd)))
     assert fh.read_regular(str(path)) == data
     monkeypatch.undo()
+    stats = iter([Shrunk])  # grown after the first stat only: the stat given is the one after the read
+    monkeypatch.setattr(fh.os, "fstat", lambda fd: next(stats, lambda st: st)(real(fd)))
+    got, st = fh._read_regular_stat(str(path))
+    assert (got, st.st_size) == (data, len(data))
+    monkeypatch.undo()
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
         fh.read_regular(str(fifo))
+
+
+def test_a_short_read_is_not_taken_for_the_end_of_the_file(tmp_path, monkeypatch):
+    """One ``read`` may return fewer bytes than asked though the file goes on: Linux caps a single
+    read at 2 GiB - 4 KiB (a larger image, or a ``.npy`` frame stack, came back cut there), and a
+    network or FUSE filesystem may return any part. A read shorter than the stat's size is followed
+    by reads to the end, so the bytes are whole (here reads are capped at 1000 bytes)."""
+    import reform_eval.utils.file_hashes as fh
+    path = tmp_path / "big.bin"
+    data = bytes(range(256)) * 40  # 10240 bytes: eleven capped reads
+    path.write_bytes(data)
+    real, calls = os.read, []
+    monkeypatch.setattr(fh.os, "read", lambda fd, n: calls.append(n) or real(fd, min(n, 1000)))
+    assert fh.read_regular(str(path)) == data
+    monkeypatch.undo()
+    shrunk = tmp_path / "shrunk.bin"  # a file that shrank after its stat ends at its end
+    shrunk.write_bytes(data[:300])
+    real_fstat = os.fstat
+
+    class Grown:  # the stat as it was before the file shrank to its present size
+        def __init__(self, st):
+            self._st = st
+            self.st_size = 5000
+
+        def __getattr__(self, name):
+            return getattr(self._st, name)
+    monkeypatch.setattr(fh.os, "fstat", lambda fd: Grown(real_fstat(fd)))
+    assert fh.read_regular(str(shrunk)) == data[:300]
+    monkeypatch.undo()
+    calls.clear()  # the usual file: still one read of its size plus one byte
+    monkeypatch.setattr(fh.os, "read", lambda fd, n: calls.append(n) or real(fd, n))
+    assert fh.read_regular(str(path)) == data and calls == [len(data) + 1]

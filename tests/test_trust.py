@@ -628,6 +628,9 @@ def test_13_a_peer_rank_waits_for_rank_0_to_report_an_input_error(monkeypatch, c
     monkeypatch.setattr(boundary, "_leave_the_report_to_rank_0",
                         lambda: waits.append((os.environ["RANK"], capsys.readouterr().err)))
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # started by torchrun, in a command line
+    from reform_eval.utils import distributed
+    monkeypatch.setattr(distributed, "_process_ends_after_run", True)
     err = ReformError("unknown option data_fil")
     err.every_rank = True
     monkeypatch.setenv("RANK", "1")
@@ -645,13 +648,14 @@ def test_13_the_peer_wait_ends_when_its_launcher_is_gone(tmp_path):
     waiting, done = tmp_path / "waiting", tmp_path / "code"
     child = ("import sys, time; from reform_eval.evaluation import boundary as b\n"
              "from reform_eval.utils.errors import ReformError as E\n"
+             "from reform_eval.utils.distributed import process_ends_after_run; process_ends_after_run()\n"
              "real = time.sleep\n"
              "def sleep(s):\n    open(sys.argv[1], 'a').close(); real(s)\n"
              "b.time.sleep = sleep; b.PEER_REPORT_WAIT_S = 1e9\n"
              "e = E('x'); e.every_rank = True\n"
              "open(sys.argv[2], 'w').write(str(b.report_error(e, 't')))\n")
     launcher = ('"$0" -c "$1" "$2" "$3" & while [ ! -e "$2" ]; do sleep 0.1; done')
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PYTHONPATH=ROOT)
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="none", PYTHONPATH=ROOT)
     subprocess.run(["sh", "-c", launcher, sys.executable, child, str(waiting), str(done)], env=env, timeout=120,
                    cwd=ROOT)
     for _ in range(1200):
@@ -659,6 +663,56 @@ def test_13_the_peer_wait_ends_when_its_launcher_is_gone(tmp_path):
             break
         time.sleep(0.1)
     assert done.read_text() == "2"
+
+
+def test_13_a_peer_rank_waits_only_where_a_torchrun_agent_will_stop_it(monkeypatch, capsys):
+    """The wait only helps where torchrun stops the peers once rank 0 has failed: a command line's
+    process (it exits next) started by a torchelastic agent. A library caller's process goes on (no
+    launcher stops its peers: each waited 120 s), a rank with RANK set and no world (WORLD_SIZE
+    unset or 1) is a single process, and a launcher that is not torchrun (srun with RANK exported)
+    leaves every task running: there, each rank reports at once, none waits. Counted, no clock."""
+    from reform_eval.evaluation import boundary
+    from reform_eval.utils import distributed
+    waits = []
+    monkeypatch.setattr(boundary, "_leave_the_report_to_rank_0", lambda: waits.append(os.environ["RANK"]))
+    err = ReformError("unknown option data_fil")
+    err.every_rank = True
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setattr(distributed, "_process_ends_after_run", False)  # a library caller
+    assert boundary.report_error(err, "run_eval") == 2
+    assert waits == [] and capsys.readouterr().err.strip() == "error (rank 1): unknown option data_fil"
+    monkeypatch.setattr(distributed, "_process_ends_after_run", True)  # the command line
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # srun (or any launcher but torchrun) with RANK set
+    assert boundary.report_error(err, "run_eval") == 2
+    assert waits == [] and capsys.readouterr().err.strip() == "error (rank 1): unknown option data_fil"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.delenv("WORLD_SIZE")  # RANK left in the environment of a single process
+    assert boundary.report_error(err, "run_eval") == 2
+    assert waits == [] and capsys.readouterr().err.strip() == "error: unknown option data_fil"
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's rank 1 in a command line: it waits
+    assert boundary.report_error(err, "run_eval") == 2
+    assert waits == ["1"]
+
+
+def test_13_ctrl_c_during_the_peer_wait_ends_it_with_the_line_and_no_traceback(tmp_path):
+    """Ctrl-C reaches every process of the terminal's group, a waiting peer rank too: the wait ends,
+    the rank prints its one line and exits with the error's status (the interrupt escaped the
+    boundary as a KeyboardInterrupt traceback, and the line was never printed). The interrupt is
+    sent from inside the first wait: no clock."""
+    child = ("import os, signal, sys\n"
+             "from reform_eval.evaluation import boundary as b\n"
+             "from reform_eval.utils.distributed import process_ends_after_run\n"
+             "from reform_eval.utils.errors import ReformError as E\n"
+             "process_ends_after_run(); b.PEER_REPORT_WAIT_S = 1e9\n"
+             "b.time.sleep = lambda s: os.kill(os.getpid(), signal.SIGINT)\n"
+             "def body():\n    e = E('unknown option data_fil'); e.every_rank = True; raise e\n"
+             "sys.exit(b.run_cli(body, 'run_eval'))\n")
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="none", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert (proc.returncode, proc.stderr.strip()) == (2, "error (rank 1): unknown option data_fil"), proc.stderr
 
 
 def test_11_iwisdm_trial_seed_as_dataset_option(tmp_path):

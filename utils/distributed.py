@@ -117,6 +117,12 @@ def process_ends_after_run() -> None:
     _process_ends_after_run = True
 
 
+def process_ends_after_this_run() -> bool:
+    """Whether a command line's entry point said this process ends when the run returns (a
+    library caller's process goes on)."""
+    return _process_ends_after_run
+
+
 def end_process(code: int) -> None:
     """End a command line's process with ``code``. A torchrun rank that joined a process group
     ends without the interpreter's teardown (its output flushed first): tearing down gloo while a

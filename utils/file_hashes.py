@@ -306,7 +306,12 @@ def read_regular(path: str) -> bytes:
 
 def _read_regular_stat(path: str) -> Tuple[bytes, os.stat_result]:
     """``read_regular`` and the file's stat as it was opened: ``open``, ``fstat``, one ``read`` of
-    the size the stat gave plus one byte (a short read is the end of a regular file), ``close``.
+    the size the stat gave plus one byte, ``close``. Only a read of exactly the stat's size is
+    known to be the whole file: a shorter one may be cut (Linux returns at most 2 GiB - 4 KiB per
+    read; a network or FUSE filesystem may return any part) and a longer one found the file grown,
+    so both go on reading to the end (an empty read) and give the stat after that read: a file
+    that changed while it was read is then not taken for the unchanged file its first stat named
+    (``bytes_as_fingerprinted`` would blame the image memo and "correct" it with the new bytes).
     (A Python file object costs six more system calls: an ``fstat``, a tty ``ioctl``, ``lseek``s
     and a read of the end; each gives up the interpreter lock, and with 128 window workers every
     hand-over of the lock cost more than the call itself: ``bench/api_ceiling.py``.)"""
@@ -316,13 +321,13 @@ def _read_regular_stat(path: str) -> Tuple[bytes, os.stat_result]:
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"not a regular file: {path}")
         data = os.read(fd, st.st_size + 1)
-        if len(data) <= st.st_size:
+        if len(data) == st.st_size:
             return data, st
-        parts = [data]  # the file grew since its stat: read to its end
+        parts = [data]  # a cut read, or a file that grew or shrank since its stat: read to its end
         while True:
             more = os.read(fd, 1 << 20)
             if not more:
-                return b"".join(parts), st
+                return b"".join(parts), os.fstat(fd)
             parts.append(more)
     finally:
         os.close(fd)
