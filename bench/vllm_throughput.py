@@ -199,6 +199,7 @@ def engine_side(spec_path: str) -> int:
     timed(renderer, "render", "render")
     timed(renderer, "_images", "images")
     timed(type(interface.tokenizer), "__call__", "tokenize")
+    timed(type(interface.batch_tokenizer), "ids", "tokenize")
     timed(VLLMInterface, "_request", "request")
     VLLMInterface._generate = real_generate
     timed(VLLMInterface, "_generate", "engine")

@@ -67,6 +67,7 @@ from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
 from reform_eval.models.outputs import finish_text
+from reform_eval.models.token_batches import BatchTokenizer
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_log import library_log_to_run, output_to_log
@@ -192,6 +193,8 @@ class VLLMInterface(BaseInterface):
         self.model_path = path
         self.engine_path = vllm_checkpoint(path)
         self.tokenizer = self.renderer.tokenizer
+        #: a batch's prompts to token ids, each distinct piece of text tokenized once
+        self.batch_tokenizer = BatchTokenizer(self.tokenizer)
         self.dtype = str(self.renderer.dtype).replace("torch.", "")
         self._traces: Optional[List[Dict[str, Any]]] = None
         self.llm = self._start_engine()
@@ -367,8 +370,8 @@ class VLLMInterface(BaseInterface):
             self.renderer._check_images(text, len(imgs), i)
             rendered.append(text)
             images.append(imgs)
-        # the batch's prompts tokenized in one call (the same ids as one by one: no padding)
-        token_ids = self.tokenizer(rendered, add_special_tokens=True)["input_ids"] if rendered else []
+        # the batch's prompts tokenized together, each distinct piece once (the tokenizer's own ids)
+        token_ids = self.batch_tokenizer.ids(rendered)
         requests = [self._request(t, ims, prompt_ids=ids) for t, ims, ids in zip(rendered, images, token_ids)]
         params: Any
         if temperature > 0:

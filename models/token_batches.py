@@ -1,0 +1,126 @@
+"""Token ids of a batch of rendered prompts with every distinct piece of text tokenized once.
+
+Why: an engine handed token ids (``--model vllm``) leaves the tokenizing to the harness, and on
+a benchmark whose prompts share a long instruction (iWISDM's task description, the same for
+every trial of a batch) the fast tokenizer spent most of its time (a quarter of the batch loop
+on this machine, issue 35) tokenizing that same text once per prompt.
+
+How, and why the ids are the tokenizer's own: a Hugging Face fast tokenizer (``tokenizers``)
+first cuts the text at its added tokens (``<image>``, ``<s>``, ...), then normalizes,
+pre-tokenizes and encodes each piece between them on its own, and at last adds its special
+tokens around the whole (the post-processor). So a batch is cut the same way, each distinct
+piece is encoded once (one ``encode_batch_fast`` call: the ids without the character offsets
+nobody reads), the pieces' ids are joined with the added tokens' ids, and the special tokens
+the post-processor puts before and after a single sequence are added. This is used only where
+the library is known to work that way: no normalizer or a Unicode one, a ``ByteLevel``
+pre-tokenizer without a prefix space (a ``Metaspace`` one treats the text's first piece apart),
+added tokens matched as written (not normalized, no stripping, not single-word), special tokens
+not split, no truncation or padding, and a post-processor that only adds fixed tokens around
+one sequence. A set of probe texts (added tokens at the start, the end, side by side, between
+spaces and newlines) must come out equal to the tokenizer's own call when it is set up.
+Anything else is tokenized by the tokenizer's own call on the whole batch, as before.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger(__name__)
+
+#: normalizers that act on a piece's characters alone (the library normalizes each piece apart)
+_NORMALIZERS = (None, "NFC", "NFD", "NFKC", "NFKD", "Lowercase")
+_POST_PROCESSORS = (None, "TemplateProcessing", "ByteLevel", "RobertaProcessing", "BertProcessing")
+#: texts whose ids must be the tokenizer's own before the pieces are trusted ({t}: an added token)
+_PROBES = ("{t}", "a{t}b", " {t} ", "{t}{t}\n{t}", "x {t}\n\ny  {t}", "héllo, wörld!{t} 12 34\t.", "  a  \n ")
+
+
+class BatchTokenizer:
+    """``ids(texts)``: each text's token ids, as ``tokenizer(texts, add_special_tokens=True)``
+    gives them, the distinct pieces of the batch tokenized once (module docstring)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.backend: Any = None
+        self._cut: Optional["re.Pattern[str]"] = None
+        self._added: Dict[str, int] = {}
+        self._around: Tuple[List[int], List[int]] = ([], [])
+        reason = self._set_up()
+        if reason:
+            self.backend = None
+            logger.debug("token ids of each prompt from the tokenizer's own call: %s", reason)
+
+    @property
+    def by_pieces(self) -> bool:
+        """Whether batches are tokenized piece by piece (else by the tokenizer's own call)."""
+        return self.backend is not None
+
+    def _set_up(self) -> Optional[str]:
+        """Check the tokenizer works as the module docstring says; the reason it does not, or None."""
+        tok = self.tokenizer
+        bk = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+        if bk is None or not hasattr(bk, "encode_batch_fast") or not hasattr(bk, "get_added_tokens_decoder"):
+            return "not a fast tokenizer"
+        if getattr(bk, "encode_special_tokens", False) or getattr(tok, "split_special_tokens", False):
+            return "special tokens are split"
+        kinds = {"normalizer": _NORMALIZERS, "post_processor": _POST_PROCESSORS}
+        for part, allowed in kinds.items():
+            name = type(getattr(bk, part)).__name__ if getattr(bk, part) is not None else None
+            if name not in allowed:
+                return f"{part} {name}"
+        pre = bk.pre_tokenizer
+        if type(pre).__name__ != "ByteLevel" or getattr(pre, "add_prefix_space", True):
+            return f"pre_tokenizer {type(pre).__name__ if pre is not None else None}"
+        added = bk.get_added_tokens_decoder()
+        for tid, t in added.items():
+            if t.normalized or t.lstrip or t.rstrip or t.single_word:
+                return f"added token {t.content!r} is matched with options"
+            self._added[t.content] = int(tid)
+        if not self._added:
+            return "no added tokens"
+        # leftmost-longest, as the library matches them
+        self._cut = re.compile("(" + "|".join(re.escape(t) for t in sorted(self._added, key=len, reverse=True)) + ")")
+        self.backend = bk
+        if bk.truncation is not None or bk.padding is not None:
+            return "the backend truncates or pads"
+        a = bk.encode("a", add_special_tokens=False).ids
+        full = bk.encode("a", add_special_tokens=True).ids
+        k = next((i for i in range(len(full) - len(a) + 1) if full[i:i + len(a)] == a), None)
+        if not a or k is None:
+            return "the special tokens are not around the sequence"
+        self._around = (full[:k], full[k + len(a):])
+        probes = [p.format(t=t) for t in self._added for p in _PROBES]
+        if self._by_pieces(probes) != [list(x) for x in tok(probes, add_special_tokens=True)["input_ids"]]:
+            return "the probe texts tokenize differently piece by piece"
+        return None
+
+    def ids(self, texts: Sequence[str]) -> List[List[int]]:
+        """Each text's token ids with the tokenizer's special tokens (BOS), no padding."""
+        if not texts:
+            return []
+        bk = self.backend
+        if bk is None or bk.truncation is not None or bk.padding is not None:
+            return [list(x) for x in self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+        return self._by_pieces(texts)
+
+    def _by_pieces(self, texts: Sequence[str]) -> List[List[int]]:
+        assert self._cut is not None
+        cuts = [self._cut.split(t) for t in texts]  # text, added token, text, ... (texts may be "")
+        distinct: Dict[str, int] = {}
+        for parts in cuts:
+            for piece in parts[::2]:
+                if piece and piece not in distinct:
+                    distinct[piece] = len(distinct)
+        encoded = [e.ids for e in self.backend.encode_batch_fast(list(distinct), add_special_tokens=False)]
+        before, after = self._around
+        out: List[List[int]] = []
+        for parts in cuts:
+            ids = list(before)
+            for j, piece in enumerate(parts):
+                if j % 2:
+                    ids.append(self._added[piece])
+                elif piece:
+                    ids.extend(encoded[distinct[piece]])
+            ids.extend(after)
+            out.append(ids)
+        return out
