@@ -8,7 +8,9 @@ comparable with the in-process family when the model sees the same thing, so:
   (``llava`` ...; ``--model_option family=`` overrides), whose interface is built without weights
   (``HFBaseInterface(config, load_weights=False)``) and renders every prompt: the same
   preprocessor, chat template, system line and response prefix as ``--model <family>``. The text
-  is tokenized as the family's processor tokenizes it (``add_special_tokens=True``: the same BOS)
+  is tokenized as the family's processor tokenizes it (``add_special_tokens=True``: the same BOS;
+  a generation batch's prompts together, each distinct piece of text between added tokens once,
+  ``models.token_batches``: the tokenizer's own ids, a shared instruction tokenized once per batch)
   and handed to vLLM as token ids (a ``TokensPrompt``), images in ``multi_modal_data``, in order;
   vLLM expands each image placeholder as the family's processor does;
 * **the same image processor backend**: transformers 5 image processors have a ``pil`` and a
