@@ -119,3 +119,25 @@ def test_vllm_path_tokenizes_the_shared_instruction_once(monkeypatch):
     assert counting.chars >= sum(len(p) for p in prompts)  # (the counter sees the tokenizer's own call)
     tails = sum(len(p.split("<image>")[1]) for p in prompts)
     assert spent <= len(prompts[0].split("<image>")[0]) + tails
+
+
+def test_likelihood_candidates_share_the_prompts_tokens(monkeypatch):
+    """A sample's candidates (in process and on the vLLM path, ``_prepare``): the same tokens as
+    ``candidate_ids`` one by one, and the prompt's text before its last added token encoded
+    once, not once per candidate (it was 1 + 8 times)."""
+    from reform_eval.models.interfaces.vllm_interface import family_of
+
+    renderer = family_of("llava")({"model_name": TINY}, load_weights=False)
+    prompt = _prompts(1)[0]
+    one_by_one = [renderer.candidate_ids(renderer.render(prompt), c) for c in OPTIONS]
+    counting = CountingBackend(renderer.tokenizer._tokenizer)
+    monkeypatch.setattr(renderer.tokenizer, "_tokenizer", counting)
+    renderer._token_batches = BatchTokenizer(renderer.tokenizer)
+    renderer._prompt_ids_memo = None
+    counting.chars = 0  # (setting up tokenized its probe texts)
+    text, imgs, cand_ids = renderer._prepare([Image.new("RGB", (8, 8), "red")], prompt, OPTIONS, 0)
+    spent = counting.chars
+    assert cand_ids == one_by_one
+    assert renderer.prompt_ids(text) == renderer.tokenizer(text, add_special_tokens=True)["input_ids"]
+    head, tail = text.split("<image>")
+    assert spent <= len(head) + len(tail) + sum(len(tail) + 1 + len(c) for c in OPTIONS)

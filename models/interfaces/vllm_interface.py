@@ -69,7 +69,6 @@ from reform_eval.models.hf_base import HFBaseInterface
 from reform_eval.models.hf_loading import _one_line, builtin_checkpoint
 from reform_eval.models.interfaces.base_interface import BaseInterface, CandidateScore
 from reform_eval.models.outputs import finish_text
-from reform_eval.models.token_batches import BatchTokenizer
 from reform_eval.models.vllm_checkpoint import vllm_checkpoint
 from reform_eval.utils.errors import ReformError
 from reform_eval.utils.run_log import library_log_to_run, output_to_log
@@ -196,7 +195,7 @@ class VLLMInterface(BaseInterface):
         self.engine_path = vllm_checkpoint(path)
         self.tokenizer = self.renderer.tokenizer
         #: a batch's prompts to token ids, each distinct piece of text tokenized once
-        self.batch_tokenizer = BatchTokenizer(self.tokenizer)
+        self.batch_tokenizer = self.renderer.token_batches()
         self.dtype = str(self.renderer.dtype).replace("torch.", "")
         self._traces: Optional[List[Dict[str, Any]]] = None
         self.llm = self._start_engine()
