@@ -6,7 +6,8 @@ Likelihood (``raw_batch_predict``), per sample (all samples of a batch together,
    encode images + prompt once with ``use_cache=True``; keep the last logits and the cache;
 2. candidate tokens = ``tokens(prompt + joiner + candidate)[len(tokens(prompt)):]`` when the
    prompt's tokens are a prefix of the joint tokens (else ``tokens(joiner + candidate)``
-   without special tokens); ``joiner`` is one space unless the prompt ends in whitespace;
+   without special tokens); ``joiner`` is one space unless the prompt ends in whitespace (a
+   sample's texts in one tokenizer call, ``candidates_ids``: what they share encoded once);
 3. run only the candidate tokens against the shared cache (in chunks of
    ``candidate_batch_size``), with one of two strategies:
    ``expand``: repeat the cache over the K candidates, one right-padded row each (causal
