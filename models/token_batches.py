@@ -12,16 +12,23 @@ tokens around the whole (the post-processor). So a batch is cut the same way, ea
 piece is encoded once (one ``encode_batch_fast`` call: the ids without the character offsets
 nobody reads), the pieces' ids are joined with the added tokens' ids, and the special tokens
 the post-processor puts before and after a single sequence are added. This is used only where
-the library is known to work that way: no normalizer or a Unicode one, a ``ByteLevel``
-pre-tokenizer without a prefix space (a ``Metaspace`` one treats the text's first piece apart),
-added tokens matched as written (not normalized, no stripping, not single-word), special tokens
-not split, no truncation or padding, and a post-processor that only adds fixed tokens around
-one sequence. A set of probe texts (added tokens at the start, the end, side by side, between
-spaces and newlines) must come out equal to the tokenizer's own call when it is set up.
+the library is known to work that way, read from each component's own serialized settings:
+a normalizer that acts on a piece's characters alone (Unicode forms, ``Lowercase``, ``Strip``,
+``StripAccents``, ``Prepend``, ``Replace``: Llama's "legacy" ``Prepend("▁")`` is applied to every
+piece by the library too), a pre-tokenizer that splits each piece apart (``ByteLevel`` without a
+prefix space, ``Split`` with a regex such as Qwen2's or Llama 3's, ``Digits``, ``Punctuation``,
+``Whitespace``, ``WhitespaceSplit``, ``Metaspace`` whose prepend scheme is ``never`` or
+``always``; ``first`` treats the text's first piece apart), or a ``Sequence`` of those; added
+tokens matched as written (not normalized, no stripping, not single-word), special tokens not
+split, no truncation or padding, and a post-processor that only adds fixed tokens around one
+sequence. A set of probe texts (added tokens at the start, the end, side by side, between spaces
+and newlines, digits, punctuation, accents) must come out equal to the tokenizer's own call when
+it is set up: the last guard, over the allow-list.
 Anything else is tokenized by the tokenizer's own call on the whole batch, as before.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -29,10 +36,37 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 logger = logging.getLogger(__name__)
 
 #: normalizers that act on a piece's characters alone (the library normalizes each piece apart)
-_NORMALIZERS = (None, "NFC", "NFD", "NFKC", "NFKD", "Lowercase")
-_POST_PROCESSORS = (None, "TemplateProcessing", "ByteLevel", "RobertaProcessing", "BertProcessing")
+_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents", "Prepend", "Replace"}
+#: pre-tokenizers that split each piece on its own (Metaspace and ByteLevel: settings checked below)
+_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "Metaspace"}
+#: post-processors that add fixed tokens around one sequence (ByteLevel: offsets only)
+_POST_PROCESSORS = {"TemplateProcessing", "ByteLevel", "RobertaProcessing", "BertProcessing"}
 #: texts whose ids must be the tokenizer's own before the pieces are trusted ({t}: an added token)
-_PROBES = ("{t}", "a{t}b", " {t} ", "{t}{t}\n{t}", "x {t}\n\ny  {t}", "héllo, wörld!{t} 12 34\t.", "  a  \n ")
+_PROBES = ("{t}", "a{t}b", " {t} ", "{t}{t}\n{t}", "x {t}\n\ny  {t}", "héllo, wörld!{t} 12 34\t.", "  a  \n ",
+           "{t}a", "{t} a", "a {t}", "a  {t}  b", "{t}\n", "\n{t}\n\n", "Ab 123456 7{t}89 x1y2",
+           "it's ok...!?{t}?! (A) b; c.", " \t {t}\t", "e\u0301 ÉCOLE ﬁ ① ▁a ▁{t}▁", "漢字{t}😀 ", "{t}  ", "   ")
+
+
+def _component(part: Any) -> Optional[Dict[str, Any]]:
+    """A tokenizers component's own settings (its serialized JSON: type, nested parts), or None."""
+    return None if part is None else json.loads(part.__getstate__())
+
+
+def _unknown(spec: Optional[Dict[str, Any]], allowed: set, nested: str) -> Optional[str]:
+    """The first component of ``spec`` (a ``Sequence``'s ``nested`` list walked) not known to act
+    on each piece apart, described; None if all are."""
+    if spec is None:
+        return None
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return next((u for u in (_unknown(s, allowed, nested) for s in spec.get(nested, [])) if u), None)
+    if kind not in allowed:
+        return str(kind)
+    if kind == "ByteLevel" and nested == "pretokenizers" and spec.get("add_prefix_space", True):
+        return "ByteLevel with a prefix space"
+    if kind == "Metaspace" and spec.get("prepend_scheme") not in ("never", "always"):
+        return f"Metaspace with prepend_scheme {spec.get('prepend_scheme')!r}"  # "first": the text's start
+    return None
 
 
 class BatchTokenizer:
@@ -63,14 +97,16 @@ class BatchTokenizer:
             return "not a fast tokenizer"
         if getattr(bk, "encode_special_tokens", False) or getattr(tok, "split_special_tokens", False):
             return "special tokens are split"
-        kinds = {"normalizer": _NORMALIZERS, "post_processor": _POST_PROCESSORS}
-        for part, allowed in kinds.items():
-            name = type(getattr(bk, part)).__name__ if getattr(bk, part) is not None else None
-            if name not in allowed:
-                return f"{part} {name}"
-        pre = bk.pre_tokenizer
-        if type(pre).__name__ != "ByteLevel" or getattr(pre, "add_prefix_space", True):
-            return f"pre_tokenizer {type(pre).__name__ if pre is not None else None}"
+        try:
+            parts = {name: _component(getattr(bk, name)) for name in ("normalizer", "pre_tokenizer", "post_processor")}
+        except (AttributeError, TypeError, ValueError) as exc:
+            return f"its pipeline cannot be read ({exc})"
+        for name, allowed, nested in (("normalizer", _NORMALIZERS, "normalizers"),
+                                      ("pre_tokenizer", _PRE_TOKENIZERS, "pretokenizers"),
+                                      ("post_processor", _POST_PROCESSORS, "processors")):
+            unknown = _unknown(parts[name], allowed, nested)
+            if unknown:
+                return f"{name} {unknown}"
         added = bk.get_added_tokens_decoder()
         for tid, t in added.items():
             if t.normalized or t.lstrip or t.rstrip or t.single_word:
@@ -89,7 +125,7 @@ class BatchTokenizer:
         if not a or k is None:
             return "the special tokens are not around the sequence"
         self._around = (full[:k], full[k + len(a):])
-        probes = [p.format(t=t) for t in self._added for p in _PROBES]
+        probes = [p.format(t=t) for t in self._added for p in _PROBES] + ["a " + " b".join(self._added) + " c"]
         if self._by_pieces(probes) != [list(x) for x in tok(probes, add_special_tokens=True)["input_ids"]]:
             return "the probe texts tokenize differently piece by piece"
         return None

@@ -65,21 +65,131 @@ def test_ids_are_the_tokenizers_own(tokenizer):
     texts = _prompts(16)
     assert bt.ids(texts) == tokenizer(texts, add_special_tokens=True)["input_ids"]
     assert bt.ids(texts)[0][0] == tokenizer.bos_token_id
-    rnd = random.Random(0)
-    alphabet = list("ab <>\n\t.,!é漢") + ["<image>", "<s>", "</s>", "<pad>", "<unk>", "<imag", "e>", "  "]
-    for _ in range(300):
-        batch = ["".join(rnd.choice(alphabet) for _ in range(rnd.randrange(0, 30))) for _ in range(rnd.randrange(1, 6))]
+    for batch in _random_batches(["<image>", "<s>", "</s>", "<pad>", "<unk>", "<imag", "e>"]):
         assert bt.ids(batch) == tokenizer(batch, add_special_tokens=True)["input_ids"], batch
     assert bt.ids([]) == []
 
 
-def test_an_unknown_pipeline_is_tokenized_by_the_tokenizers_own_call():
-    """A Metaspace pre-tokenizer treats the text's first piece apart: no pieces, the same ids."""
+def _random_batches(tokens: List[str], n: int = 300) -> List[List[str]]:
+    """``n`` batches of 1-5 random texts of characters (spaces, newlines, digits, accents, CJK) and
+    ``tokens`` (added tokens and parts of them)."""
+    rnd = random.Random(0)
+    alphabet = list("ab <>\n\t.,!é漢A7'▁") + ["  ", "12"] + list(tokens)
+    return [["".join(rnd.choice(alphabet) for _ in range(rnd.randrange(0, 30))) for _ in range(rnd.randrange(1, 6))]
+            for _ in range(n)]
+
+
+#: Qwen2's (and Qwen2-VL's, Qwen2.5-VL's) pre-tokenizer regex, from its tokenizer.json
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+QWEN2_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|image_pad|>", "<|video_pad|>"]
+LLAMA_SPECIAL = ["<unk>", "<s>", "</s>"]
+
+
+def _corpus() -> List[str]:
+    from reform_eval.models.tiny import TINY_CORPUS
+    return list(TINY_CORPUS) * 4 + [INSTRUCTION] * 4
+
+
+def _qwen2_like() -> Any:
+    """Qwen2-VL's pipeline as its tokenizer.json sets it (NFC; the regex Split, then ByteLevel
+    without its own regex; ByteLevel post-processor and decoder; no BOS), a BPE trained here."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    backend = Tokenizer(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.train_from_iterator(_corpus(), trainers.BpeTrainer(
+        vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_SPECIAL])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def _llama_like(pre_tokenizer: Any = None) -> Any:
+    """A Llama/Vicuna tokenizer as LLaVA-1.5 ships it ("legacy" conversion: ``Prepend("▁")`` and
+    ``Replace(" ", "▁")`` normalizers, no pre-tokenizer, BPE with byte fallback, ``<s>`` added
+    before), with ``<image>`` added; or, given ``pre_tokenizer``, that one and no normalizer (the
+    newer conversion's ``Metaspace``)."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    backend = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if pre_tokenizer is None:
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        backend.pre_tokenizer = pre_tokenizer
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.train_from_iterator(_corpus(), trainers.BpeTrainer(
+        vocab_size=500, special_tokens=LLAMA_SPECIAL, show_progress=False))
+    spec = json.loads(backend.to_str())  # the byte-fallback tokens <0x00>..<0xFF>, as Llama's vocabulary has them
+    vocab = spec["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    backend = Tokenizer.from_str(json.dumps(spec))
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", backend.token_to_id("<s>"))])
+    backend.add_special_tokens([AddedToken("<image>", special=True, normalized=False)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def _qwen2_prompts(n: int) -> List[str]:
+    """The fixture prompts as Qwen2-VL's chat template renders them."""
+    return ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+            + p.replace("USER: ", "").replace("<image>", "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>")
+            .replace(" ASSISTANT:", "<|im_end|>\n<|im_start|>assistant\n") for p in _prompts(16)]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama_legacy"])
+def test_real_pipelines_are_tokenized_by_pieces(kind):
+    """Qwen2-VL's and LLaVA-1.5's tokenizer pipelines act on each piece between added tokens apart
+    (as the library itself runs them): tokenized piece by piece, the ids the tokenizer's own."""
+    tok = _qwen2_like() if kind == "qwen2" else _llama_like()
+    bt = BatchTokenizer(tok)
+    assert bt.by_pieces
+    texts = _qwen2_prompts(16) if kind == "qwen2" else _prompts(16)
+    own = tok(texts, add_special_tokens=True)["input_ids"]
+    assert bt.ids(texts) == own
+    if kind == "llama_legacy":
+        assert own[0][0] == tok.bos_token_id
+        after = own[0][own[0].index(tok.convert_tokens_to_ids("<image>")) + 1]
+        assert tok.convert_ids_to_tokens(after).startswith("▁")  # "legacy": the piece after <image> gets "▁" too
+    specials = QWEN2_SPECIAL if kind == "qwen2" else LLAMA_SPECIAL + ["<image>"]
+    for batch in _random_batches(specials + ["<|im_", "_end|>", "<imag", "e>"]):
+        assert bt.ids(batch) == tok(batch, add_special_tokens=True)["input_ids"], batch
+
+
+@pytest.mark.parametrize("scheme,pieces", [("first", False), ("always", True), ("never", True)])
+def test_llama_metaspace_by_its_prepend_scheme(scheme, pieces):
+    """The newer Llama conversion's ``Metaspace(prepend_scheme="first")`` prepends "▁" to the text's
+    first piece only: the tokenizer's own call. "always" and "never" act on each piece apart."""
+    from tokenizers import pre_tokenizers
+    tok = _llama_like(pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False))
+    bt = BatchTokenizer(tok)
+    assert bt.by_pieces is pieces
+    texts = _prompts(16)
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    for batch in _random_batches(LLAMA_SPECIAL + ["<image>", "<imag", "e>"], n=100):
+        assert bt.ids(batch) == tok(batch, add_special_tokens=True)["input_ids"], batch
+
+
+@pytest.mark.parametrize("pre", ["metaspace_first", "byte_level_prefix_space", "unicode_scripts"])
+def test_an_unknown_pipeline_is_tokenized_by_the_tokenizers_own_call(pre):
+    """A pre-tokenizer that treats the text's first piece apart (Metaspace "first"), one with a
+    setting not on the list, one not on the list at all: no pieces, the same ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    vocab = {"<unk>": 0, "<s>": 1, "<image>": 2, "▁": 3, "▁a": 4, "a": 5, "b": 6, "▁b": 7}
+    vocab = {"<unk>": 0, "<s>": 1, "<image>": 2, "▁": 3, "▁a": 4, "a": 5, "b": 6, "▁b": 7, "Ġa": 8}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.pre_tokenizer = {"metaspace_first": pre_tokenizers.Metaspace(prepend_scheme="first"),
+                             "byte_level_prefix_space": pre_tokenizers.ByteLevel(add_prefix_space=True),
+                             "unicode_scripts": pre_tokenizers.UnicodeScripts()}[pre]
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
                                   additional_special_tokens=["<image>"])
     bt = BatchTokenizer(tok)
