@@ -251,3 +251,33 @@ def test_likelihood_candidates_share_the_prompts_tokens(monkeypatch):
     assert renderer.prompt_ids(text) == renderer.tokenizer(text, add_special_tokens=True)["input_ids"]
     head, tail = text.split("<image>")
     assert spent <= len(head) + len(tail) + sum(len(tail) + 1 + len(c) for c in OPTIONS)
+
+
+@pytest.mark.parametrize("kind", ["strip_lowercase_nfkc", "whitespace_digits_punctuation", "nfd_metaspace_always"])
+def test_other_admitted_components_give_the_tokenizers_own_ids(kind):
+    """Each other component the allow-list admits (``Strip``, ``Lowercase``, ``NFKC``,
+    ``StripAccents``, ``Whitespace``, ``Digits``, ``Punctuation``, ``WhitespaceSplit``,
+    ``Metaspace`` "always"): tokenized by pieces, the tokenizer's own ids on 300 random batches."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, trainers
+    from tokenizers import pre_tokenizers as pre
+    from transformers import PreTrainedTokenizerFast
+    normalizer, pre_tokenizer = {
+        "strip_lowercase_nfkc": (normalizers.Sequence([normalizers.Strip(), normalizers.Lowercase(), normalizers.NFKC(),
+                                                       normalizers.StripAccents()]), pre.ByteLevel(add_prefix_space=False)),
+        "whitespace_digits_punctuation": (None, pre.Sequence([pre.Whitespace(), pre.Digits(individual_digits=True),
+                                                              pre.Punctuation()])),
+        "nfd_metaspace_always": (normalizers.NFD(), pre.Sequence([pre.WhitespaceSplit(),
+                                                                  pre.Metaspace(prepend_scheme="always")])),
+    }[kind]
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    if normalizer is not None:
+        backend.normalizer = normalizer
+    backend.pre_tokenizer = pre_tokenizer
+    backend.train_from_iterator(_corpus(), trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"],
+                                                               show_progress=False))
+    backend.add_special_tokens([AddedToken("<image>", special=True, normalized=False)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    bt = BatchTokenizer(tok)
+    assert bt.by_pieces
+    for batch in [_prompts(16)] + _random_batches(["<image>", "<unk>", "<imag", "e>"]):
+        assert bt.ids(batch) == tok(batch, add_special_tokens=True)["input_ids"], batch
