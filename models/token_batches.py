@@ -19,7 +19,8 @@ piece by the library too), a pre-tokenizer that splits each piece apart (``ByteL
 prefix space, ``Split`` with a regex such as Qwen2's or Llama 3's, ``Digits``, ``Punctuation``,
 ``Whitespace``, ``WhitespaceSplit``, ``Metaspace`` whose prepend scheme is ``never`` or
 ``always``; ``first`` treats the text's first piece apart), or a ``Sequence`` of those; added
-tokens matched as written (not normalized, no stripping, not single-word), special tokens not
+tokens matched as written (no stripping, not single-word; a "normalized" one only without a
+normalizer: the library cuts at those in a second pass, in each piece, as done here), special tokens not
 split, no truncation or padding, and a post-processor that only adds fixed tokens around one
 sequence. A set of probe texts (added tokens at the start, the end, side by side, between spaces
 and newlines, digits, punctuation, accents) must come out equal to the tokenizer's own call when
@@ -76,7 +77,7 @@ class BatchTokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.backend: Any = None
-        self._cut: Optional["re.Pattern[str]"] = None
+        self._cut: List["re.Pattern[str]"] = []  # the library's passes: tokens as written, then normalized ones
         self._added: Dict[str, int] = {}
         self._around: Tuple[List[int], List[int]] = ([], [])
         reason = self._set_up()
@@ -107,15 +108,17 @@ class BatchTokenizer:
             unknown = _unknown(parts[name], allowed, nested)
             if unknown:
                 return f"{name} {unknown}"
-        added = bk.get_added_tokens_decoder()
-        for tid, t in added.items():
-            if t.normalized or t.lstrip or t.rstrip or t.single_word:
+        passes: Tuple[List[str], List[str]] = ([], [])
+        for tid, t in bk.get_added_tokens_decoder().items():
+            if t.lstrip or t.rstrip or t.single_word or (t.normalized and parts["normalizer"] is not None):
                 return f"added token {t.content!r} is matched with options"
             self._added[t.content] = int(tid)
+            passes[bool(t.normalized)].append(t.content)
         if not self._added:
             return "no added tokens"
         # leftmost-longest, as the library matches them
-        self._cut = re.compile("(" + "|".join(re.escape(t) for t in sorted(self._added, key=len, reverse=True)) + ")")
+        self._cut = [re.compile("(" + "|".join(re.escape(t) for t in sorted(p, key=len, reverse=True)) + ")")
+                     for p in passes if p]
         self.backend = bk
         if bk.truncation is not None or bk.padding is not None:
             return "the backend truncates or pads"
@@ -125,7 +128,10 @@ class BatchTokenizer:
         if not a or k is None:
             return "the special tokens are not around the sequence"
         self._around = (full[:k], full[k + len(a):])
-        probes = [p.format(t=t) for t in self._added for p in _PROBES] + ["a " + " b".join(self._added) + " c"]
+        # every probe around the first tokens of each pass (a model may add a thousand alike), and all in one text
+        probes = [p.format(t=t) for pass_ in passes for t in pass_[:8] for p in _PROBES]
+        every = list(self._added)
+        probes += ["a " + " b".join(every[i:i + 64]) + " c" for i in range(0, len(every), 64)]
         if self._by_pieces(probes) != [list(x) for x in tok(probes, add_special_tokens=True)["input_ids"]]:
             return "the probe texts tokenize differently piece by piece"
         return None
@@ -140,8 +146,10 @@ class BatchTokenizer:
         return self._by_pieces(texts)
 
     def _by_pieces(self, texts: Sequence[str]) -> List[List[int]]:
-        assert self._cut is not None
-        cuts = [self._cut.split(t) for t in texts]  # text, added token, text, ... (texts may be "")
+        cuts = [[t] for t in texts]  # text, added token, text, ... (texts may be "")
+        for cut in self._cut:
+            cuts = [[x for j, part in enumerate(parts) for x in (cut.split(part) if j % 2 == 0 else (part,))]
+                    for parts in cuts]
         distinct: Dict[str, int] = {}
         for parts in cuts:
             for piece in parts[::2]:
