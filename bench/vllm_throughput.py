@@ -20,9 +20,16 @@ timed around ``llm.generate``; its generated tokens must equal the harness's on 
 Rates are the best over the repetitions (the least disturbed by other work on the machine);
 ``vllm_vs_bare`` is harness rate / bare rate at batch 128, and ``vllm_vs_bare_cpu`` the same
 ratio in CPU time of this process (bare CPU seconds / those of the interface's ``forward``), the median over
-the repetitions: on a shared machine wall time moves with the neighbours' load, CPU time much less. Then one more batch-128 run with a timer around each step of the batch loop (render, images,
-tokenize, the engine call, decode, trace; the rest of ``forward_s`` as ``other``), printed as
-``steps:``.
+the repetitions: on a shared machine wall time moves with the neighbours' load, CPU time much
+less, and with the engine's spinning threads too. Steadier, as each repetition times its parts
+side by side: ``harness_own_b128_s``, the median over the batch-128 repetitions of the harness's
+own part of ``forward_s`` (``forward_s`` less the engine call inside it, timed as the bare
+engine's ``llm.generate`` is: rendering, tokenizing, the requests, decoding, traces, checks), and
+``engine_call_vs_bare``, the median ratio of that engine call to the bare engine's on the same
+requests (1 within the noise: the same work); the harness's rate is the bare rate divided by
+``engine_call_vs_bare`` and by 1 + own time / engine call. Then one more batch-128 run with a
+timer around each step of the batch loop (render, images, tokenize, the engine call, decode,
+trace; the rest of ``forward_s`` as ``other``), printed as ``steps:``.
 
 Usage: python bench/vllm_throughput.py [--trials 16] [--bare_trials 128] [--reps 3]
        [--engines hf,vllm,served] [--smoke]
@@ -32,7 +39,7 @@ once: about 4 minutes here.)
 Prints: samples=... hf_c1_sps=... hf_c8_sps=... vllm_c1_sps=... vllm_c8_sps=... served_c1_sps=...
 served_c8_sps=... vllm_vs_hf_c8=... served_vs_hf_c8=... vllm_start_s=... served_start_s=...
 bare_samples=... harness_b8_sps=... bare_b8_sps=... harness_b128_sps=... bare_b128_sps=...
-vllm_vs_bare=... vllm_vs_bare_cpu=... identical=... (keys of engines left out by ``--engines`` are not printed)
+vllm_vs_bare=... vllm_vs_bare_cpu=... harness_own_b128_s=... engine_call_vs_bare=... identical=... (keys of engines left out by ``--engines`` are not printed)
 """
 from __future__ import annotations
 
@@ -118,8 +125,12 @@ def engine_side(spec_path: str) -> int:
     captured: List[Any] = []
     real_generate = VLLMInterface._generate
 
+    engine_s: List[float] = []  # the harness's engine calls, timed as the bare engine's are
+
     def capturing(self: Any, requests: List[Dict[str, Any]], params: Any) -> List[Any]:
+        t0 = _time.perf_counter()
         outs = real_generate(self, requests, params)
+        engine_s.append(_time.perf_counter() - t0)
         captured.append((requests, params, [list(o.outputs[0].token_ids) for o in outs]))
         return outs
 
@@ -140,6 +151,7 @@ def engine_side(spec_path: str) -> int:
     def harness(batch: int, out: str) -> float:
         captured.clear()
         forward_cpu.clear()
+        engine_s.clear()
         argv = ["--model", "vllm", "--model_name", "tiny-trained", *bare["data"], "--per_gpu_eval_batch_size",
                 str(batch), "--output_dir", out]
         assert run_eval.main(argv) == 0, argv
@@ -170,7 +182,8 @@ def engine_side(spec_path: str) -> int:
             h = harness(batch, os.path.join(work, f"b{batch}_r{rep}"))
             h_cpu = sum(forward_cpu)
             b, b_cpu, n, same = bare_engine()
-            print(json.dumps({"batch": batch, "rep": rep, "harness_s": h, "bare_s": b, "harness_cpu_s": h_cpu,
+            print(json.dumps({"batch": batch, "rep": rep, "harness_s": h, "harness_engine_s": sum(engine_s), "bare_s": b,
+                              "harness_cpu_s": h_cpu,
                               "bare_cpu_s": b_cpu, "samples": n, "identical": same}), flush=True)
 
     # the steps of the batch loop, timed in one more batch-128 run (exclusive times: a step called
@@ -199,6 +212,7 @@ def engine_side(spec_path: str) -> int:
     timed(renderer, "render", "render")
     timed(renderer, "_images", "images")
     timed(type(interface.tokenizer), "__call__", "tokenize")
+    timed(type(interface.batch_tokenizer), "ids", "tokenize")
     timed(VLLMInterface, "_request", "request")
     VLLMInterface._generate = real_generate
     timed(VLLMInterface, "_generate", "engine")
@@ -286,8 +300,9 @@ def main(argv: List[str] = None) -> int:
             mine = [r for r in rows if r["batch"] == batch]
             for r in mine:
                 print(f"batch {batch} rep {r['rep']}: harness {r['samples'] / r['harness_s']:.1f} samples/s "
-                      f"({r['harness_cpu_s']:.3f} CPU s), bare engine {r['samples'] / r['bare_s']:.1f} samples/s "
-                      f"({r['bare_cpu_s']:.3f} CPU s), identical {r['identical']}/{r['samples']}", flush=True)
+                      f"({r['harness_cpu_s']:.3f} CPU s; {r['harness_s']:.3f} s, of which the engine call "
+                      f"{r['harness_engine_s']:.3f} s), bare engine {r['samples'] / r['bare_s']:.1f} samples/s "
+                      f"({r['bare_cpu_s']:.3f} CPU s; {r['bare_s']:.3f} s), identical {r['identical']}/{r['samples']}", flush=True)
             bare[f"harness_b{batch}_sps"] = max(r["samples"] / r["harness_s"] for r in mine)
             bare[f"bare_b{batch}_sps"] = max(r["samples"] / r["bare_s"] for r in mine)
         big = [r for r in rows if r["batch"] == 128]
@@ -298,6 +313,8 @@ def main(argv: List[str] = None) -> int:
                       **{k: f"{v:.1f}" for k, v in bare.items()},
                       "vllm_vs_bare": f"{bare['harness_b128_sps'] / bare['bare_b128_sps']:.3f}",
                       "vllm_vs_bare_cpu": f"{_median([r['bare_cpu_s'] / r['harness_cpu_s'] for r in big]):.3f}",
+                      "harness_own_b128_s": f"{_median([r['harness_s'] - r['harness_engine_s'] for r in big]):.4f}",
+                      "engine_call_vs_bare": f"{_median([r['harness_engine_s'] / r['bare_s'] for r in big]):.3f}",
                       "identical": f"{sum(r['identical'] for r in rows)}/{sum(r['samples'] for r in rows)}"})
 
     # a vLLM server

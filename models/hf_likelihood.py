@@ -6,7 +6,8 @@ Likelihood (``raw_batch_predict``), per sample (all samples of a batch together,
    encode images + prompt once with ``use_cache=True``; keep the last logits and the cache;
 2. candidate tokens = ``tokens(prompt + joiner + candidate)[len(tokens(prompt)):]`` when the
    prompt's tokens are a prefix of the joint tokens (else ``tokens(joiner + candidate)``
-   without special tokens); ``joiner`` is one space unless the prompt ends in whitespace;
+   without special tokens); ``joiner`` is one space unless the prompt ends in whitespace (a
+   sample's texts in one tokenizer call, ``candidates_ids``: what they share encoded once);
 3. run only the candidate tokens against the shared cache (in chunks of
    ``candidate_batch_size``), with one of two strategies:
    ``expand``: repeat the cache over the K candidates, one right-padded row each (causal
@@ -36,9 +37,15 @@ from PIL import Image
 
 from .hf_state import HFState
 from .interfaces.base_interface import CandidateScore
+from .token_batches import BatchTokenizer
 from ..utils.errors import ReformError
 
 logger = logging.getLogger(__name__)
+
+
+def _joiner(prompt_text: str, candidate: str) -> str:
+    """What goes between the prompt and a candidate: one space unless either side has one."""
+    return "" if (not prompt_text or prompt_text[-1].isspace() or candidate[:1].isspace()) else " "
 
 
 class HFLikelihoodMixin(HFState):
@@ -72,13 +79,36 @@ class HFLikelihoodMixin(HFState):
 
     def candidate_ids(self, prompt_text: str, candidate: str) -> List[int]:
         """The tokens ``candidate`` adds after the rendered prompt (see module docstring)."""
-        joiner = "" if (not prompt_text or prompt_text[-1].isspace() or candidate[:1].isspace()) else " "
+        joiner = _joiner(prompt_text, candidate)
         p = self.prompt_ids(prompt_text)
         j = self.tokenizer(prompt_text + joiner + candidate, add_special_tokens=True)["input_ids"]
+        return self._after_prompt(p, list(j), joiner, candidate)
+
+    def _after_prompt(self, p: List[int], j: List[int], joiner: str, candidate: str) -> List[int]:
+        """The candidate's tokens from the prompt's (``p``) and the joint text's (``j``)."""
         if len(j) > len(p) and j[:len(p)] == p:
             return list(j[len(p):])
         logger.debug("prompt tokens are not a prefix of prompt+candidate for %r; encoding it alone", candidate)
         return list(self.tokenizer(joiner + candidate, add_special_tokens=False)["input_ids"])
+
+    def token_batches(self) -> BatchTokenizer:
+        """Several texts to token ids at once, each distinct piece once (``models.token_batches``);
+        made once per interface."""
+        made = getattr(self, "_token_batches", None)
+        if made is None:
+            made = self._token_batches = BatchTokenizer(self.tokenizer)
+        return made
+
+    def candidates_ids(self, prompt_text: str, candidates: Sequence[str]) -> List[List[int]]:
+        """``candidate_ids`` of every candidate, the prompt's text tokenized once: the prompt and
+        each prompt + candidate in one call that encodes the pieces they share (all but the last
+        piece) once, where ``candidate_ids`` is not a family's own (which is then asked per candidate)."""
+        if type(self).candidate_ids is not HFLikelihoodMixin.candidate_ids:
+            return [self.candidate_ids(prompt_text, c) for c in candidates]
+        joiners = [_joiner(prompt_text, c) for c in candidates]
+        ids = self.token_batches().ids([prompt_text] + [prompt_text + j + c for j, c in zip(joiners, candidates)])
+        self._prompt_ids_memo = (prompt_text, ids[0])
+        return [self._after_prompt(ids[0], j, joiner, c) for j, joiner, c in zip(ids[1:], joiners, candidates)]
 
     def _prepare(self, images: Sequence[Any], prompt: Any, candidates: Sequence[str], i: int
                  ) -> Tuple[str, List[Image.Image], List[List[int]]]:
@@ -87,12 +117,10 @@ class HFLikelihoodMixin(HFState):
         self._check_images(text, len(imgs), i)
         if not candidates:
             raise ReformError(f"model {self.label}: {self._sid(i)}: no candidates to score")
-        cand_ids = []
-        for c in candidates:
-            ids = self.candidate_ids(text, str(c))
+        cand_ids = self.candidates_ids(text, [str(c) for c in candidates])
+        for c, ids in zip(candidates, cand_ids):
             if not ids:
                 raise ReformError(f"model {self.label}: {self._sid(i)}: candidate {c!r} has no tokens")
-            cand_ids.append(ids)
         return text, imgs, cand_ids
 
     @torch.inference_mode()

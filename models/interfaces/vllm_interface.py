@@ -8,7 +8,9 @@ comparable with the in-process family when the model sees the same thing, so:
   (``llava`` ...; ``--model_option family=`` overrides), whose interface is built without weights
   (``HFBaseInterface(config, load_weights=False)``) and renders every prompt: the same
   preprocessor, chat template, system line and response prefix as ``--model <family>``. The text
-  is tokenized as the family's processor tokenizes it (``add_special_tokens=True``: the same BOS)
+  is tokenized as the family's processor tokenizes it (``add_special_tokens=True``: the same BOS;
+  a generation batch's prompts together, each distinct piece of text between added tokens once,
+  ``models.token_batches``: the tokenizer's own ids, a shared instruction tokenized once per batch)
   and handed to vLLM as token ids (a ``TokensPrompt``), images in ``multi_modal_data``, in order;
   vLLM expands each image placeholder as the family's processor does;
 * **the same image processor backend**: transformers 5 image processors have a ``pil`` and a
@@ -192,6 +194,8 @@ class VLLMInterface(BaseInterface):
         self.model_path = path
         self.engine_path = vllm_checkpoint(path)
         self.tokenizer = self.renderer.tokenizer
+        #: a batch's prompts to token ids, each distinct piece of text tokenized once
+        self.batch_tokenizer = self.renderer.token_batches()
         self.dtype = str(self.renderer.dtype).replace("torch.", "")
         self._traces: Optional[List[Dict[str, Any]]] = None
         self.llm = self._start_engine()
@@ -367,8 +371,8 @@ class VLLMInterface(BaseInterface):
             self.renderer._check_images(text, len(imgs), i)
             rendered.append(text)
             images.append(imgs)
-        # the batch's prompts tokenized in one call (the same ids as one by one: no padding)
-        token_ids = self.tokenizer(rendered, add_special_tokens=True)["input_ids"] if rendered else []
+        # the batch's prompts tokenized together, each distinct piece once (the tokenizer's own ids)
+        token_ids = self.batch_tokenizer.ids(rendered)
         requests = [self._request(t, ims, prompt_ids=ids) for t, ims, ids in zip(rendered, images, token_ids)]
         params: Any
         if temperature > 0:
