@@ -37,8 +37,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def _interrupted(e: BaseException, tool: str) -> int:
     sig = world.interrupt_of(e) or "SIGINT"
     how = "" if sig == "SIGINT" else f" ({sig})"
-    return report_error(ReformError(f"interrupted{how} while {current_stage(e)}; re-running the same command "
-                                    "resumes from the samples already saved"), tool, code=130)
+    return report_error(ReformError(world.interrupted_line(how, current_stage(e))), tool, code=130)
 
 
 def run_cli(body: Callable[[], int], tool: str) -> int:

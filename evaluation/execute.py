@@ -27,7 +27,7 @@ from ..utils.distributed import DistInfo, barrier, default_device, sample_shardi
 from ..utils.errors import Interrupted, ReformError
 from ..utils.lifetime import die_with_parent
 from ..utils.predictions import ShardWriter, read_shard_dir, trim_torn_line
-from ..utils.world import interrupt_of, interrupts_held
+from ..utils.world import interrupt_of, interrupted_line, interrupts_held, note_progress
 
 logger = logging.getLogger("reform_eval.evaluation.execute")
 
@@ -156,6 +156,9 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
     bar = tqdm(total=len(order), disable=not show, desc=f"{cfg.dataset.name}", unit="sample", leave=False)
     writer = ShardWriter(os.path.join(plan.shard_dir, f"rank{dinfo.rank}-of-{dinfo.world_size}.jsonl"), plan.run_id)
     keys = {i: plan.key(plan.samples[i]) for i in order}
+    total = len(plan.samples)
+    # what an interrupt says is saved, whichever way it reaches the command line's boundary
+    note_progress(lambda: f"{len(done)} of {total} samples are saved")
 
     def seen(r: Dict[str, Any]) -> None:
         key = (r["sample_id"], r["dup_index"])
@@ -200,8 +203,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
             raise
         stopping = True
         how = "" if sig == "SIGINT" else f" ({sig})"
-        raise Interrupted(f"interrupted{how}: {len(done)} of {len(plan.samples)} samples are saved; re-running "
-                          "the same command resumes from there") from None
+        raise Interrupted(interrupted_line(how, "running the model")) from None
     finally:
         # stopping on an interrupt: its echoes (a second signal, torch's worker-death error from
         # SIGCHLD) must not replace the line that counts what is saved

@@ -464,3 +464,28 @@ def test_6_every_response_is_whole_in_per_sample(tmp_path):
     assert a["prediction"] == "" and a["raw_prediction"] == long  # scored: nothing; kept: all of it
     assert a["predictions"] == [long, "red"]
     assert b["prediction"] == records[1]["prediction"] and "raw_prediction" not in b
+
+
+def test_2_an_interrupt_that_reaches_the_boundary_still_counts_what_is_saved(capsys):
+    """A scheduler's SIGTERM kills the DataLoader workers too: when torch's worker-death error
+    overtook the run's own interrupt handler (it was raised inside that handler, once in CI), the
+    interrupt reached the command line's boundary and its line lost the count of saved samples.
+    Both ways now say it in the same words (``utils.world.interrupted_line``)."""
+    from reform_eval.evaluation.boundary import run_cli
+    from reform_eval.utils import world
+
+    def body() -> int:
+        done = {("a", 0), ("b", 0)}
+        world.note_progress(lambda: f"{len(done)} of 5 samples are saved")
+        world.note_signal(signal.SIGTERM)
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:  # the run's handler, overtaken by a worker's death inside it
+            raise RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly")
+    assert run_cli(body, "run_eval") == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: interrupted (SIGTERM): 2 of 5 samples are saved; re-running the same command "
+                     "resumes from there"]
+    assert run_cli(lambda: (_ for _ in ()).throw(KeyboardInterrupt()), "run_eval") == 130  # a new command: no count
+    assert capsys.readouterr().err.strip() == ("error: interrupted while starting; re-running the same command "
+                                               "resumes from the samples already saved")

@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import threading
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 from .commit import temp_name
 from .errors import ReformError
@@ -69,8 +69,28 @@ def note_signal(signum: int) -> None:
 
 
 def reset() -> None:
-    """A new command starts: no signal received yet."""
+    """A new command starts: no signal received yet, nothing saved yet."""
     _signals.clear()
+    _progress.clear()
+
+
+#: what a run has saved so far, said by the run while it runs (``note_progress``)
+_progress: List[Callable[[], str]] = []
+
+
+def note_progress(describe: Callable[[], str]) -> None:
+    """The run's answer to "what is saved?" ("12 of 40 samples are saved"), for an interrupt."""
+    _progress[:] = [describe]
+
+
+def interrupted_line(how: str, stage: str) -> str:
+    """The one line of an interrupt (``how``: "" or " (SIGTERM)"): what is saved and how to resume.
+    The same words whichever way the interrupt travelled (a run's own handler, or the command
+    line's boundary when a second signal or a DataLoader worker's death overtook it), so a
+    scheduler's SIGTERM never loses the count."""
+    if _progress:
+        return f"interrupted{how}: {_progress[0]()}; re-running the same command resumes from there"
+    return f"interrupted{how} while {stage}; re-running the same command resumes from the samples already saved"
 
 
 def received_signal() -> Optional[str]:
