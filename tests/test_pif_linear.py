@@ -72,20 +72,15 @@ def test_long_digit_runs_are_no_error() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DEGENERATE))
-def test_1mb_replies_through_every_checker(name: str) -> None:
-    """Each of the 13 strict checkers on its own, on a 1 MB reply (measured: at most 1.5 s)."""
-    text = DEGENERATE[name](1_000_000)
-    for iid in INSTRUCTION_IDS:
-        seconds = _seconds(lambda: check_instructions(text, [iid]))
-        assert seconds < 5.0, (name, iid, seconds)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(DEGENERATE))
 def test_1mb_replies_scored_under_a_bound(name: str) -> None:
-    """The whole metric on one 1 MB reply: strict and loose verdicts and the reasons
-    (measured: at most 3 s, bench/pif.py --degenerate)."""
-    rec = {"sample_id": "x-t01", "prediction": DEGENERATE[name](1_000_000),
+    """The whole metric on one 1 MB reply, every checker strict and loose with the reasons
+    (measured: at most 3 s, bench/pif.py --degenerate). Over the bound, each checker is timed on
+    its own so the failure names the slow one (each on its own is at most 1.5 s: timing all 13
+    apart on every reply cost the suite three minutes of CPU to say what one call says)."""
+    text = DEGENERATE[name](1_000_000)
+    rec = {"sample_id": "x-t01", "prediction": text,
            "meta": {"chat_id": "x", "turn": 1, "instructions": list(INSTRUCTION_IDS)}}
     seconds = _seconds(lambda: pif_metric([rec]))
-    assert seconds < 10.0, (name, seconds)
+    if seconds >= 10.0:
+        apart = {iid: round(_seconds(lambda: check_instructions(text, [iid])), 2) for iid in INSTRUCTION_IDS}
+        pytest.fail(f"{name}: the metric took {seconds:.1f} CPU s on 1 MB; each checker on its own: {apart}")
