@@ -705,7 +705,11 @@ def test_13_ctrl_c_during_the_peer_wait_ends_it_with_the_line_and_no_traceback(t
              "from reform_eval.evaluation import boundary as b\n"
              "from reform_eval.utils.distributed import process_ends_after_run\n"
              "from reform_eval.utils.errors import ReformError as E\n"
-             "process_ends_after_run(); b.PEER_REPORT_WAIT_S = 1e9\n"
+             # Python's own Ctrl-C handler, also where the suite was started with SIGINT ignored (a
+             # background job inherits that, and the signal would then never end the wait); a
+             # bound that ends the test as a failure, not a hang
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+             "process_ends_after_run(); b.PEER_REPORT_WAIT_S = 60\n"
              "b.time.sleep = lambda s: os.kill(os.getpid(), signal.SIGINT)\n"
              "def body():\n    e = E('unknown option data_fil'); e.every_rank = True; raise e\n"
              "sys.exit(b.run_cli(body, 'run_eval'))\n")
