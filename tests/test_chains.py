@@ -125,6 +125,7 @@ def _release_pif(chat_id: str) -> dict:
     return {name: sum(float(r[c]) for r in rows) / len(rows) for name, c in cols.items()}
 
 
+@pytest.mark.slow  # (quick subset: test_iwisdm_run_score_compare covers the path)
 def test_mmmt_if_release_only_run_score_compare(tmp_path):
     """The issue's repro: docs/mmmt_if.md's quick run, then run_loader_eval on its directory
     (a subprocess, as a user types it); the release's models join the comparison."""

@@ -46,6 +46,7 @@ def _calls(tmp_path) -> list:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow  # (quick subset: test_scripts_keep_the_library_cache_root_and_run_one_process_without_a_launcher covers the path)
 def test_an_installed_venv_is_recognised_without_pip_or_heavy_imports(tmp_path):
     work = scratch(tmp_path)
     first = subprocess.run(["bash", "commands/_setup.sh"], cwd=work, env=_env(), capture_output=True, text=True,

@@ -22,6 +22,7 @@ def _run(out, model, *extra):
     assert run_eval.main(argv) == 0
 
 
+@pytest.mark.slow  # (quick subset: test_mme_comparison_keeps_image_pairs covers the path)
 def test_three_models_on_iwisdm_levels(tmp_path, capsys):
     out = tmp_path / "iw"
     common = ["--dataset_name", "iWISDM", "--dataset_config", "iwisdm_all_levels", "--formulation",

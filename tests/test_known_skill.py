@@ -212,6 +212,7 @@ def _swap_question_files(root):
                 open(b, "w", encoding="utf-8").write(text_a)
 
 
+@pytest.mark.slow  # (quick subset: test_images_dropped_fall_to_chance covers the path)
 def test_yes_no_questions_swapped_between_images_lose_acc_plus(tmp_path):
     """The yes/no set is learnt: both questions of an image (one Yes, one No) answered right. With
     the two questions of each image swapped with another image's (the answer key unchanged), the
@@ -229,6 +230,7 @@ def _rotate(items):
     return list(items[1:]) + list(items[:1])
 
 
+@pytest.mark.slow  # (quick subset: test_images_dropped_fall_to_chance covers the path)
 def test_frames_given_to_the_wrong_sample_fall_to_chance(tmp_path, monkeypatch):
     """Images misaligned with their questions inside a batch (rotated by one sample)."""
     assert run(tmp_path, "iwisdm_identify_category", name="ok")["accuracy"] >= 0.9
@@ -253,6 +255,7 @@ def test_frames_in_reverse_order_fall_to_chance(tmp_path, monkeypatch):
     assert run(tmp_path, config, name="broken", options={}, dataset="custom")["accuracy"] <= 0.2
 
 
+@pytest.mark.slow  # (quick subset: test_images_dropped_fall_to_chance covers the path)
 def test_a_frame_of_another_trial_brings_the_two_frame_comparison_to_chance(tmp_path, monkeypatch):
     """Delayed match to sample (is the first object's category the second's?): with the first
     object's frame replaced by another trial's (the next sample's in the batch), the answer no
@@ -288,6 +291,7 @@ def test_candidates_scored_after_another_samples_prefix_fall_to_chance(tmp_path,
     assert run(tmp_path, "iwisdm_identify_category", name="broken")["accuracy"] <= 0.3
 
 
+@pytest.mark.slow  # (quick subset: test_images_dropped_fall_to_chance covers the path)
 def test_template_without_the_question_falls_to_chance(tmp_path, monkeypatch):
     """Category and location questions with every answer word offered (chance 1/14): without the
     question the image alone cannot say which of the object's features is asked. The task

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from reform_eval import run_eval
 from reform_eval import run_loader_eval
 from tests.conftest import prediction_files
@@ -46,6 +48,7 @@ def test_same_ids_other_content_are_not_paired():
     assert len(data["samples"]) == 30 + 20
 
 
+@pytest.mark.slow  # (quick subset: test_generation_and_likelihood_runs_of_one_build_pair covers the path)
 def test_iwisdm_runs_with_other_trial_seeds_refuse_mcnemar(tmp_path, capsys):
     out = tmp_path / "iw"
     common = ["--output_dir", str(out), "--do_eval", "--dataset_name", "iWISDM", "--dataset_config", "iwisdm_low",

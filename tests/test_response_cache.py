@@ -121,6 +121,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # (quick subset: test_cache_skips_work_and_never_serves_stale covers the path)
 def test_kill_9_while_writing_never_corrupts_the_store(tmp_path):
     cache = str(tmp_path / "cache")
     procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(root=ROOT, cache=cache)]) for _ in range(2)]

@@ -174,6 +174,7 @@ def cli(script, *args):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # (minutes of the quick subset; the full suite runs it)
 def test_loader_eval_bad_inputs(tmp_path):
     good = {"sample_id": "a", "dup_index": 0, "benchmark": "custom", "formulation": "SingleChoice",
             "inference_method": "generation", "answer_options": ["x", "y"], "option_marks": ["A", "B"],

@@ -403,6 +403,7 @@ def _leftovers(out) -> list:
     return found
 
 
+@pytest.mark.slow  # (minutes of the quick subset; the full suite runs it)
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_5_a_kill_at_every_step_of_the_commit_is_completed_or_rolled_back(tmp_path):
     """run_eval --do_eval killed right after each of its file-system steps after the model ran
