@@ -22,10 +22,14 @@ prefix space, ``Split`` with a regex such as Qwen2's or Llama 3's, ``Digits``, `
 tokens matched as written (no stripping, not single-word; a "normalized" one only without a
 normalizer: the library cuts at those in a second pass, in each piece, as done here), special tokens not
 split, no truncation or padding, and a post-processor that only adds fixed tokens around one
-sequence. A set of probe texts (added tokens at the start, the end, side by side, between spaces
-and newlines, digits, punctuation, accents) must come out equal to the tokenizer's own call when
-it is set up: the last guard, over the allow-list.
+sequence; a BPE model without dropout (random merges: no two calls agree). A set of probe texts
+(added tokens at the start, the end, side by side, between spaces and newlines, digits,
+punctuation, accents) must come out equal to the tokenizer's own call when it is set up: the last
+guard, over the allow-list.
 Anything else is tokenized by the tokenizer's own call on the whole batch, as before.
+Each batch first compares what the admission read (added tokens and their options, the three
+components, ``split_special_tokens``, dropout) with the tokenizer as it is now, and checks it
+again if it changed: it is made once per interface, and the tokenizer may change after.
 """
 from __future__ import annotations
 
@@ -80,10 +84,35 @@ class BatchTokenizer:
         self._cut: List["re.Pattern[str]"] = []  # the library's passes: tokens as written, then normalized ones
         self._added: Dict[str, int] = {}
         self._around: Tuple[List[int], List[int]] = ([], [])
+        self._seen: Any = None
+        self._admit()
+
+    def _admit(self) -> None:
+        """Set up (or again, after the tokenizer changed) and note the state it was checked in."""
+        self.backend, self._cut, self._added, self._around = None, [], {}, ([], [])
         reason = self._set_up()
         if reason:
             self.backend = None
             logger.debug("token ids of each prompt from the tokenizer's own call: %s", reason)
+        self._seen = self._state()
+
+    def _state(self) -> Any:
+        """What the admission read, as it stands now: a tokenizer changed after it was made (added
+        tokens, ``split_special_tokens``, ``add_bos_token`` rewriting the post-processor, a BPE
+        dropout set) must be checked again, not cut with the old tokens and fixed tokens."""
+        tok = self.tokenizer
+        bk = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+        if bk is None or not hasattr(bk, "get_added_tokens_decoder"):
+            return None
+        try:
+            parts: Any = tuple(None if getattr(bk, n, None) is None else getattr(bk, n).__getstate__()
+                               for n in ("normalizer", "pre_tokenizer", "post_processor"))
+        except Exception:  # a custom component (the admission refused it)
+            parts = "unreadable"
+        added = tuple((i, t.content, t.lstrip, t.rstrip, t.single_word, t.normalized)
+                      for i, t in bk.get_added_tokens_decoder().items())
+        return (id(bk), bool(getattr(tok, "split_special_tokens", False)), bool(getattr(bk, "encode_special_tokens", False)),
+                parts, added, getattr(getattr(bk, "model", None), "dropout", None))
 
     @property
     def by_pieces(self) -> bool:
@@ -98,9 +127,11 @@ class BatchTokenizer:
             return "not a fast tokenizer"
         if getattr(bk, "encode_special_tokens", False) or getattr(tok, "split_special_tokens", False):
             return "special tokens are split"
+        if getattr(getattr(bk, "model", None), "dropout", None):
+            return "its BPE model drops merges at random (dropout)"  # no two calls alike
         try:
             parts = {name: _component(getattr(bk, name)) for name in ("normalizer", "pre_tokenizer", "post_processor")}
-        except (AttributeError, TypeError, ValueError) as exc:
+        except Exception as exc:  # a custom (Python) component: "cannot be serialized"
             return f"its pipeline cannot be read ({exc})"
         for name, allowed, nested in (("normalizer", _NORMALIZERS, "normalizers"),
                                       ("pre_tokenizer", _PRE_TOKENIZERS, "pretokenizers"),
@@ -140,6 +171,8 @@ class BatchTokenizer:
         """Each text's token ids with the tokenizer's special tokens (BOS), no padding."""
         if not texts:
             return []
+        if self._state() != self._seen:
+            self._admit()
         bk = self.backend
         if bk is None or bk.truncation is not None or bk.padding is not None:
             return [list(x) for x in self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]

@@ -299,3 +299,72 @@ def test_normalized_added_tokens(normalizer):
     assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
     for batch in _random_batches(["<image>", "<s>", "<loc0000>", "<loc0001>", "<image>x", "<loc00", "x", "b"]):
         assert bt.ids(batch) == tok(batch, add_special_tokens=True)["input_ids"], batch
+
+
+def _with_added(tokens: List[str], dropout: Any = None) -> Any:
+    """A byte-level BPE trained here, ``<s>`` put before each text, ``tokens`` added as special."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, models, processors, trainers
+    from tokenizers import pre_tokenizers as pre
+    from transformers import PreTrainedTokenizerFast
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre.ByteLevel(add_prefix_space=False)
+    backend.train_from_iterator(_corpus(), trainers.BpeTrainer(vocab_size=400, special_tokens=LLAMA_SPECIAL,
+                                                               show_progress=False))
+    if dropout is not None:
+        spec = json.loads(backend.to_str())
+        spec["model"]["dropout"] = dropout
+        backend = Tokenizer.from_str(json.dumps(spec))
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_bpe_dropout_is_the_tokenizers_own_call():
+    """BPE with dropout drops merges at random, so no two calls agree: never by pieces, however
+    small the rate (0.001 passed the probe texts by chance, and was admitted), nor when it is
+    set on the model after the batch tokenizer was made."""
+    assert not BatchTokenizer(_with_added(["<image>"], dropout=0.001)).by_pieces
+    tok = _with_added(["<image>"])
+    bt = BatchTokenizer(tok)
+    assert bt.by_pieces
+    tok.backend_tokenizer.model.dropout = 0.5
+    bt.ids(["a<image>b"])
+    assert not bt.by_pieces
+
+
+def test_a_tokenizer_changed_after_it_was_made_is_checked_again():
+    """The batch tokenizer is made once per interface; the tokenizer may change after (a family
+    adding its image token, ``split_special_tokens``, a new post-processor as ``add_bos_token``
+    writes): the next batch is cut by the tokenizer as it is then, the ids its own. Before, the
+    old cut matched ``<ima`` inside a later ``<image>`` and the old ``<s>`` was put first."""
+    tok = _with_added(["<ima"])
+    bt = BatchTokenizer(tok)
+    texts = ["x<image>y", "<image><ima", "a <ima ge>"]
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    assert bt.by_pieces
+    tok.split_special_tokens = True  # "<ima" and "<image>" are then text like any other
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    tok.split_special_tokens = False
+    from tokenizers import processors
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    assert bt.ids(texts)[0][-1] == 2 and bt.by_pieces
+
+
+def test_a_custom_component_is_the_tokenizers_own_call():
+    """A pre-tokenizer written in Python cannot be serialized (``__getstate__`` raises a bare
+    ``Exception``): the tokenizer's own call, not a crash when the batch tokenizer is made."""
+    from tokenizers.pre_tokenizers import PreTokenizer
+
+    class WholeText:
+        def pre_tokenize(self, pretok: Any) -> None:
+            pretok.split(lambda i, s: [s])
+    tok = _with_added(["<image>"])
+    tok.backend_tokenizer.pre_tokenizer = PreTokenizer.custom(WholeText())
+    bt = BatchTokenizer(tok)
+    assert not bt.by_pieces
+    texts = ["a<image>b", "<image> x"]
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
