@@ -301,7 +301,7 @@ def test_normalized_added_tokens(normalizer):
         assert bt.ids(batch) == tok(batch, add_special_tokens=True)["input_ids"], batch
 
 
-def _with_added(tokens: List[str], dropout: Any = None) -> Any:
+def _with_added(tokens: List[str], dropout: Any = None, **kw: Any) -> Any:
     """A byte-level BPE trained here, ``<s>`` put before each text, ``tokens`` added as special."""
     import json
 
@@ -318,7 +318,7 @@ def _with_added(tokens: List[str], dropout: Any = None) -> Any:
         backend = Tokenizer.from_str(json.dumps(spec))
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", **kw)
 
 
 def test_bpe_dropout_is_the_tokenizers_own_call():
@@ -368,3 +368,18 @@ def test_a_custom_component_is_the_tokenizers_own_call():
     assert not bt.by_pieces
     texts = ["a<image>b", "<image> x"]
     assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+
+
+def test_add_bos_and_eos_token_set_after_it_was_made():
+    """``add_eos_token`` / ``add_bos_token`` set on the tokenizer rewrite its post-processor
+    (transformers' ``update_post_processor``): the next batch has the new fixed tokens, not the
+    ones read when the batch tokenizer was made (before: no EOS, then BOS still first)."""
+    tok = _with_added(["<image>"], add_bos_token=True)
+    bt = BatchTokenizer(tok)
+    texts = ["a<image>b", "<image>"]
+    tok.add_eos_token = True
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    assert bt.ids(texts)[1] == [1, tok.convert_tokens_to_ids("<image>"), 2]
+    tok.add_bos_token = False
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    assert bt.ids(texts)[1] == [tok.convert_tokens_to_ids("<image>"), 2] and bt.by_pieces
