@@ -22,7 +22,8 @@ prefix space, ``Split`` with a regex such as Qwen2's or Llama 3's, ``Digits``, `
 tokens matched as written (no stripping, not single-word; a "normalized" one only without a
 normalizer: the library cuts at those in a second pass, in each piece, as done here), special tokens not
 split, no truncation or padding, and a post-processor that only adds fixed tokens around one
-sequence; a BPE model without dropout (random merges: no two calls agree). A set of probe texts
+sequence; a BPE model without dropout (random merges: no two calls agree); a tokenizer class
+that overrides no step of transformers' call (which could change the text first). A set of probe texts
 (added tokens at the start, the end, side by side, between spaces and newlines, digits,
 punctuation, accents) must come out equal to the tokenizer's own call when it is set up: the last
 guard, over the allow-list.
@@ -46,6 +47,12 @@ _NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccent
 _PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "Metaspace"}
 #: post-processors that add fixed tokens around one sequence (ByteLevel: offsets only)
 _POST_PROCESSORS = {"TemplateProcessing", "ByteLevel", "RobertaProcessing", "BertProcessing"}
+#: the steps of a transformers tokenizer's own call from texts to ids, and the modules that define
+#: them as a call of the backend on the texts as given: a class that overrides one may change them
+_CALL_STEPS = ("__call__", "_call_one", "encode_plus", "batch_encode_plus", "_encode_plus", "_batch_encode_plus",
+               "prepare_for_tokenization")
+_CALL_MODULES = {"transformers.tokenization_utils_base", "transformers.tokenization_utils_tokenizers",
+                 "transformers.tokenization_utils_fast", "transformers.tokenization_utils"}
 #: texts whose ids must be the tokenizer's own before the pieces are trusted ({t}: an added token)
 _PROBES = ("{t}", "a{t}b", " {t} ", "{t}{t}\n{t}", "x {t}\n\ny  {t}", "héllo, wörld!{t} 12 34\t.", "  a  \n ",
            "{t}a", "{t} a", "a {t}", "a  {t}  b", "{t}\n", "\n{t}\n\n", "Ab 123456 7{t}89 x1y2",
@@ -125,6 +132,10 @@ class BatchTokenizer:
         bk = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
         if bk is None or not hasattr(bk, "encode_batch_fast") or not hasattr(bk, "get_added_tokens_decoder"):
             return "not a fast tokenizer"
+        own = next((n for n in _CALL_STEPS
+                    if getattr(getattr(type(tok), n, None), "__module__", None) not in _CALL_MODULES | {None}), None)
+        if own:
+            return f"{type(tok).__name__} has its own {own}"  # (CodeLlama's infilling, LayoutLM's boxes...)
         if getattr(bk, "encode_special_tokens", False) or getattr(tok, "split_special_tokens", False):
             return "special tokens are split"
         if getattr(getattr(bk, "model", None), "dropout", None):

@@ -383,3 +383,21 @@ def test_add_bos_and_eos_token_set_after_it_was_made():
     tok.add_bos_token = False
     assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
     assert bt.ids(texts)[1] == [tok.convert_tokens_to_ids("<image>"), 2] and bt.by_pieces
+
+
+def test_a_tokenizer_class_with_its_own_call_is_the_tokenizers_own_call():
+    """A tokenizer class that overrides a step of its call (CodeLlama's infilling, LayoutLM's
+    boxes; here one that ends long texts with a full stop) may hand the backend other text than
+    given, which short probe texts need not show: the tokenizer's own call, never by pieces."""
+    from transformers import PreTrainedTokenizerFast
+
+    class Stopping(PreTrainedTokenizerFast):
+        def _encode_plus(self, text: Any, *a: Any, **k: Any) -> Any:
+            text = [t + "." if len(t) > 200 else t for t in text] if isinstance(text, list) else text
+            return super()._encode_plus(text, *a, **k)
+    tok = Stopping(tokenizer_object=_with_added(["<image>"]).backend_tokenizer, bos_token="<s>", unk_token="<unk>")
+    bt = BatchTokenizer(tok)
+    assert not bt.by_pieces
+    texts = _prompts(2) + ["x" * 300 + "<image>"]
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    assert BatchTokenizer(_with_added(["<image>"])).by_pieces
