@@ -116,8 +116,7 @@ class BatchTokenizer:
                                for n in ("normalizer", "pre_tokenizer", "post_processor"))
         except Exception:  # a custom component (the admission refused it)
             parts = "unreadable"
-        added = tuple((i, t.content, t.lstrip, t.rstrip, t.single_word, t.normalized)
-                      for i, t in bk.get_added_tokens_decoder().items())
+        added = bk.get_added_tokens_decoder()  # (AddedToken's == compares the content and every option)
         return (id(bk), bool(getattr(tok, "split_special_tokens", False)), bool(getattr(bk, "encode_special_tokens", False)),
                 parts, added, getattr(getattr(bk, "model", None), "dropout", None))
 
