@@ -352,6 +352,11 @@ def test_a_tokenizer_changed_after_it_was_made_is_checked_again():
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
     assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
     assert bt.ids(texts)[0][-1] == 2 and bt.by_pieces
+    from tokenizers import AddedToken
+    tok.backend_tokenizer.add_special_tokens([AddedToken("<image>", special=True, normalized=False, lstrip=True)])
+    texts = ["a <image>", "x  <image> y"]  # the same token, now taking the spaces before it
+    assert bt.ids(texts) == tok(texts, add_special_tokens=True)["input_ids"]
+    assert not bt.by_pieces
 
 
 def test_a_custom_component_is_the_tokenizers_own_call():
