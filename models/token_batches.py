@@ -117,8 +117,8 @@ class BatchTokenizer:
         except Exception:  # a custom component (the admission refused it)
             parts = "unreadable"
         added = bk.get_added_tokens_decoder()  # (AddedToken's == compares the content and every option)
-        return (id(bk), bool(getattr(tok, "split_special_tokens", False)), bool(getattr(bk, "encode_special_tokens", False)),
-                parts, added, getattr(getattr(bk, "model", None), "dropout", None))
+        return (id(bk), bool(getattr(tok, "split_special_tokens", False)),
+                bool(getattr(bk, "encode_special_tokens", False)), parts, added, getattr(getattr(bk, "model", None), "dropout", None))
 
     @property
     def by_pieces(self) -> bool:
