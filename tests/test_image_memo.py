@@ -264,6 +264,17 @@ def test_a_real_change_during_the_run_is_still_refused(tmp_path, monkeypatch):
     fh.forget_fingerprints()
 
 
+class _StatOfSize:
+    """A file's stat as it was when the file had ``size`` bytes (a file that changed after it)."""
+
+    def __init__(self, st, size):
+        self._st = st
+        self.st_size = size
+
+    def __getattr__(self, name):
+        return getattr(self._st, name)
+
+
 def test_a_regular_read_is_whole_when_the_file_grew_after_its_stat(tmp_path, monkeypatch):
     """The request path reads a file in one ``read`` of its stat size plus one byte (a file
     object cost six more system calls, each a hand-over of the interpreter lock); a file that
@@ -275,13 +286,8 @@ def test_a_regular_read_is_whole_when_the_file_grew_after_its_stat(tmp_path, mon
     assert fh.read_regular(str(path)) == data
     real = os.fstat
 
-    class Shrunk:  # the stat as it was before the file grew to its present size
-        def __init__(self, st):
-            self._st = st
-            self.st_size = 10
-
-        def __getattr__(self, name):
-            return getattr(self._st, name)
+    def Shrunk(st):  # the stat as it was before the file grew to its present size
+        return _StatOfSize(st, 10)
     monkeypatch.setattr(fh.os, "fstat", lambda fd: Shrunk(real(fd)))
     assert fh.read_regular(str(path)) == data
     monkeypatch.undo()
@@ -312,15 +318,8 @@ def test_a_short_read_is_not_taken_for_the_end_of_the_file(tmp_path, monkeypatch
     shrunk = tmp_path / "shrunk.bin"  # a file that shrank after its stat ends at its end
     shrunk.write_bytes(data[:300])
     real_fstat = os.fstat
-
-    class Grown:  # the stat as it was before the file shrank to its present size
-        def __init__(self, st):
-            self._st = st
-            self.st_size = 5000
-
-        def __getattr__(self, name):
-            return getattr(self._st, name)
-    monkeypatch.setattr(fh.os, "fstat", lambda fd: Grown(real_fstat(fd)))
+    # the stat as it was before the file shrank to its present size
+    monkeypatch.setattr(fh.os, "fstat", lambda fd: _StatOfSize(real_fstat(fd), 5000))
     assert fh.read_regular(str(shrunk)) == data[:300]
     monkeypatch.undo()
     calls.clear()  # the usual file: still one read of its size plus one byte
