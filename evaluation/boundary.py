@@ -16,9 +16,10 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, List
 
 from .runinfo import log_file_handler
 from ..utils import world
@@ -29,9 +30,36 @@ from ..utils.secrets import redact_text
 logger = logging.getLogger("reform_eval.evaluation.boundary")
 
 
+#: how long a stopped run may take to end after the first Ctrl-C / SIGTERM (what is saved is on
+#: disk already: the shards are appended as answers arrive)
+STOP_GRACE_S = 60.0
+_reported = threading.Event()  # the command's one line is printed
+_watchdog: List[threading.Thread] = []
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     world.note_signal(signum)  # an error that replaces the interrupt is still reported as the interrupt
+    if not _watchdog and process_ends_after_this_run():  # (a library caller's process goes on)
+        _watchdog.append(threading.Thread(target=_end_a_stopped_run, args=(signum,), name="stop-watchdog",
+                                          daemon=True))
+        _watchdog[0].start()
     raise KeyboardInterrupt
+
+
+def _end_a_stopped_run(signum: int) -> None:
+    """A stopped run that has not ended ``STOP_GRACE_S`` after the signal is ended here, with its
+    one line (if not printed yet) and the interrupt's status: a scheduler's SIGTERM must end the
+    job. (Once in CI, a run stopped by SIGTERM to its process group, DataLoader workers included,
+    never exited; the interrupt had landed where the shutdown then waited for ever.)"""
+    if _reported.wait(STOP_GRACE_S) and _reported.is_set():
+        time.sleep(STOP_GRACE_S)  # the line is out: the rest of the shutdown gets the same grace
+    if not _reported.is_set():
+        how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+        try:
+            print("error: " + world.interrupted_line(how, "stopping"), file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 def _interrupted(e: BaseException, tool: str) -> int:
@@ -44,6 +72,7 @@ def run_cli(body: Callable[[], int], tool: str) -> int:
     """Run a command line's body inside the boundary; returns the exit status."""
     single = os.environ.get("WORLD_SIZE", "1") == "1"
     world.reset()
+    _reported.clear()
     previous = {}
     if single:  # under torchrun, SIGTERM is how the launcher stops the peers of a failed rank
         try:
@@ -144,6 +173,7 @@ def report_error(e: ReformError, tool: str, code: int = 0, logged: bool = False)
     prefix = f"error (rank {rank}): " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "error: "
     sys.stderr.flush()
     print(prefix + message, file=sys.stderr, flush=True)
+    _reported.set()
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:  # torchrun's failure summary then shows this line instead of a traceback hint
         try:

@@ -490,3 +490,25 @@ def test_2_an_interrupt_that_reaches_the_boundary_still_counts_what_is_saved(cap
     assert run_cli(lambda: (_ for _ in ()).throw(KeyboardInterrupt()), "run_eval") == 130  # a new command: no count
     assert capsys.readouterr().err.strip() == ("error: interrupted while starting; re-running the same command "
                                                "resumes from the samples already saved")
+
+
+def test_2_a_stopped_run_whose_shutdown_hangs_still_ends_with_its_line():
+    """A run stopped by SIGTERM must end: once in CI, one stopped by SIGTERM to its process group
+    never exited. A watchdog started by the first signal ends a command-line process that is still
+    there after the grace (here 0.5 s), with the one line counting what is saved and status 130."""
+    child = ("import os, signal, sys, threading\n"
+             "from reform_eval.evaluation import boundary as b\n"
+             "from reform_eval.utils import world\n"
+             "from reform_eval.utils.distributed import process_ends_after_run\n"
+             "process_ends_after_run(); b.STOP_GRACE_S = 0.5\n"
+             "def body():\n"
+             "    world.note_progress(lambda: '3 of 9 samples are saved')\n"
+             "    try:\n"
+             "        os.kill(os.getpid(), signal.SIGTERM)\n"
+             "        threading.Event().wait()\n"
+             "    finally:\n"
+             "        threading.Event().wait()  # a shutdown that waits for ever\n"
+             "sys.exit(b.run_cli(body, 'run_eval'))\n")
+    proc = subprocess.run([sys.executable, "-c", child], env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    one_line(proc.stderr, 130, proc.returncode, "interrupted (SIGTERM): 3 of 9 samples are saved")
