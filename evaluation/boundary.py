@@ -51,12 +51,12 @@ def _end_a_stopped_run(signum: int) -> None:
     one line (if not printed yet) and the interrupt's status: a scheduler's SIGTERM must end the
     job. (Once in CI, a run stopped by SIGTERM to its process group, DataLoader workers included,
     never exited; the interrupt had landed where the shutdown then waited for ever.)"""
-    if _reported.wait(STOP_GRACE_S) and _reported.is_set():
+    if _reported.wait(STOP_GRACE_S):
         time.sleep(STOP_GRACE_S)  # the line is out: the rest of the shutdown gets the same grace
-    if not _reported.is_set():
-        how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+    else:
         try:
-            print("error: " + world.interrupted_line(how, "stopping"), file=sys.stderr, flush=True)
+            print("error: " + world.interrupted_line(signal.Signals(signum).name, "stopping"), file=sys.stderr,
+                  flush=True)
         except (OSError, ValueError):
             pass
     os._exit(130)
@@ -64,8 +64,7 @@ def _end_a_stopped_run(signum: int) -> None:
 
 def _interrupted(e: BaseException, tool: str) -> int:
     sig = world.interrupt_of(e) or "SIGINT"
-    how = "" if sig == "SIGINT" else f" ({sig})"
-    return report_error(ReformError(world.interrupted_line(how, current_stage(e))), tool, code=130)
+    return report_error(ReformError(world.interrupted_line(sig, current_stage(e))), tool, code=130)
 
 
 def run_cli(body: Callable[[], int], tool: str) -> int:

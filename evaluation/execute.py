@@ -202,8 +202,7 @@ def run_rank(plan: RunPlan, dinfo: DistInfo, prior: Dict[Key, Dict[str, Any]], c
         if sig is None:
             raise
         stopping = True
-        how = "" if sig == "SIGINT" else f" ({sig})"
-        raise Interrupted(interrupted_line(how, "running the model")) from None
+        raise Interrupted(interrupted_line(sig, "running the model")) from None
     finally:
         # stopping on an interrupt: its echoes (a second signal, torch's worker-death error from
         # SIGCHLD) must not replace the line that counts what is saved

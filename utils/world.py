@@ -83,11 +83,13 @@ def note_progress(describe: Callable[[], str]) -> None:
     _progress[:] = [describe]
 
 
-def interrupted_line(how: str, stage: str) -> str:
-    """The one line of an interrupt (``how``: "" or " (SIGTERM)"): what is saved and how to resume.
+def interrupted_line(sig: str, stage: str) -> str:
+    """The one line of an interrupt by signal ``sig`` ("SIGINT" is Ctrl-C, named by no suffix;
+    others as " (SIGTERM)"): what is saved and how to resume.
     The same words whichever way the interrupt travelled (a run's own handler, or the command
     line's boundary when a second signal or a DataLoader worker's death overtook it), so a
     scheduler's SIGTERM never loses the count."""
+    how = "" if sig == "SIGINT" else f" ({sig})"
     if _progress:
         return f"interrupted{how}: {_progress[0]()}; re-running the same command resumes from there"
     return f"interrupted{how} while {stage}; re-running the same command resumes from the samples already saved"
