@@ -6,6 +6,7 @@ project import inside a function fails with the edge that breaks the rule.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from collections import defaultdict
 from typing import Dict, List, Optional, Set, Tuple
@@ -42,40 +43,60 @@ def _resolve(name: str, mods: Dict[str, str]) -> str:
 
 def graph(probes: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, int]]]:
     """(module -> imported project modules, [(module, import, line) of function-level imports]);
-    ``probes``: extra modules (name -> source text) that test the graph itself."""
+    ``probes``: modules (name -> source text) that test the graph itself: only they are read
+    then (the project's modules are still the names imports resolve to)."""
     mods = modules()
-    probes = probes or {}
+    if not probes:
+        return _project_graph()
     mods.update({name: f"<probe {name}>.py" for name in probes})
     edges: Dict[str, Set[str]] = defaultdict(set)
     inner: List[Tuple[str, str, int]] = []
-    for mod, path in mods.items():
-        tree = ast.parse(probes[mod] if mod in probes else open(path, encoding="utf-8").read())
-        pkg = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
-        funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        nested = {id(sub) for f in funcs for sub in ast.walk(f)}
-        for node in ast.walk(tree):
-            names = []  # project modules without the package's name (``utils.errors``)
-            if isinstance(node, ast.Import):
-                names = [a.name[len(PACKAGE):] for a in node.names if a.name.startswith(PACKAGE)]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: from the module's own package (its name is without PACKAGE)
-                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                    base = ".".join([p for p in parts if p] + ([base] if base else []))
-                elif base.startswith(PACKAGE):
-                    base = base[len(PACKAGE):]
-                elif base == PACKAGE[:-1]:  # ``from reform_eval import evaluation``
-                    base = ""
-                else:
-                    continue  # a third-party import
-                names = [f"{base}.{a.name}" if base else a.name for a in node.names] + [base]
-            for n in names:
-                target = _resolve(n, mods)
-                if target and target != mod and not mod.startswith(target + "."):
-                    edges[mod].add(target)
-                    if id(node) in nested:
-                        inner.append((mod, target, node.lineno))
+    for mod, source in probes.items():
+        _edges_of(mod, mods[mod], source, mods, edges, inner)
     return edges, inner
+
+
+@functools.lru_cache(maxsize=1)
+def _project_graph() -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, int]]]:
+    """The project's graph, read once per test process (every check below reads the same files)."""
+    mods = modules()
+    edges: Dict[str, Set[str]] = defaultdict(set)
+    inner: List[Tuple[str, str, int]] = []
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            _edges_of(mod, path, f.read(), mods, edges, inner)
+    return edges, inner
+
+
+def _edges_of(mod: str, path: str, source: str, mods: Dict[str, str], edges: Dict[str, Set[str]],
+              inner: List[Tuple[str, str, int]]) -> None:
+    """The project imports of one module (``source``) added to ``edges`` and ``inner``."""
+    tree = ast.parse(source)
+    pkg = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    nested = {id(sub) for f in funcs for sub in ast.walk(f)}
+    for node in ast.walk(tree):
+        names = []  # project modules without the package's name (``utils.errors``)
+        if isinstance(node, ast.Import):
+            names = [a.name[len(PACKAGE):] for a in node.names if a.name.startswith(PACKAGE)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package (its name is without PACKAGE)
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join([p for p in parts if p] + ([base] if base else []))
+            elif base.startswith(PACKAGE):
+                base = base[len(PACKAGE):]
+            elif base == PACKAGE[:-1]:  # ``from reform_eval import evaluation``
+                base = ""
+            else:
+                continue  # a third-party import
+            names = [f"{base}.{a.name}" if base else a.name for a in node.names] + [base]
+        for n in names:
+            target = _resolve(n, mods)
+            if target and target != mod and not mod.startswith(target + "."):
+                edges[mod].add(target)
+                if id(node) in nested:
+                    inner.append((mod, target, node.lineno))
 
 
 def test_the_graph_sees_the_imports_in_both_spellings():

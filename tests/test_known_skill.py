@@ -19,10 +19,6 @@ from reform_eval.build.frame_order import write_frame_order_set
 from reform_eval.build.mme_synthetic import write_yesno_release
 from reform_eval.evaluation import (DatasetConfig, GenerationConfig, ModelConfig, OutputConfig, RunConfig, ScoringConfig,
                         evaluate)
-from reform_eval.evaluation.training import CHECK_STEPS, SHIPPED_NAME, VERSION, build_platform
-from reform_eval.models.hf_likelihood import HFLikelihoodMixin
-from reform_eval.models.hf_inputs import HFInputsMixin
-from reform_eval.models.interfaces.llava_interface import LlavaInterface
 from reform_eval.evaluation.plan import checkpoint_fingerprint
 from reform_eval.models import builtin_checkpoint_dir
 from reform_eval.models.tiny import SHIPPED_DIR, read_shipped_manifest, sha256_file, shipped_checkpoint, tiny_model_path
@@ -30,6 +26,22 @@ from reform_eval.utils.errors import ReformError
 from tests.conftest import background_result
 
 TRIALS = 64
+
+
+def _training():
+    """``evaluation.training``, imported by the tests that use it: it loads torch and the LLaVA
+    modelling (seconds), and every xdist worker collects this module while one runs each test."""
+    from reform_eval.evaluation import training
+    return training
+
+
+def _family():
+    """(HFLikelihoodMixin, HFInputsMixin, LlavaInterface): the classes the broken builds patch,
+    imported where a test patches them (torch and transformers, as ``_training``)."""
+    from reform_eval.models.hf_inputs import HFInputsMixin
+    from reform_eval.models.hf_likelihood import HFLikelihoodMixin
+    from reform_eval.models.interfaces.llava_interface import LlavaInterface
+    return HFLikelihoodMixin, HFInputsMixin, LlavaInterface
 
 
 def run(tmp_path, config, method="likelihood", formulation="SingleChoice", options=None, batch=8, name="run",
@@ -51,10 +63,12 @@ BOTH = {"preset": ["identify_category", "identify_location"], "options": "all", 
 
 # -- the checkpoint -------------------------------------------------------------------------------
 def test_shipped_checkpoint_is_verified_by_hash(tmp_path, monkeypatch):
+    training = _training()
     entry = read_shipped_manifest()["llava/trained"]
-    assert entry["version"] == VERSION and entry["dir"] == SHIPPED_NAME
+    assert entry["version"] == training.VERSION and entry["dir"] == SHIPPED_NAME
     path = shipped_checkpoint("llava", "trained")
     assert path == os.path.join(SHIPPED_DIR, SHIPPED_NAME) == tiny_model_path("llava", "trained")
+    assert SHIPPED_NAME == training.SHIPPED_NAME
     size = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
     assert size < 8 * 2 ** 20, f"the shipped checkpoint is {size} bytes"
     # one changed byte in a copy whose manifest still holds the old hashes: refused (and rebuilt)
@@ -67,7 +81,22 @@ def test_shipped_checkpoint_is_verified_by_hash(tmp_path, monkeypatch):
 
 
 #: bit-for-bit retraining needs the torch version and CPU kernels the shipped files were made with
+#: the shipped folder's name (``evaluation.training.SHIPPED_NAME``, checked equal in the first test)
+SHIPPED_NAME = "llava-tiny-trained"
 BUILT_WITH = (read_shipped_manifest().get("llava/trained") or {}).get("built_with")
+
+
+class _OffTheShippingPlatform:
+    """A ``skipif`` condition read only when pytest (or the background jobs' start) asks: this
+    machine is not the platform the shipped files were made on (``build_platform`` imports torch)."""
+
+    def __bool__(self) -> bool:
+        return BUILT_WITH != _training().build_platform()
+
+
+OFF_PLATFORM = pytest.mark.skipif(_OffTheShippingPlatform(), reason=(
+    f"bit-for-bit retraining needs the shipping platform {BUILT_WITH} (a manifest without 'isa' does not "
+    "say which CPU extensions made it); this machine is another"))
 
 
 def _shipped_copy(tmp_path, monkeypatch, change=None):
@@ -117,9 +146,7 @@ def test_wrong_uses_of_the_name_are_one_clear_line():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(BUILT_WITH != build_platform(),
-                    reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH} (a manifest without 'isa' "
-                           f"does not say which CPU extensions made it); this is {build_platform()}")
+@OFF_PLATFORM
 @pytest.mark.background(sys.executable, "-m", "reform_eval.evaluation.train_known_skill", "--check")
 def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(request):
     """The suite's reproducibility check (about 2 CPU minutes, in the background after collection):
@@ -130,15 +157,13 @@ def test_the_recipe_start_retrained_matches_what_the_shipping_run_recorded(reque
     assert rc == 0, err[-3000:]
     for stage in ("data", "vision", "check"):
         assert f"stage {stage}: " in out and "matches" in out, out
-    assert f"{CHECK_STEPS} language-model steps match" in out
+    assert f"{_training().CHECK_STEPS} language-model steps match" in out
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("REFORM_FULL_RETRAIN"),
                     reason="the full retraining (about 7 CPU minutes) runs with REFORM_FULL_RETRAIN=1")
-@pytest.mark.skipif(BUILT_WITH != build_platform(),
-                    reason=f"bit-for-bit retraining needs the shipping platform {BUILT_WITH} (a manifest without 'isa' "
-                           f"does not say which CPU extensions made it); this is {build_platform()}")
+@OFF_PLATFORM
 @pytest.mark.background(sys.executable, "-m", "reform_eval.evaluation.train_known_skill", "--out", "{tmp}/rebuilt")
 def test_training_rebuilds_the_shipped_checkpoint_file_for_file(request):
     """The shipped weights are what ``python -m reform_eval.evaluation.train_known_skill`` produces (deterministic)."""
@@ -157,7 +182,7 @@ def test_the_check_names_the_first_stage_that_differs(monkeypatch, capsys):
 
     stages = read_shipped_manifest()["llava/trained"]["stages"]
     recorded = [r for r in stages if r["name"] in ("data", "vision", "check")]
-    assert [r["name"] for r in recorded] == ["data", "vision", "check"] and recorded[-1]["steps"] == CHECK_STEPS
+    assert [r["name"] for r in recorded] == ["data", "vision", "check"] and recorded[-1]["steps"] == _training().CHECK_STEPS
     for changed in (None, "data", "vision", "check"):
         got = [dict(r, sha256="0" * 64) if r["name"] == changed else dict(r) for r in recorded]
         monkeypatch.setattr(train_known_skill, "build_trained_llava", lambda out, stop_after=None, got=got: got)
@@ -234,6 +259,7 @@ def _rotate(items):
 def test_frames_given_to_the_wrong_sample_fall_to_chance(tmp_path, monkeypatch):
     """Images misaligned with their questions inside a batch (rotated by one sample)."""
     assert run(tmp_path, "iwisdm_identify_category", name="ok")["accuracy"] >= 0.9
+    HFLikelihoodMixin, HFInputsMixin, LlavaInterface = _family()
     original = HFLikelihoodMixin.raw_batch_predict
 
     def misaligned(self, images_list, prompts, candidates_list):
@@ -247,6 +273,7 @@ def test_frames_in_reverse_order_fall_to_chance(tmp_path, monkeypatch):
     first's (``build.frame_order``: the two objects always differ in category)."""
     config = write_frame_order_set(str(tmp_path / "frames"), n=TRIALS, seed=11)
     assert run(tmp_path, config, name="ok", options={}, dataset="custom")["accuracy"] >= 0.8
+    HFLikelihoodMixin, HFInputsMixin, LlavaInterface = _family()
     original = HFInputsMixin._images
 
     def reversed_frames(self, images, i):
@@ -262,6 +289,7 @@ def test_a_frame_of_another_trial_brings_the_two_frame_comparison_to_chance(tmp_
     longer follows from the frames, so accuracy falls to chance (0.5)."""
     options = {"n_trials": TRIALS * 2, "n_delay": 1}
     assert run(tmp_path, "iwisdm_dms_category_delays", name="ok", options=options)["accuracy"] >= 0.7
+    HFLikelihoodMixin, HFInputsMixin, LlavaInterface = _family()
     original = HFLikelihoodMixin.raw_batch_predict
 
     def other_first_frame(self, images_list, prompts, candidates_list):
@@ -273,6 +301,7 @@ def test_a_frame_of_another_trial_brings_the_two_frame_comparison_to_chance(tmp_
 
 
 def test_images_dropped_fall_to_chance(tmp_path, monkeypatch):
+    HFLikelihoodMixin, HFInputsMixin, LlavaInterface = _family()
     original = HFInputsMixin._images
 
     def blank(self, images, i):
@@ -283,6 +312,7 @@ def test_images_dropped_fall_to_chance(tmp_path, monkeypatch):
 
 
 def test_candidates_scored_after_another_samples_prefix_fall_to_chance(tmp_path, monkeypatch):
+    HFLikelihoodMixin, HFInputsMixin, LlavaInterface = _family()
     original = HFLikelihoodMixin.raw_batch_predict
 
     def wrong_prefix(self, images_list, prompts, candidates_list):
@@ -298,6 +328,7 @@ def test_template_without_the_question_falls_to_chance(tmp_path, monkeypatch):
     description goes too: it lists the answers the question allows (categories, or locations),
     and the model reads it (it was trained with and without it)."""
     assert run(tmp_path, "iwisdm_identify_category", name="ok", options=BOTH)["accuracy"] >= 0.9
+    LlavaInterface = _family()[2]
     make = LlavaInterface.make_preprocessor
 
     def no_question(self, config):

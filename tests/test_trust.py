@@ -472,11 +472,19 @@ def test_11_strict_options_fail_before_anything(custom_cfg, tmp_path, extra, nee
     assert not os.path.exists(out) or not prediction_files(out)
 
 
+#: each llava case starts a command line that imports torch and transformers (about 3 s): the quick
+#: subset keeps two of them (a value and a run-level option), the full suite runs every one
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("model,option,needle", [
-    ("llava", "dtype=float64", "a dtype name"), ("llava", "candidate_batch_size=0", ">= 1"),
-    ("llava", "trust_remote_code=maybe", "true or false"), ("openai_api", "max_concurrency=many", ">= 1"),
+    ("llava", "dtype=float64", "a dtype name"),
+    pytest.param("llava", "candidate_batch_size=0", ">= 1", marks=_SLOW),
+    pytest.param("llava", "trust_remote_code=maybe", "true or false", marks=_SLOW),
+    ("openai_api", "max_concurrency=many", ">= 1"),
     ("openai_api", "timeout=-5", ">= 0.001"), ("openai_api", "base_url=localhost:8000", "http"),
-    ("llava", "max_new_tokens=-3", ">= 1"), ("llava", "inference_method=likelihood", "set by run_eval"),
+    pytest.param("llava", "max_new_tokens=-3", ">= 1", marks=_SLOW),
+    pytest.param("llava", "inference_method=likelihood", "set by run_eval", marks=_SLOW),
     ("llava", "batch_size=0", "set by run_eval"),
 ])
 def test_11_model_option_values_fail_before_loading(custom_cfg, tmp_path, model, option, needle):
