@@ -247,7 +247,7 @@ def test_no_script_or_doc_imports_a_subpackage_under_its_short_name():
 #: third-party packages too heavy for a start that does not need them (issue 24: --help, a
 #: baseline, an endpoint run and offline scoring start without them)
 HEAVY = ("torch", "transformers", "accelerate", "vllm", "matplotlib", "scipy", "mlflow", "wandb", "openpyxl",
-         "pandas", "datasets", "safetensors", "tokenizers", "jinja2")
+         "pandas", "datasets", "safetensors", "tokenizers", "jinja2", "networkx")
 
 
 def _is_hf_stack(mod: str) -> bool:
