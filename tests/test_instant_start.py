@@ -1,5 +1,5 @@
 """Every start loads only what it uses (issue 24): ``--help``, a baseline run, an endpoint run and
-offline scoring never import torch or transformers (``--help`` and an endpoint run no matplotlib or networkx either); the
+offline scoring never import torch or transformers (``--help`` and an endpoint run no matplotlib, networkx or numpy either); the
 in-process families load them when asked. ``bench/overhead.py`` measures the CPU seconds."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.conftest import write_custom_dataset
 from tests.test_request_window import Server, ok_body
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEAVY = ("torch", "transformers", "matplotlib", "scipy", "accelerate", "networkx")
+HEAVY = ("torch", "transformers", "matplotlib", "scipy", "accelerate", "networkx", "numpy")
 
 PROBE = """
 import json, runpy, sys

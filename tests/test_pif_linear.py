@@ -3,9 +3,10 @@
 Real models emit such text (a run of dots, of spaces, one mark repeated). Before, 100,000
 dots took about 16 s per instruction in the sentence splitter, and a 5,000-digit number
 raised ValueError. The bounds below are generous (measured: under 0.2 s for 100,000
-characters, under 1.5 s per checker and 3 s for the whole metric on 1 MB, on a loaded
-2-core machine), so a quadratic regression, not noise, is what fails them: 1 MB of dots
-read quadratically takes minutes.
+characters, and for the whole metric on 1 MB 3 s for most replies but 7-10 CPU s for
+``short_lines``, 333,000 one-word sentences, which scales linearly: 1.0 s at 125 KB, 3.5 s at
+500 KB), so a quadratic regression, not noise, is what fails them: 1 MB of dots read
+quadratically takes many minutes (100,000 dots took 16 s per instruction before the fix).
 """
 from __future__ import annotations
 
@@ -74,13 +75,13 @@ def test_long_digit_runs_are_no_error() -> None:
 @pytest.mark.parametrize("name", sorted(DEGENERATE))
 def test_1mb_replies_scored_under_a_bound(name: str) -> None:
     """The whole metric on one 1 MB reply, every checker strict and loose with the reasons
-    (measured: at most 3 s, bench/pif.py --degenerate). Over the bound, each checker is timed on
-    its own so the failure names the slow one (each on its own is at most 1.5 s: timing all 13
+    (measured: 3 s for most, 7-10 CPU s for ``short_lines``; bench/pif.py --degenerate). Over the
+    bound, each checker is timed on its own so the failure names the slow one (timing all 13
     apart on every reply cost the suite three minutes of CPU to say what one call says)."""
     text = DEGENERATE[name](1_000_000)
     rec = {"sample_id": "x-t01", "prediction": text,
            "meta": {"chat_id": "x", "turn": 1, "instructions": list(INSTRUCTION_IDS)}}
     seconds = _seconds(lambda: pif_metric([rec]))
-    if seconds >= 10.0:
+    if seconds >= 30.0:  # (short_lines: 7-10 CPU s here; a quadratic reading: many minutes)
         apart = {iid: round(_seconds(lambda: check_instructions(text, [iid])), 2) for iid in INSTRUCTION_IDS}
         pytest.fail(f"{name}: the metric took {seconds:.1f} CPU s on 1 MB; each checker on its own: {apart}")

@@ -4,11 +4,12 @@ intervals. Here, below every other layer, so that metrics and reporting compute 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from .seeding import np_rng_for
+
+if TYPE_CHECKING:  # numpy is imported by the functions that compute: metrics import this module at
+    import numpy as np  # every start of run_eval, and numpy with its BLAS threads costs 0.2 CPU s
 
 
 #: resamples drawn (and summed) per block: memory is a block's draws, never all of them at once
@@ -36,6 +37,8 @@ class Resamples:
         return self.counts[:, self.inv].astype(float)
 
     def __getitem__(self, key: Any) -> Any:
+        import numpy as np
+
         if isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None) and \
                 not isinstance(key[1], (int, np.integer)):
             return Resamples(self.counts, self.inv[key[1]])
@@ -47,6 +50,8 @@ class Resamples:
     def sums(self, x: np.ndarray, mask: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(sum of weight * x, sum of weight) per resample, over the entries under ``mask``:
         x is first added up per cluster, so the work is (n_boot + 1) x n_clusters."""
+        import numpy as np
+
         inv, xv = (self.inv, x) if mask is None else (self.inv[mask], x[mask])
         n_c = self.counts.shape[1]
         per_x = np.bincount(inv, weights=xv, minlength=n_c)
@@ -65,6 +70,8 @@ def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int, key: str,
     """The draw counts of ``n_boot`` cluster resamples (row 0 is the data itself: all ones),
     whole clusters drawn within each stratum. The draws are made block by block from one
     generator, the same numbers one (n_boot, m) draw gives, in bounded memory."""
+    import numpy as np
+
     uniq, inv = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
     n_c = len(uniq)
     counts = np.ones((n_boot + 1, n_c), dtype=np.uint8)
@@ -90,6 +97,8 @@ def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int, key: str,
 
 def wmean(W: Resamples, x: "np.typing.ArrayLike", mask: Optional[np.ndarray] = None) -> np.ndarray:
     """Weighted mean per resample (NaN where a resample holds no entry)."""
+    import numpy as np
+
     xv = np.asarray(x, dtype=float)
     num, tot = W.sums(xv, mask)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -110,6 +119,8 @@ def interval(values: np.ndarray, enough_clusters: bool = True, n_clusters: Optio
     ``bounds`` that sits at a bound (all wrong, all right), the exact Clopper-Pearson 95%
     interval over the ``n_clusters`` clusters is given instead (``"method": "clopper-pearson"``:
     e.g. 0 of 100 gives [0, 0.036]); anywhere else no interval is shown (docs/metrics.md)."""
+    import numpy as np
+
     def f(x: float) -> Optional[float]:
         return None if x is None or not np.isfinite(x) else float(x)
     value = f(values[0])

@@ -9,7 +9,6 @@ import hashlib
 import random
 from typing import Any
 
-import numpy as np
 
 
 def derive_seed(seed: int, *keys: Any) -> int:
@@ -23,6 +22,8 @@ def rng_for(seed: int, *keys: Any) -> random.Random:
     return random.Random(derive_seed(seed, *keys))
 
 
-def np_rng_for(seed: int, *keys: Any) -> np.random.Generator:
-    """A numpy Generator seeded from (seed, keys)."""
+def np_rng_for(seed: int, *keys: Any) -> Any:
+    """A numpy Generator seeded from (seed, keys) (numpy imported here: not at every start)."""
+    import numpy as np
+
     return np.random.default_rng(derive_seed(seed, *keys))

@@ -18,14 +18,15 @@ metric has comes from its ReportSpec (``metrics.register_report``): no benchmark
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...metrics import ReportSpec, coverage_note, report_spec
 from ...metrics.single_choice import format_hit_rate
 from ...utils.bootstrap import MIN_CLUSTERS, Resamples, cluster_weights, interval, wmean
 from ...utils.report import markdown_table
+
+if TYPE_CHECKING:  # numpy is imported where it computes: this module loads at every start of run_eval
+    import numpy as np
 
 #: resamples per interval on every surface (results.md, comparison, report)
 N_BOOT = 1000
@@ -43,6 +44,8 @@ def _group_sort_key(k: Any) -> Tuple[int, Any]:
 
 def groups_of(per_sample: List[Dict[str, Any]], field: str) -> Dict[str, np.ndarray]:
     """Group label (as text, numeric groups in numeric order) -> boolean entry mask."""
+    import numpy as np
+
     vals = [p.get(field) for p in per_sample]
     labels = sorted({v for v in vals if v is not None}, key=_group_sort_key)
     return {str(lab): np.array([v == lab for v in vals]) for lab in labels}
@@ -96,6 +99,8 @@ def mme_family(ps: List[Dict[str, Any]], W: Resamples, result: Dict[str, Any]) -
 
     acc+ counts an image (per duplicate) right when both its questions are; images with one
     question are left out, as the metric does."""
+    import numpy as np
+
     spec = report_spec(result.get("metric"))
     field = spec.strata or "subtask"
     correct = np.array([bool(p.get("correct")) for p in ps], dtype=float)
@@ -145,6 +150,8 @@ def coverage_notes(ps: List[Dict[str, Any]], spec: ReportSpec) -> Dict[str, str]
 def pif_family(ps: List[Dict[str, Any]], W: Resamples, result: Dict[str, Any]) -> Stats:
     """Per-turn score (``pif``, strict and loose), PIF-N-K and the spread over N samples; the
     metric's breakdowns and its items (``instructions`` with their ``followed`` verdicts)."""
+    import numpy as np
+
     spec = report_spec(result.get("metric"))
     pif = [float(p["pif"]) for p in ps]
     # None means "not scored" (a released per-turn PIF carries no loose verdicts): such entries are
@@ -242,6 +249,8 @@ def bootstrap(per_sample: List[Dict[str, Any]], result: Dict[str, Any], n_boot: 
     A number whose entries span too few clusters (``_enough_clusters``) keeps its value and gets
     no interval (low and high None): a percentile bootstrap of one or two clusters collapses to
     zero width, which reads as certainty."""
+    import numpy as np
+
     metric = result.get("metric")
     family = family_of(metric)
     clusters = [cluster_of(p) for p in per_sample]
@@ -306,6 +315,8 @@ def paired_difference(a: Sequence[float], b: Sequence[float], clusters: Sequence
     changes (a = b everywhere) every resample gives 0 and the percentile interval collapses;
     then the exact bound for 0 changed clusters of n is used, as ``utils.bootstrap.interval``
     does at a bound: |difference| <= the share of changed clusters <= 1 - 0.025^(1/n)."""
+    import numpy as np
+
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     W = cluster_weights(clusters, n_boot, seed, key, strata)
     c_arr = np.asarray([str(c) for c in clusters], dtype=object)

@@ -13,8 +13,6 @@ import os
 from itertools import combinations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ...metrics.single_choice import instability
 from ...utils.errors import ReformError
 from ...utils.references import beside, describe, load_references, match
@@ -248,6 +246,8 @@ def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> Dict[str, Any]:
 
 def wilcoxon_pairs(a: Sequence[float], b: Sequence[float]) -> Dict[str, Any]:
     """Wilcoxon signed-rank test on paired per-turn PIF (zero differences dropped, as Wilcoxon does)."""
+    import numpy as np
+
     from scipy.stats import wilcoxon
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     nonzero = int(np.count_nonzero(d))
@@ -261,6 +261,8 @@ def wilcoxon_pairs(a: Sequence[float], b: Sequence[float]) -> Dict[str, Any]:
 def paired_tests(runs: Sequence[Dict[str, Any]], family: str) -> List[Dict[str, Any]]:
     """Every pair of runs on the entries both scored from the same sample content (``pair_keys``);
     ``n_refused`` counts the shared keys whose content differs or cannot be compared."""
+    import numpy as np
+
     field = "pif" if family == "pif" else "correct"
     values = {r["name"]: _paired_values(r["result"]["per_sample"], field) for r in runs}
     out = []
@@ -593,6 +595,8 @@ def markdown(comp: Dict[str, Any], plots: Sequence[str] = ()) -> str:
 
 
 def _json_safe(obj: Any) -> Any:
+    import numpy as np
+
     if isinstance(obj, dict):
         return {str(k): _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ...build.ablation import IMAGE_ABLATIONS
 from .bootstrap import cluster_of, groups_of, paired_difference
 from ...metrics import report_spec
@@ -50,6 +48,8 @@ def image_dependence(runs: Sequence[Dict[str, Any]], family: str, benchmark: str
                      pair_runs: PairRuns, seed: int = 0, n_boot: int = 1000) -> List[Dict[str, Any]]:
     """One entry per (run with images, ablated run) of the same model and method that share items;
     ``pair_runs`` is the comparison's pairing rule."""
+    import numpy as np
+
     field = "pif" if family == "pif" else "correct"
     strata_field = report_spec(metric).strata
     modes = {r["name"]: ablation_mode(r.get("records") or []) for r in runs}
