@@ -268,6 +268,7 @@ def test_frames_given_to_the_wrong_sample_fall_to_chance(tmp_path, monkeypatch):
     assert run(tmp_path, "iwisdm_identify_category", name="broken")["accuracy"] <= 0.3
 
 
+@pytest.mark.slow  # (quick subset: test_images_dropped_fall_to_chance covers the path)
 def test_frames_in_reverse_order_fall_to_chance(tmp_path, monkeypatch):
     """Frames of one sample reversed: asked for the second frame's object, the model reads the
     first's (``build.frame_order``: the two objects always differ in category)."""
@@ -311,6 +312,7 @@ def test_images_dropped_fall_to_chance(tmp_path, monkeypatch):
     assert run(tmp_path, "iwisdm_identify_location", name="blank_l")["accuracy"] <= 0.45
 
 
+@pytest.mark.slow  # (quick subset: test_images_dropped_fall_to_chance covers the path)
 def test_candidates_scored_after_another_samples_prefix_fall_to_chance(tmp_path, monkeypatch):
     HFLikelihoodMixin, HFInputsMixin, LlavaInterface = _family()
     original = HFLikelihoodMixin.raw_batch_predict
