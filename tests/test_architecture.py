@@ -247,7 +247,7 @@ def test_no_script_or_doc_imports_a_subpackage_under_its_short_name():
 #: third-party packages too heavy for a start that does not need them (issue 24: --help, a
 #: baseline, an endpoint run and offline scoring start without them)
 HEAVY = ("torch", "transformers", "accelerate", "vllm", "matplotlib", "scipy", "mlflow", "wandb", "openpyxl",
-         "pandas", "datasets", "safetensors", "tokenizers", "jinja2", "networkx")
+         "pandas", "datasets", "safetensors", "tokenizers", "jinja2", "networkx", "numpy")
 
 
 def _is_hf_stack(mod: str) -> bool:
@@ -267,7 +267,13 @@ def heavy_imports() -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
         tree = ast.parse(open(path, encoding="utf-8").read())
         funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         nested = {id(sub) for f in funcs for sub in ast.walk(f)}
+        # ``if TYPE_CHECKING:`` imports never run: they load nothing
+        typing_only = {id(sub) for n in ast.walk(tree) if isinstance(n, ast.If)
+                       and getattr(n.test, "id", getattr(n.test, "attr", None)) == "TYPE_CHECKING"
+                       for stmt in n.body for sub in ast.walk(stmt)}
         for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             for n in names:
