@@ -260,15 +260,11 @@ def best_pair(server: Server, cfg: str, tmp: str, tag: str, c: int, n: int, repe
               ranks: int = 1) -> Tuple[Measured, Tuple[Measured, float, float]]:
     """(the plain client's best measurement, the harness's best with its command's wall and CPU),
     interleaved; best: the highest steady rate."""
-    plain: Measured = Measured(0.0, 0.0, 0.0)
-    best: Tuple[Measured, float, float] = (Measured(0.0, 0.0, 0.0), 0.0, 0.0)
+    plains, ours = [], []
     for rep in range(repeats):
-        got_plain = plain_client(server, n, c)
-        plain = max(plain, got_plain, key=lambda m: m.rps)
-        got = harness(server, cfg, os.path.join(tmp, f"{tag}-{rep}"), c, n, ranks)
-        if got[0].rps > best[0].rps:
-            best = got
-    return plain, best
+        plains.append(plain_client(server, n, c))
+        ours.append(harness(server, cfg, os.path.join(tmp, f"{tag}-{rep}"), c, n, ranks))
+    return max(plains, key=lambda m: m.rps), max(ours, key=lambda got: got[0].rps)
 
 
 def _beside(plain: Measured, ours: Measured) -> str:

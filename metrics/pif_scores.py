@@ -12,7 +12,6 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
 
-
 from ..build.mmmt_if_instructions import CATEGORY_OF, INSTRUCTION_IDS, instruction_id
 from . import ReportSpec, register_metric, register_report
 from .pif_checkers import check_instructions, verdicts

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # (numpy is imported where a generator is made: not at every start)
+    import numpy as np
 
 
 def derive_seed(seed: int, *keys: Any) -> int:
@@ -22,7 +24,7 @@ def rng_for(seed: int, *keys: Any) -> random.Random:
     return random.Random(derive_seed(seed, *keys))
 
 
-def np_rng_for(seed: int, *keys: Any) -> Any:
+def np_rng_for(seed: int, *keys: Any) -> np.random.Generator:
     """A numpy Generator seeded from (seed, keys) (numpy imported here: not at every start)."""
     import numpy as np
 

@@ -10,12 +10,15 @@ import logging
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .operators import (CONNECTIVITY, CONST, CONST_ATTRS, OPERATORS, Get, GetCategory, GetIdentity,
                                     GetLocation, IsSame, NotSame, Operator, Select, Switch, min_depths, walk)
 from ...utils.errors import ReformError, input_error
 from ...utils.inputs import check_value, parse_json, read_json
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +71,12 @@ class Task:
                 f.write(text + "\n")
         return text
 
-    def to_networkx(self) -> Any:
+    def to_networkx(self) -> nx.DiGraph:
         """The task as a ``networkx.DiGraph`` (networkx is imported here: 150 ms that only a
         caller asking for a graph pays)."""
         import networkx as nx
 
-        g: Any = nx.DiGraph(name=self.name, n_frames=self.n_frames)
+        g: nx.DiGraph = nx.DiGraph(name=self.name, n_frames=self.n_frames)
         for n in self.nodes:
             g.add_node(n.uid, op=n.name, **n.params())
         for n in self.nodes:
