@@ -14,4 +14,9 @@ cd "$ROOT"
 export REFORM_VENVS="${REFORM_VENVS:-${REFORM_CACHE:-$HOME/.cache/reform_eval}/venvs}"
 export REFORM_CACHE="${REFORM_CACHE:-$ROOT/.cache/reform_eval}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# bytecode is cached for this run (in the clone's __pycache__ folders, which git ignores): with
+# PYTHONDONTWRITEBYTECODE=1 in the environment (some sandboxes and CI images set it) each of the
+# hundreds of command lines the tests start compiled the project again (0.35 s of CPU each, for
+# run_eval --help alone) and every test worker rewrote every test module
+unset PYTHONDONTWRITEBYTECODE
 python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-auto}" --dist loadgroup --no-loadscope-reorder tests "$@"
