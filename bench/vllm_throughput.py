@@ -26,13 +26,14 @@ side by side: ``harness_own_b128_s``, the median over the batch-128 repetitions 
 own part of ``forward_s`` (``forward_s`` less the engine call inside it, timed as the bare
 engine's ``llm.generate`` is: rendering, tokenizing, the requests, decoding, traces, checks), and
 ``engine_call_vs_bare``, the median ratio of that engine call to the bare engine's on the same
-requests (1 within the noise: the same work), with ``engine_call_vs_bare_range``, its lowest and
-highest repetition: the same requests through the same engine differ by that much from call to
-call, so a ``vllm_vs_bare`` within that band of the target is not decided by the run (on this
-machine identical calls have differed by 2x). The harness's rate is the bare rate divided by
+requests (1 within the noise: the same work; which side goes first alternates between
+repetitions), with ``engine_call_vs_bare_range``, its lowest and highest repetition (``n/a`` with
+one): the same requests through the same engine differ by that much from call to call, so a
+``vllm_vs_bare`` nearer the target than that spread is not decided by the run (on this machine
+identical calls have differed by 2x). The harness's rate is the bare rate divided by
 ``engine_call_vs_bare`` and by 1 + own time / engine call; ``own_vs_engine_b128`` is that own
-time over the median engine call of all batch-128 calls (the harness's and the bare ones: the
-same work), the part the harness decides: at equal engine calls the ratio is 1 / (1 + it).
+time over the bare engine's median call, the part the harness decides: at equal engine calls
+the ratio is 1 / (1 + it).
 Then one more batch-128 run with a
 timer around each step of the batch loop (render, images, tokenize, the engine call, decode,
 trace; the rest of ``forward_s`` as ``other``), printed as ``steps:``.
@@ -169,12 +170,12 @@ def engine_side(spec_path: str) -> int:
         (interface,) = vllm_runs._engines.values()
         return interface
 
-    def bare_engine() -> "tuple[float, float, int, int]":
-        """The captured requests again, straight to the engine: (seconds, CPU seconds, requests,
+    def bare_engine(calls: List[Any]) -> "tuple[float, float, int, int]":
+        """Captured requests again, straight to the engine: (seconds, CPU seconds, requests,
         identical)."""
         llm = engine().llm
         seconds, cpu, n, same = 0.0, 0.0, 0, 0
-        for requests, params, tokens in list(captured):
+        for requests, params, tokens in calls:
             t0, c0 = _time.perf_counter(), _time.process_time()
             outs = llm.generate(requests, params, use_tqdm=False)
             seconds += _time.perf_counter() - t0
@@ -185,13 +186,21 @@ def engine_side(spec_path: str) -> int:
 
     work = bare["work"]
     harness(max(bare["batches"]), os.path.join(work, "warmup"))  # the engine's caches warm for both sides
+    previous: Dict[int, List[Any]] = {}  # per batch size, the last harness run's engine calls
     for rep in range(bare["reps"]):
         for batch in bare["batches"]:
+            # which side goes first alternates (on odd repetitions the bare engine, with the previous
+            # repetition's requests: the same ones), so going first or second favours neither
+            bare_first = rep % 2 == 1 and batch in previous
+            if bare_first:
+                b, b_cpu, n, same = bare_engine(previous[batch])
             h = harness(batch, os.path.join(work, f"b{batch}_r{rep}"))
             h_cpu = sum(forward_cpu)
-            b, b_cpu, n, same = bare_engine()
+            previous[batch] = list(captured)
+            if not bare_first:
+                b, b_cpu, n, same = bare_engine(previous[batch])
             print(json.dumps({"batch": batch, "rep": rep, "harness_s": h, "harness_engine_s": sum(engine_s), "bare_s": b,
-                              "harness_cpu_s": h_cpu,
+                              "harness_cpu_s": h_cpu, "bare_first": bare_first,
                               "bare_cpu_s": b_cpu, "samples": n, "identical": same}), flush=True)
 
     # the steps of the batch loop, timed in one more batch-128 run (exclusive times: a step called
@@ -315,7 +324,6 @@ def main(argv: List[str] = None) -> int:
             bare[f"bare_b{batch}_sps"] = max(r["samples"] / r["bare_s"] for r in mine)
         big = [r for r in rows if r["batch"] == 128]
         calls = [r["harness_engine_s"] / r["bare_s"] for r in big]  # the same work, call against call
-        engine_calls = [r["harness_engine_s"] for r in big] + [r["bare_s"] for r in big]
         own = _median([r["harness_s"] - r["harness_engine_s"] for r in big])
         (steps,) = [ln for ln in lines if "steps" in ln]
         print("steps: " + " ".join(f"{k}={v:.4f}" for k, v in steps["steps"].items())
@@ -326,8 +334,9 @@ def main(argv: List[str] = None) -> int:
                       "vllm_vs_bare_cpu": f"{_median([r['bare_cpu_s'] / r['harness_cpu_s'] for r in big]):.3f}",
                       "harness_own_b128_s": f"{own:.4f}",
                       "engine_call_vs_bare": f"{_median(calls):.3f}",
-                      "engine_call_vs_bare_range": f"{min(calls):.2f}-{max(calls):.2f}",
-                      "own_vs_engine_b128": f"{own / _median(engine_calls):.3f}",
+                      # (one repetition has no spread to show)
+                      "engine_call_vs_bare_range": f"{min(calls):.2f}-{max(calls):.2f}" if len(calls) > 1 else "n/a",
+                      "own_vs_engine_b128": f"{own / _median([r['bare_s'] for r in big]):.3f}",
                       "identical": f"{sum(r['identical'] for r in rows)}/{sum(r['samples'] for r in rows)}"})
 
     # a vLLM server
