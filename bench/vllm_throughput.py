@@ -33,10 +33,9 @@ one): the same requests through the same engine differ by that much from call to
 identical calls have differed by 2x). The harness's rate is the bare rate divided by
 ``engine_call_vs_bare`` and by 1 + own time / engine call; ``own_vs_engine_b128`` is that own
 time over the bare engine's median call, the part the harness decides: at equal engine calls
-the ratio is 1 / (1 + it).
-Then one more batch-128 run with a
-timer around each step of the batch loop (render, images, tokenize, the engine call, decode,
-trace; the rest of ``forward_s`` as ``other``), printed as ``steps:``.
+the ratio is 1 / (1 + it). Then one more batch-128 run with a timer around each step of the batch
+loop (render, images, tokenize, the engine call, decode, trace; the rest of ``forward_s`` as
+``other``), printed as ``steps:``.
 
 Usage: python bench/vllm_throughput.py [--trials 16] [--bare_trials 128] [--reps 3]
        [--engines hf,vllm,served] [--smoke]
@@ -319,7 +318,8 @@ def main(argv: List[str] = None) -> int:
                 print(f"batch {batch} rep {r['rep']}: harness {r['samples'] / r['harness_s']:.1f} samples/s "
                       f"({r['harness_cpu_s']:.3f} CPU s; {r['harness_s']:.3f} s, of which the engine call "
                       f"{r['harness_engine_s']:.3f} s), bare engine {r['samples'] / r['bare_s']:.1f} samples/s "
-                      f"({r['bare_cpu_s']:.3f} CPU s; {r['bare_s']:.3f} s), identical {r['identical']}/{r['samples']}", flush=True)
+                      f"({r['bare_cpu_s']:.3f} CPU s; {r['bare_s']:.3f} s{', went first' if r['bare_first'] else ''}), "
+                      f"identical {r['identical']}/{r['samples']}", flush=True)
             bare[f"harness_b{batch}_sps"] = max(r["samples"] / r["harness_s"] for r in mine)
             bare[f"bare_b{batch}_sps"] = max(r["samples"] / r["bare_s"] for r in mine)
         big = [r for r in rows if r["batch"] == 128]
